@@ -1,0 +1,66 @@
+#pragma once
+// ferryd's configuration: YAML -> a validated Config. Every key has a default, so an empty
+// (or absent) file gives a working agent. Errors carry file, line and key.
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "config/policy.h"
+
+namespace ferry::config {
+
+struct NicFilter {
+  // When non-empty only these NICs (by name, e.g. "mlx5_0") may be chosen.
+  std::vector<std::string> allow;
+  // These NICs are never chosen.
+  std::vector<std::string> deny;
+};
+
+struct Config {
+  // This agent's name among its peers; defaults to the host name.
+  std::string node;
+  // Local API: Unix domain socket (mode 0660); the TCP listener is opt-in.
+  std::string local_socket;      // default /tmp/ferryd-<node>.sock
+  std::string local_tcp;         // "" = off, else "host:port"
+  // Peer API (gRPC between agents).
+  std::string peer_listen = "127.0.0.1:7100";
+  // Other agents: node name -> peer API address.
+  std::map<std::string, std::string> peers;
+  // Host pool: shared memory carved into client buffers.
+  uint64_t host_pool_bytes = 1ull << 30;
+  // tcp provider.
+  uint32_t tcp_connections = 4;
+  std::string tcp_listen;        // "" = the peer_listen host, any free port
+  // Request limits.
+  uint64_t max_op_bytes = 1ull << 30;
+  uint32_t max_ops_per_submit = 65536;
+  uint32_t default_timeout_ms = 60000;
+  // Logging: trace, debug, info, warn, error.
+  std::string log_level = "info";
+  // Topology: "" = the live machine, else an `lstopo --of xml` file.
+  std::string topology;
+  NicFilter nics;
+  Policy policy;
+
+  // Where the file came from ("" when built from defaults); used in messages and SIGHUP.
+  std::string source_path;
+};
+
+// Parses YAML text. `origin` names the text in error messages (usually the file path).
+absl::StatusOr<Config> ParseConfig(absl::string_view yaml, absl::string_view origin);
+
+// Reads and parses a file.
+absl::StatusOr<Config> LoadConfigFile(const std::string& path);
+
+// Fills defaults that depend on the machine (node name, socket path).
+void ResolveDefaults(Config& config);
+
+// Parses only the `policy` section of a config file (for SIGHUP reloads and `ferryctl topo
+// --config`); absent section = default policy.
+absl::StatusOr<Policy> LoadPolicyFromFile(const std::string& path);
+
+}  // namespace ferry::config
