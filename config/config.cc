@@ -1,0 +1,259 @@
+#include "config/config.h"
+
+#include <unistd.h>
+
+#include <fstream>
+#include <functional>
+#include <set>
+#include <sstream>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "base/byte_size.h"
+#include "base/status_macros.h"
+#include "yaml-cpp/yaml.h"
+
+namespace ferry::config {
+namespace {
+
+// Where a YAML node sits, for messages: "ferry.yaml:12: key 'tcp.connections': ...".
+class Context {
+ public:
+  explicit Context(absl::string_view origin) : origin_(origin) {}
+
+  absl::Status Error(const YAML::Node& node, absl::string_view key, absl::string_view what) const {
+    int line = node.Mark().line >= 0 ? node.Mark().line + 1 : 0;
+    return absl::InvalidArgumentError(absl::StrCat(origin_, ":", line, ": key '", key, "': ", what));
+  }
+
+ private:
+  std::string origin_;
+};
+
+absl::Status CheckKeys(const Context& ctx, const YAML::Node& map, absl::string_view section,
+                       const std::set<std::string>& known) {
+  if (!map.IsMap()) {
+    return ctx.Error(map, section.empty() ? "<top>" : section, "expected a mapping");
+  }
+  for (const auto& item : map) {
+    std::string key = item.first.as<std::string>();
+    if (!known.count(key)) {
+      std::string full = section.empty() ? key : absl::StrCat(section, ".", key);
+      return ctx.Error(item.first, full,
+                       absl::StrCat("unknown key (known: ", absl::StrJoin(known, ", "), ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> ReadString(const Context& ctx, const YAML::Node& node,
+                                       absl::string_view key) {
+  if (!node.IsScalar()) return ctx.Error(node, key, "expected a string");
+  return node.as<std::string>();
+}
+
+absl::StatusOr<uint64_t> ReadByteSize(const Context& ctx, const YAML::Node& node,
+                                      absl::string_view key) {
+  if (!node.IsScalar()) return ctx.Error(node, key, "expected a size such as 1GiB");
+  auto size = ParseByteSize(node.as<std::string>());
+  if (!size.ok()) return ctx.Error(node, key, size.status().message());
+  return *size;
+}
+
+absl::StatusOr<uint32_t> ReadCount(const Context& ctx, const YAML::Node& node,
+                                   absl::string_view key, uint32_t min, uint32_t max) {
+  uint32_t value = 0;
+  if (!node.IsScalar() || !absl::SimpleAtoi(node.as<std::string>(), &value)) {
+    return ctx.Error(node, key, "expected a whole number");
+  }
+  if (value < min || value > max) {
+    return ctx.Error(node, key, absl::StrCat(value, " is outside ", min, "..", max));
+  }
+  return value;
+}
+
+absl::StatusOr<std::vector<std::string>> ReadStringList(const Context& ctx,
+                                                        const YAML::Node& node,
+                                                        absl::string_view key) {
+  if (!node.IsSequence()) return ctx.Error(node, key, "expected a list of names");
+  std::vector<std::string> out;
+  for (const auto& item : node) {
+    ASSIGN_OR_RETURN(std::string s, ReadString(ctx, item, key));
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+// "host:port" with a numeric port.
+absl::Status CheckAddress(const Context& ctx, const YAML::Node& node, absl::string_view key,
+                          const std::string& address) {
+  size_t colon = address.rfind(':');
+  int port = 0;
+  if (colon == std::string::npos || colon == 0 ||
+      !absl::SimpleAtoi(address.substr(colon + 1), &port) || port < 0 || port > 65535) {
+    return ctx.Error(node, key, absl::StrCat("'", address, "' is not host:port"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParsePolicySection(const Context& ctx, const YAML::Node& node, Policy& policy) {
+  RETURN_IF_ERROR(CheckKeys(ctx, node, "policy",
+                            {"gdr", "gdr_max_path", "fallback", "staging_chunk", "staging_depth"}));
+  for (const auto& item : node) {
+    std::string key = item.first.as<std::string>();
+    std::string full = absl::StrCat("policy.", key);
+    ASSIGN_OR_RETURN(std::string value, ReadString(ctx, item.second, full));
+    absl::Status s = ApplyPolicySetting(key, value, policy);
+    if (!s.ok()) return ctx.Error(item.second, full, s.message());
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseInto(const Context& ctx, const YAML::Node& root, Config& c) {
+  if (!root || root.IsNull()) return absl::OkStatus();  // empty file: all defaults
+  RETURN_IF_ERROR(CheckKeys(ctx, root, "",
+                            {"node", "listen", "peers", "host_pool", "tcp", "limits", "log",
+                             "topology", "nics", "policy"}));
+  if (auto n = root["node"]) {
+    ASSIGN_OR_RETURN(c.node, ReadString(ctx, n, "node"));
+    if (c.node.empty() || c.node.find_first_of(":/ \t") != std::string::npos) {
+      return ctx.Error(n, "node", "must be non-empty without ':', '/' or spaces");
+    }
+  }
+  if (auto listen = root["listen"]) {
+    RETURN_IF_ERROR(CheckKeys(ctx, listen, "listen", {"local", "local_tcp", "peer"}));
+    if (auto n = listen["local"]) {
+      ASSIGN_OR_RETURN(c.local_socket, ReadString(ctx, n, "listen.local"));
+    }
+    if (auto n = listen["local_tcp"]) {
+      ASSIGN_OR_RETURN(c.local_tcp, ReadString(ctx, n, "listen.local_tcp"));
+      if (!c.local_tcp.empty()) RETURN_IF_ERROR(CheckAddress(ctx, n, "listen.local_tcp", c.local_tcp));
+    }
+    if (auto n = listen["peer"]) {
+      ASSIGN_OR_RETURN(c.peer_listen, ReadString(ctx, n, "listen.peer"));
+      RETURN_IF_ERROR(CheckAddress(ctx, n, "listen.peer", c.peer_listen));
+    }
+  }
+  if (auto peers = root["peers"]) {
+    if (!peers.IsMap() && !peers.IsNull()) return ctx.Error(peers, "peers", "expected name: host:port pairs");
+    for (const auto& item : peers) {
+      std::string name = item.first.as<std::string>();
+      std::string key = absl::StrCat("peers.", name);
+      ASSIGN_OR_RETURN(std::string address, ReadString(ctx, item.second, key));
+      RETURN_IF_ERROR(CheckAddress(ctx, item.second, key, address));
+      c.peers[name] = address;
+    }
+  }
+  if (auto pool = root["host_pool"]) {
+    RETURN_IF_ERROR(CheckKeys(ctx, pool, "host_pool", {"size"}));
+    if (auto n = pool["size"]) {
+      ASSIGN_OR_RETURN(c.host_pool_bytes, ReadByteSize(ctx, n, "host_pool.size"));
+      if (c.host_pool_bytes < (1u << 20)) return ctx.Error(n, "host_pool.size", "must be at least 1 MiB");
+    }
+  }
+  if (auto tcp = root["tcp"]) {
+    RETURN_IF_ERROR(CheckKeys(ctx, tcp, "tcp", {"connections", "listen"}));
+    if (auto n = tcp["connections"]) {
+      ASSIGN_OR_RETURN(c.tcp_connections, ReadCount(ctx, n, "tcp.connections", 1, 64));
+    }
+    if (auto n = tcp["listen"]) {
+      ASSIGN_OR_RETURN(c.tcp_listen, ReadString(ctx, n, "tcp.listen"));
+      RETURN_IF_ERROR(CheckAddress(ctx, n, "tcp.listen", c.tcp_listen));
+    }
+  }
+  if (auto limits = root["limits"]) {
+    RETURN_IF_ERROR(CheckKeys(ctx, limits, "limits", {"max_op_bytes", "max_ops_per_submit", "default_timeout_ms"}));
+    if (auto n = limits["max_op_bytes"]) {
+      ASSIGN_OR_RETURN(c.max_op_bytes, ReadByteSize(ctx, n, "limits.max_op_bytes"));
+      if (c.max_op_bytes == 0) return ctx.Error(n, "limits.max_op_bytes", "must be positive");
+    }
+    if (auto n = limits["max_ops_per_submit"]) {
+      ASSIGN_OR_RETURN(c.max_ops_per_submit, ReadCount(ctx, n, "limits.max_ops_per_submit", 1, 1u << 20));
+    }
+    if (auto n = limits["default_timeout_ms"]) {
+      ASSIGN_OR_RETURN(c.default_timeout_ms, ReadCount(ctx, n, "limits.default_timeout_ms", 1, 86400000));
+    }
+  }
+  if (auto log = root["log"]) {
+    RETURN_IF_ERROR(CheckKeys(ctx, log, "log", {"level"}));
+    if (auto n = log["level"]) {
+      ASSIGN_OR_RETURN(c.log_level, ReadString(ctx, n, "log.level"));
+      static const std::set<std::string> kLevels = {"trace", "debug", "info", "warn", "error"};
+      if (!kLevels.count(c.log_level)) {
+        return ctx.Error(n, "log.level", absl::StrCat("'", c.log_level, "' is not one of trace, debug, info, warn, error"));
+      }
+    }
+  }
+  if (auto n = root["topology"]) {
+    ASSIGN_OR_RETURN(c.topology, ReadString(ctx, n, "topology"));
+  }
+  if (auto nics = root["nics"]) {
+    RETURN_IF_ERROR(CheckKeys(ctx, nics, "nics", {"allow", "deny"}));
+    if (auto n = nics["allow"]) {
+      ASSIGN_OR_RETURN(c.nics.allow, ReadStringList(ctx, n, "nics.allow"));
+    }
+    if (auto n = nics["deny"]) {
+      ASSIGN_OR_RETURN(c.nics.deny, ReadStringList(ctx, n, "nics.deny"));
+    }
+  }
+  if (auto n = root["policy"]) RETURN_IF_ERROR(ParsePolicySection(ctx, n, c.policy));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<YAML::Node> ParseYaml(absl::string_view yaml, absl::string_view origin) {
+  try {
+    return YAML::Load(std::string(yaml));
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(origin, ":", e.mark.line + 1, ": malformed YAML: ", e.msg));
+  }
+}
+
+absl::StatusOr<std::string> ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read config file '", path, "'"));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+}  // namespace
+
+absl::StatusOr<Config> ParseConfig(absl::string_view yaml, absl::string_view origin) {
+  Context ctx(origin);
+  ASSIGN_OR_RETURN(YAML::Node root, ParseYaml(yaml, origin));
+  Config config;
+  try {
+    RETURN_IF_ERROR(ParseInto(ctx, root, config));
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(origin, ":", e.mark.line + 1, ": ", e.msg));
+  }
+  return config;
+}
+
+absl::StatusOr<Config> LoadConfigFile(const std::string& path) {
+  ASSIGN_OR_RETURN(std::string text, ReadFile(path));
+  ASSIGN_OR_RETURN(Config config, ParseConfig(text, path));
+  config.source_path = path;
+  return config;
+}
+
+void ResolveDefaults(Config& config) {
+  if (config.node.empty()) {
+    char host[256] = {};
+    if (gethostname(host, sizeof(host) - 1) == 0 && host[0] != '\0') {
+      config.node = host;
+    } else {
+      config.node = "localhost";
+    }
+  }
+  if (config.local_socket.empty()) config.local_socket = absl::StrCat("/tmp/ferryd-", config.node, ".sock");
+}
+
+absl::StatusOr<Policy> LoadPolicyFromFile(const std::string& path) {
+  ASSIGN_OR_RETURN(Config config, LoadConfigFile(path));
+  return config.policy;
+}
+
+}  // namespace ferry::config
