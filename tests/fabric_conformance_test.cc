@@ -1,0 +1,306 @@
+// One conformance suite for every fabric provider: the same test body over tcp (and, as
+// they arrive, other providers). Two fabrics in one process play initiator and target.
+
+#include <atomic>
+#include <cstring>
+#include <functional>
+#include <future>
+#include <random>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/synchronization/notification.h"
+#include "gtest/gtest.h"
+#include "transport/fabric.h"
+#include "transport/tcp/tcp_fabric.h"
+
+namespace ferry::fabric {
+namespace {
+
+struct ProviderCase {
+  std::string name;
+  std::function<absl::StatusOr<std::unique_ptr<Fabric>>()> make;
+};
+
+std::vector<ProviderCase> Providers() {
+  return {{"tcp", [] () -> absl::StatusOr<std::unique_ptr<Fabric>> {
+             tcp::TcpOptions options;
+             options.listen_address = "127.0.0.1:0";
+             options.connections = 4;
+             options.stripe_min_bytes = 256 << 10;
+             auto f = tcp::TcpFabric::Create(options);
+             if (!f.ok()) return f.status();
+             return std::unique_ptr<Fabric>(std::move(*f));
+           }}};
+}
+
+// Waits for one op's completion and returns its status.
+class Waiter {
+ public:
+  Completion Callback() {
+    return [this](absl::Status s) {
+      status_ = std::move(s);
+      calls_.fetch_add(1);
+      done_.Notify();
+    };
+  }
+  absl::Status Wait() {
+    done_.WaitForNotification();
+    return status_;
+  }
+  int calls() const { return calls_.load(); }
+
+ private:
+  absl::Notification done_;
+  absl::Status status_;
+  std::atomic<int> calls_{0};
+};
+
+class FabricConformanceTest : public ::testing::TestWithParam<ProviderCase> {
+ protected:
+  void SetUp() override {
+    auto a = GetParam().make();
+    auto b = GetParam().make();
+    ASSERT_TRUE(a.ok()) << a.status();
+    ASSERT_TRUE(b.ok()) << b.status();
+    initiator_ = std::move(*a);
+    target_ = std::move(*b);
+    auto ep = initiator_->Connect(target_->address());
+    ASSERT_TRUE(ep.ok()) << ep.status();
+    endpoint_ = std::move(*ep);
+  }
+  void TearDown() override {
+    if (endpoint_) endpoint_->Close();
+    endpoint_.reset();
+  }
+
+  std::unique_ptr<MemoryRegion> Register(std::vector<char>& mem, Fabric& fabric, uint32_t access) {
+    auto r = fabric.Register(mem.data(), mem.size(), access);
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.ok() ? std::move(*r) : nullptr;
+  }
+
+  static void Fill(std::vector<char>& mem, uint32_t seed) {
+    std::mt19937 rng(seed);
+    for (auto& c : mem) c = static_cast<char>(rng());
+  }
+
+  std::unique_ptr<Fabric> initiator_;
+  std::unique_ptr<Fabric> target_;
+  std::shared_ptr<Endpoint> endpoint_;
+};
+
+TEST_P(FabricConformanceTest, WriteAndReadAtUnalignedOffsetsFromOneByteTo64MiB) {
+  constexpr uint64_t kMax = 64ull << 20;
+  std::vector<char> src(kMax + 64), dst(kMax + 64), back(kMax + 64);
+  Fill(src, 1);
+  auto src_mr = Register(src, *initiator_, kLocal);
+  auto back_mr = Register(back, *initiator_, kLocal);
+  auto dst_mr = Register(dst, *target_, kRemoteWrite | kRemoteRead);
+  for (uint64_t size = 1; size <= kMax; size *= 4) {
+    const uint64_t src_off = 3, dst_off = 7 + (size % 13), back_off = 11;
+    std::memset(dst.data(), 0, dst.size());
+    Waiter w;
+    ASSERT_TRUE(endpoint_->PostWrite({src_mr.get(), src_off, size},
+                                     {dst_mr->remote_address() + dst_off, dst_mr->key()},
+                                     w.Callback()).ok());
+    ASSERT_TRUE(w.Wait().ok()) << "size " << size << ": " << w.Wait();
+    ASSERT_EQ(0, std::memcmp(src.data() + src_off, dst.data() + dst_off, size)) << size;
+    EXPECT_EQ(0, dst[dst_off - 1]) << "byte before the range was touched";
+    EXPECT_EQ(0, dst[dst_off + size]) << "byte after the range was touched";
+
+    Waiter r;
+    ASSERT_TRUE(endpoint_->PostRead({back_mr.get(), back_off, size},
+                                    {dst_mr->remote_address() + dst_off, dst_mr->key()},
+                                    r.Callback()).ok());
+    ASSERT_TRUE(r.Wait().ok()) << "size " << size << ": " << r.Wait();
+    ASSERT_EQ(0, std::memcmp(src.data() + src_off, back.data() + back_off, size)) << size;
+  }
+}
+
+TEST_P(FabricConformanceTest, WrongKeyIsRefusedWithoutTouchingMemory) {
+  std::vector<char> src(4096, 'x'), dst(4096, 0);
+  auto src_mr = Register(src, *initiator_, kLocal);
+  auto dst_mr = Register(dst, *target_, kRemoteWrite | kRemoteRead);
+  Waiter w;
+  ASSERT_TRUE(endpoint_->PostWrite({src_mr.get(), 0, 4096},
+                                   {dst_mr->remote_address(), dst_mr->key() ^ 0x5a5a},
+                                   w.Callback()).ok());
+  EXPECT_EQ(w.Wait().code(), absl::StatusCode::kPermissionDenied) << w.Wait();
+  EXPECT_EQ(std::count(dst.begin(), dst.end(), 0), 4096);
+  // The endpoint survives a refusal.
+  Waiter ok;
+  ASSERT_TRUE(endpoint_->PostWrite({src_mr.get(), 0, 16}, {dst_mr->remote_address(), dst_mr->key()},
+                                   ok.Callback()).ok());
+  EXPECT_TRUE(ok.Wait().ok()) << ok.Wait();
+}
+
+TEST_P(FabricConformanceTest, OutOfBoundsIsRefusedWithoutTouchingMemory) {
+  std::vector<char> src(8192, 'x'), dst(8192, 0), back(8192, 0);
+  auto src_mr = Register(src, *initiator_, kLocal);
+  auto back_mr = Register(back, *initiator_, kLocal);
+  auto dst_mr = target_->Register(dst.data(), 4096, kRemoteWrite | kRemoteRead);
+  ASSERT_TRUE(dst_mr.ok());
+  for (auto [offset, length] : {std::pair<uint64_t, uint64_t>{4000, 200}, {4096, 1}, {0, 4097}}) {
+    Waiter w;
+    ASSERT_TRUE(endpoint_->PostWrite({src_mr.get(), 0, length},
+                                     {(*dst_mr)->remote_address() + offset, (*dst_mr)->key()},
+                                     w.Callback()).ok());
+    EXPECT_EQ(w.Wait().code(), absl::StatusCode::kOutOfRange) << offset << "+" << length;
+    Waiter r;
+    ASSERT_TRUE(endpoint_->PostRead({back_mr.get(), 0, length},
+                                    {(*dst_mr)->remote_address() + offset, (*dst_mr)->key()},
+                                    r.Callback()).ok());
+    EXPECT_EQ(r.Wait().code(), absl::StatusCode::kOutOfRange);
+  }
+  // An address below the region and one that wraps around are refused too.
+  Waiter below;
+  ASSERT_TRUE(endpoint_->PostWrite({src_mr.get(), 0, 1},
+                                   {(*dst_mr)->remote_address() - 1, (*dst_mr)->key()},
+                                   below.Callback()).ok());
+  EXPECT_EQ(below.Wait().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(std::count(dst.begin(), dst.end(), 0), 8192);
+  EXPECT_EQ(std::count(back.begin(), back.end(), 0), 8192);
+}
+
+TEST_P(FabricConformanceTest, AccessFlagsAreEnforced) {
+  std::vector<char> src(64, 'x'), dst(64, 0);
+  auto src_mr = Register(src, *initiator_, kLocal);
+  auto read_only = Register(dst, *target_, kRemoteRead);
+  Waiter w;
+  ASSERT_TRUE(endpoint_->PostWrite({src_mr.get(), 0, 64},
+                                   {read_only->remote_address(), read_only->key()},
+                                   w.Callback()).ok());
+  EXPECT_EQ(w.Wait().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(std::count(dst.begin(), dst.end(), 0), 64);
+}
+
+TEST_P(FabricConformanceTest, LocalSliceOutsideItsRegionIsRefusedAtPost) {
+  std::vector<char> src(64), dst(64);
+  auto src_mr = Register(src, *initiator_, kLocal);
+  auto dst_mr = Register(dst, *target_, kRemoteWrite);
+  bool ran = false;
+  absl::Status s = endpoint_->PostWrite({src_mr.get(), 60, 8},
+                                        {dst_mr->remote_address(), dst_mr->key()},
+                                        [&](absl::Status) { ran = true; });
+  EXPECT_EQ(s.code(), absl::StatusCode::kOutOfRange);
+  EXPECT_FALSE(ran);
+}
+
+TEST_P(FabricConformanceTest, ThousandsOfOutstandingOpsEachCompleteOnce) {
+  constexpr int kOps = 4096;
+  constexpr uint64_t kBlock = 1024;
+  std::vector<char> src(kOps * kBlock), dst(kOps * kBlock, 0);
+  Fill(src, 7);
+  auto src_mr = Register(src, *initiator_, kLocal);
+  auto dst_mr = Register(dst, *target_, kRemoteWrite);
+  std::vector<std::atomic<int>> calls(kOps);
+  std::atomic<int> done{0}, failed{0};
+  absl::Notification all;
+  for (int i = 0; i < kOps; ++i) {
+    // Scatter: op i lands in block (i * 7919) % kOps.
+    uint64_t to = (static_cast<uint64_t>(i) * 7919 % kOps) * kBlock;
+    ASSERT_TRUE(endpoint_->PostWrite({src_mr.get(), i * kBlock, kBlock},
+                                     {dst_mr->remote_address() + to, dst_mr->key()},
+                                     [&, i](absl::Status s) {
+                                       calls[i].fetch_add(1);
+                                       if (!s.ok()) failed.fetch_add(1);
+                                       if (done.fetch_add(1) + 1 == kOps) all.Notify();
+                                     }).ok());
+  }
+  ASSERT_TRUE(all.WaitForNotificationWithTimeout(absl::Seconds(60)));
+  EXPECT_EQ(failed.load(), 0);
+  for (int i = 0; i < kOps; ++i) {
+    ASSERT_EQ(calls[i].load(), 1) << i;
+    uint64_t to = (static_cast<uint64_t>(i) * 7919 % kOps) * kBlock;
+    ASSERT_EQ(0, std::memcmp(src.data() + i * kBlock, dst.data() + to, kBlock)) << i;
+  }
+}
+
+TEST_P(FabricConformanceTest, ImmediateIsDeliveredAfterItsData) {
+  std::vector<char> src(1 << 20), dst(1 << 20, 0);
+  Fill(src, 3);
+  auto src_mr = Register(src, *initiator_, kLocal);
+  auto dst_mr = Register(dst, *target_, kRemoteWrite);
+  std::promise<std::pair<uint32_t, bool>> seen;
+  target_->SetImmediateHandler([&](uint32_t imm) {
+    seen.set_value({imm, std::memcmp(src.data(), dst.data(), src.size()) == 0});
+  });
+  Waiter w;
+  ASSERT_TRUE(endpoint_->PostWriteWithImmediate({src_mr.get(), 0, src.size()},
+                                                {dst_mr->remote_address(), dst_mr->key()},
+                                                0xfeed, w.Callback()).ok());
+  EXPECT_TRUE(w.Wait().ok()) << w.Wait();
+  auto [imm, data_landed] = seen.get_future().get();
+  EXPECT_EQ(imm, 0xfeedu);
+  EXPECT_TRUE(data_landed);
+  target_->SetImmediateHandler(nullptr);
+}
+
+TEST_P(FabricConformanceTest, TeardownWithOpsInFlightCompletesEachExactlyOnce) {
+  constexpr int kOps = 256;
+  constexpr uint64_t kBlock = 256 << 10;
+  std::vector<char> src(kBlock), dst(kBlock);
+  auto src_mr = Register(src, *initiator_, kLocal);
+  auto dst_mr = Register(dst, *target_, kRemoteWrite);
+  std::vector<std::atomic<int>> calls(kOps);
+  int accepted = 0;
+  for (int i = 0; i < kOps; ++i) {
+    absl::Status s = endpoint_->PostWrite({src_mr.get(), 0, kBlock},
+                                          {dst_mr->remote_address(), dst_mr->key()},
+                                          [&, i](absl::Status) { calls[i].fetch_add(1); });
+    if (s.ok()) ++accepted;
+  }
+  EXPECT_EQ(accepted, kOps);
+  endpoint_->Close();
+  // Close() returns after every completion has run.
+  for (int i = 0; i < kOps; ++i) EXPECT_EQ(calls[i].load(), 1) << i;
+  EXPECT_TRUE(endpoint_->broken());
+  absl::Status after = endpoint_->PostWrite({src_mr.get(), 0, 1},
+                                            {dst_mr->remote_address(), dst_mr->key()},
+                                            [](absl::Status) { ADD_FAILURE() << "ran"; });
+  EXPECT_EQ(after.code(), absl::StatusCode::kUnavailable);
+}
+
+TEST_P(FabricConformanceTest, ReconnectAfterBrokenEndpointWorks) {
+  std::vector<char> src(4096, 'q'), dst(4096, 0);
+  auto src_mr = Register(src, *initiator_, kLocal);
+  auto dst_mr = Register(dst, *target_, kRemoteWrite);
+  endpoint_->Close();
+  ASSERT_TRUE(endpoint_->broken());
+  auto again = initiator_->Connect(target_->address());
+  ASSERT_TRUE(again.ok()) << again.status();
+  endpoint_ = *again;
+  Waiter w;
+  ASSERT_TRUE(endpoint_->PostWrite({src_mr.get(), 0, 4096}, {dst_mr->remote_address(), dst_mr->key()},
+                                   w.Callback()).ok());
+  EXPECT_TRUE(w.Wait().ok()) << w.Wait();
+  EXPECT_EQ(std::count(dst.begin(), dst.end(), 'q'), 4096);
+}
+
+TEST_P(FabricConformanceTest, RevokedRegionRefusesLaterOps) {
+  std::vector<char> src(64, 'z'), dst(64, 0);
+  auto src_mr = Register(src, *initiator_, kLocal);
+  auto dst_mr = Register(dst, *target_, kRemoteWrite);
+  RemoteSlice where{dst_mr->remote_address(), dst_mr->key()};
+  dst_mr.reset();
+  Waiter w;
+  ASSERT_TRUE(endpoint_->PostWrite({src_mr.get(), 0, 64}, where, w.Callback()).ok());
+  EXPECT_EQ(w.Wait().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(std::count(dst.begin(), dst.end(), 0), 64);
+}
+
+TEST_P(FabricConformanceTest, ConnectToNobodyIsUnavailable) {
+  auto lonely = GetParam().make();
+  ASSERT_TRUE(lonely.ok());
+  std::string address = (*lonely)->address();
+  lonely->reset();
+  auto ep = initiator_->Connect(address);
+  EXPECT_EQ(ep.status().code(), absl::StatusCode::kUnavailable) << ep.status();
+}
+
+INSTANTIATE_TEST_SUITE_P(Providers, FabricConformanceTest, ::testing::ValuesIn(Providers()),
+                         [](const auto& info) { return info.param.name; });
+
+}  // namespace
+}  // namespace ferry::fabric

@@ -1,0 +1,108 @@
+#pragma once
+// The fabric interface: verbs-shaped one-sided memory access, written once for every
+// provider (tcp now, verbs on rdma-core next). The engine talks only to these classes.
+//
+// Shape, as in ibverbs: register memory -> region with a key; connect -> endpoint; post
+// WRITE / WRITE-with-immediate / READ against (remote address, key); each posted op
+// completes exactly once.
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/functional/any_invocable.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace ferry::fabric {
+
+// What a region lets the fabric do with it. Peers get only what a buffer's role needs.
+enum Access : uint32_t {
+  kLocal = 0,             // source of our writes / destination of our reads
+  kRemoteWrite = 1u << 0, // peers may WRITE into it
+  kRemoteRead = 1u << 1,  // peers may READ from it
+};
+
+// Memory registered with one fabric. Destroying it revokes the key: new remote accesses are
+// refused, and the destructor waits for remote accesses already in progress to finish, so
+// the memory may be released right after.
+class MemoryRegion {
+ public:
+  virtual ~MemoryRegion() = default;
+  virtual void* data() const = 0;
+  virtual uint64_t length() const = 0;
+  // What a peer puts in RemoteSlice to reach byte 0 (verbs: the virtual address).
+  virtual uint64_t remote_address() const = 0;
+  // The key a peer must present (verbs: rkey).
+  virtual uint32_t key() const = 0;
+  // How the memory was registered, for results and `ferryctl` (e.g. "tcp", "ibv_reg_mr").
+  virtual std::string registration() const = 0;
+};
+
+// A byte range of one of our regions.
+struct LocalSlice {
+  const MemoryRegion* region = nullptr;
+  uint64_t offset = 0;
+  uint64_t length = 0;
+};
+
+// Where an op lands on (or reads from) the peer: address within an exported region + key.
+struct RemoteSlice {
+  uint64_t address = 0;
+  uint32_t key = 0;
+};
+
+// Runs exactly once per accepted op, on the provider's completion thread, never while the
+// provider holds a lock. (One exception: if the connection breaks while a multi-part op is
+// being posted, the completion may run on the posting thread; so never post while holding a
+// lock the completion takes.) OK, or the reason it failed:
+// PERMISSION_DENIED / OUT_OF_RANGE when the peer refused the key or range (the peer's
+// memory is untouched), UNAVAILABLE when the connection broke.
+using Completion = absl::AnyInvocable<void(absl::Status) &&>;
+
+// A connection to one peer's fabric. Thread-safe: any thread may post.
+class Endpoint {
+ public:
+  virtual ~Endpoint() = default;
+
+  // Each Post either returns an error now (the op was not accepted, `done` never runs) or
+  // returns OK and `done` runs later. `src`/`dst` must stay registered until `done` runs.
+  virtual absl::Status PostWrite(const LocalSlice& src, const RemoteSlice& dst,
+                                 Completion done) = 0;
+  // Like PostWrite; after the data has landed the peer's immediate handler sees `imm`.
+  virtual absl::Status PostWriteWithImmediate(const LocalSlice& src, const RemoteSlice& dst,
+                                              uint32_t imm, Completion done) = 0;
+  virtual absl::Status PostRead(const LocalSlice& dst, const RemoteSlice& src,
+                                Completion done) = 0;
+
+  // True once the connection failed; posts then return UNAVAILABLE and the owner should
+  // connect again.
+  virtual bool broken() const = 0;
+
+  // Fails every outstanding op (UNAVAILABLE) and closes the connection. Idempotent; returns
+  // after every completion has run.
+  virtual void Close() = 0;
+};
+
+// One provider instance on this node: owns the registrations and accepts peers.
+class Fabric {
+ public:
+  virtual ~Fabric() = default;
+
+  virtual std::string provider() const = 0;
+  // What peers pass to Connect (tcp: "host:port" of the data listener).
+  virtual std::string address() const = 0;
+
+  // Registers [data, data+length). The region must not outlive the fabric.
+  virtual absl::StatusOr<std::unique_ptr<MemoryRegion>> Register(void* data, uint64_t length,
+                                                                 uint32_t access) = 0;
+
+  virtual absl::StatusOr<std::shared_ptr<Endpoint>> Connect(const std::string& peer_address) = 0;
+
+  // Called on a provider thread for every WRITE-with-immediate that landed in our memory.
+  using ImmediateHandler = std::function<void(uint32_t imm)>;
+  virtual void SetImmediateHandler(ImmediateHandler handler) = 0;
+};
+
+}  // namespace ferry::fabric

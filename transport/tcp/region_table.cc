@@ -1,0 +1,55 @@
+#include "transport/tcp/region_table.h"
+
+#include <random>
+
+namespace ferry::tcp {
+
+uint32_t RegionTable::Add(char* data, uint64_t length, uint32_t access) {
+  absl::MutexLock lock(&mu_);
+  if (!seeded_) {
+    // Random start so that keys from an agent's previous life are unlikely to be valid.
+    next_key_ = std::random_device{}() | 1u;
+    seeded_ = true;
+  }
+  uint32_t key;
+  do {
+    key = next_key_++;
+  } while (key == 0 || entries_.contains(key));
+  entries_.emplace(key, Entry{data, length, access});
+  return key;
+}
+
+void RegionTable::Remove(uint32_t key) {
+  absl::MutexLock lock(&mu_);
+  auto it = entries_.find(key);
+  if (it == entries_.end()) return;
+  it->second.removing = true;
+  mu_.Await(absl::Condition(
+      +[](Entry* e) { return e->users == 0; }, &it->second));
+  entries_.erase(key);
+}
+
+Refusal RegionTable::Acquire(uint32_t key, uint64_t address, uint64_t length, uint32_t access,
+                             std::optional<Access>& out) {
+  absl::MutexLock lock(&mu_);
+  auto it = entries_.find(key);
+  if (it == entries_.end() || it->second.removing) return Refusal::kBadKey;
+  Entry& e = it->second;
+  uint64_t base = reinterpret_cast<uint64_t>(e.data);
+  // Written so that no sum can overflow.
+  if (address < base || address - base > e.length || length > e.length - (address - base)) {
+    return Refusal::kOutOfBounds;
+  }
+  if ((e.access & access) != access) return Refusal::kAccess;
+  ++e.users;
+  out.emplace(this, key, e.data + (address - base));
+  return Refusal::kNone;
+}
+
+void RegionTable::Release(uint32_t key) {
+  absl::MutexLock lock(&mu_);
+  auto it = entries_.find(key);
+  if (it != entries_.end()) --it->second.users;
+}
+
+}  // namespace ferry::tcp

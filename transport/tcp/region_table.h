@@ -1,0 +1,66 @@
+#pragma once
+// The target side's registrations: key -> memory, with the checks an HCA makes before it
+// touches memory (key known, range inside the region, access allowed).
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/base/thread_annotations.h"
+#include <optional>
+
+#include "absl/container/node_hash_map.h"
+#include "absl/synchronization/mutex.h"
+#include "transport/tcp/wire.h"
+
+namespace ferry::tcp {
+
+class RegionTable {
+ public:
+  // Held while a remote op touches a region; Remove() waits for all of them.
+  class Access {
+   public:
+    Access() = default;
+    Access(RegionTable* table, uint32_t key, char* data) : table_(table), key_(key), data_(data) {}
+    Access(Access&& other) noexcept
+        : table_(std::exchange(other.table_, nullptr)), key_(other.key_), data_(other.data_) {}
+    Access& operator=(Access&&) = delete;
+    ~Access() {
+      if (table_ != nullptr) table_->Release(key_);
+    }
+    char* data() const { return data_; }
+
+   private:
+    RegionTable* table_ = nullptr;
+    uint32_t key_ = 0;
+    char* data_ = nullptr;
+  };
+
+  // Adds a region and returns its new, unique, non-zero key.
+  uint32_t Add(char* data, uint64_t length, uint32_t access);
+
+  // Revokes `key`; returns once no remote op is inside the region.
+  void Remove(uint32_t key);
+
+  // Validates a remote request for [address, address+length) needing `access`. On success
+  // `out` holds the first byte and pins the region until it is destroyed.
+  Refusal Acquire(uint32_t key, uint64_t address, uint64_t length, uint32_t access,
+                  std::optional<Access>& out);
+
+ private:
+  struct Entry {
+    char* data;
+    uint64_t length;
+    uint32_t access;
+    int users = 0;
+    bool removing = false;
+  };
+  void Release(uint32_t key);
+
+  absl::Mutex mu_;
+  // Node map: Remove() waits on an entry by address while others are added.
+  absl::node_hash_map<uint32_t, Entry> entries_ ABSL_GUARDED_BY(mu_);
+  uint32_t next_key_ ABSL_GUARDED_BY(mu_);
+  bool seeded_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace ferry::tcp

@@ -1,0 +1,37 @@
+#pragma once
+// Blocking TCP socket helpers for the tcp provider. Every error names the call and errno.
+
+#include <sys/uio.h>
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "base/unique_fd.h"
+
+namespace ferry::tcp {
+
+struct HostPort {
+  std::string host;
+  uint16_t port = 0;
+};
+
+absl::StatusOr<HostPort> ParseHostPort(const std::string& address);
+
+// Listens on host:port (port 0: any free port); `bound_port` receives the port chosen.
+absl::StatusOr<UniqueFd> ListenTcp(const std::string& address, uint16_t* bound_port);
+
+// Connects with TCP_NODELAY set (small acks must not wait for Nagle).
+absl::StatusOr<UniqueFd> ConnectTcp(const std::string& address);
+
+// Sends all bytes described by `iov` (modified in place). UNAVAILABLE when the peer left.
+absl::Status SendAll(int fd, struct iovec* iov, int iovcnt);
+absl::Status SendAll(int fd, const void* data, uint64_t length);
+
+// Receives exactly `length` bytes. UNAVAILABLE on EOF (the message says "closed").
+absl::Status RecvAll(int fd, void* data, uint64_t length);
+
+// Receives and drops `length` bytes (the payload of a refused WRITE).
+absl::Status Discard(int fd, uint64_t length);
+
+}  // namespace ferry::tcp

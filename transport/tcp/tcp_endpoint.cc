@@ -1,0 +1,138 @@
+#include "transport/tcp/tcp_endpoint.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "transport/tcp/socket.h"
+#include "transport/tcp/tcp_connection.h"
+
+namespace ferry::tcp {
+namespace {
+
+// Joins the completions of an op's parts into the op's one completion: the first error
+// wins, and the op completes when its last part does.
+class PartsCompletion {
+ public:
+  PartsCompletion(int parts, fabric::Completion done) : remaining_(parts), done_(std::move(done)) {}
+
+  void PartDone(absl::Status status) {
+    bool last;
+    {
+      absl::MutexLock lock(&mu_);
+      if (!status.ok() && first_error_.ok()) first_error_ = status;
+      last = --remaining_ == 0;
+    }
+    if (last) std::move(done_)(first_error_);
+  }
+
+ private:
+  absl::Mutex mu_;
+  int remaining_;
+  absl::Status first_error_;
+  fabric::Completion done_;
+};
+
+constexpr uint64_t kStripeAlign = 4096;
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<TcpEndpoint>> TcpEndpoint::Connect(const std::string& address,
+                                                                  uint32_t connections,
+                                                                  uint64_t stripe_min_bytes) {
+  std::vector<std::unique_ptr<TcpConnection>> conns;
+  for (uint32_t i = 0; i < connections; ++i) {
+    auto fd = ConnectTcp(address);
+    if (!fd.ok()) return fd.status();
+    conns.push_back(std::make_unique<TcpConnection>(std::move(*fd), address));
+  }
+  return std::unique_ptr<TcpEndpoint>(new TcpEndpoint(address, std::move(conns), stripe_min_bytes));
+}
+
+TcpEndpoint::TcpEndpoint(std::string address,
+                         std::vector<std::unique_ptr<TcpConnection>> connections,
+                         uint64_t stripe_min_bytes)
+    : address_(std::move(address)),
+      connections_(std::move(connections)),
+      stripe_min_bytes_(std::max<uint64_t>(stripe_min_bytes, kStripeAlign)) {}
+
+TcpEndpoint::~TcpEndpoint() { Close(); }
+
+bool TcpEndpoint::broken() const {
+  return std::any_of(connections_.begin(), connections_.end(),
+                     [](const auto& c) { return c->failed(); });
+}
+
+void TcpEndpoint::Close() {
+  for (auto& c : connections_) {
+    c->Fail(absl::UnavailableError(absl::StrCat("tcp: endpoint to ", address_, " closed")));
+  }
+}
+
+absl::Status TcpEndpoint::PostWrite(const fabric::LocalSlice& src, const fabric::RemoteSlice& dst,
+                                    fabric::Completion done) {
+  return Post(static_cast<uint32_t>(WireOp::kWrite), src, dst, 0, std::move(done));
+}
+
+absl::Status TcpEndpoint::PostWriteWithImmediate(const fabric::LocalSlice& src,
+                                                 const fabric::RemoteSlice& dst, uint32_t imm,
+                                                 fabric::Completion done) {
+  return Post(static_cast<uint32_t>(WireOp::kWriteImm), src, dst, imm, std::move(done));
+}
+
+absl::Status TcpEndpoint::PostRead(const fabric::LocalSlice& dst, const fabric::RemoteSlice& src,
+                                   fabric::Completion done) {
+  return Post(static_cast<uint32_t>(WireOp::kRead), dst, src, 0, std::move(done));
+}
+
+absl::Status TcpEndpoint::Post(uint32_t op_code, const fabric::LocalSlice& local,
+                               const fabric::RemoteSlice& remote, uint32_t imm,
+                               fabric::Completion done) {
+  if (local.region == nullptr || local.length == 0 ||
+      local.offset > local.region->length() ||
+      local.length > local.region->length() - local.offset) {
+    return absl::OutOfRangeError(absl::StrCat("tcp: local slice [", local.offset, ", +",
+                                              local.length, ") is outside its region"));
+  }
+  if (broken()) return absl::UnavailableError(absl::StrCat("tcp: endpoint to ", address_, " is broken"));
+  auto op = static_cast<WireOp>(op_code);
+  char* base = static_cast<char*>(local.region->data()) + local.offset;
+
+  // Large ops are striped over every connection, in parts aligned to 4 KiB. An immediate
+  // must arrive after all the data, so WRITE-with-immediate is never split.
+  uint64_t parts = 1;
+  if (op != WireOp::kWriteImm && connections_.size() > 1 && local.length >= 2 * stripe_min_bytes_) {
+    parts = std::min<uint64_t>(connections_.size(), local.length / stripe_min_bytes_);
+  }
+  uint64_t part_len = (local.length / parts + kStripeAlign - 1) / kStripeAlign * kStripeAlign;
+  auto joined = parts > 1 ? std::make_shared<PartsCompletion>(static_cast<int>(parts), std::move(done))
+                          : nullptr;
+  uint32_t first = next_connection_.fetch_add(static_cast<uint32_t>(parts));
+  for (uint64_t i = 0; i < parts; ++i) {
+    uint64_t offset = i * part_len;
+    uint64_t length = std::min(part_len, local.length - std::min(offset, local.length));
+    TcpConnection::Request request;
+    request.header = {kRequestMagic, op, 0, remote.address + offset, length, remote.key, imm};
+    request.local = base + offset;
+    if (joined) {
+      request.done = [joined](absl::Status s) { joined->PartDone(std::move(s)); };
+    } else {
+      request.done = std::move(done);
+    }
+    TcpConnection& conn = *connections_[(first + i) % connections_.size()];
+    if (length == 0) {
+      joined->PartDone(absl::OkStatus());
+      continue;
+    }
+    absl::Status s = conn.Enqueue(std::move(request));
+    if (!s.ok()) {
+      // Nothing accepted yet: refuse the op now; its completion never runs.
+      if (i == 0) return s;
+      // Earlier parts are in flight: the op fails through their joined completion.
+      joined->PartDone(s);
+    }
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace ferry::tcp

@@ -1,0 +1,46 @@
+#pragma once
+// The initiator side of the tcp provider: several connections to one peer, ops striped
+// across them. Each connection has a sender thread (headers + payload from the region) and
+// a receiver thread (acks, and READ payloads straight into the region).
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "transport/fabric.h"
+
+namespace ferry::tcp {
+
+class TcpConnection;
+
+class TcpEndpoint : public fabric::Endpoint {
+ public:
+  static absl::StatusOr<std::unique_ptr<TcpEndpoint>> Connect(const std::string& address,
+                                                              uint32_t connections,
+                                                              uint64_t stripe_min_bytes);
+  ~TcpEndpoint() override;
+
+  absl::Status PostWrite(const fabric::LocalSlice& src, const fabric::RemoteSlice& dst,
+                         fabric::Completion done) override;
+  absl::Status PostWriteWithImmediate(const fabric::LocalSlice& src,
+                                      const fabric::RemoteSlice& dst, uint32_t imm,
+                                      fabric::Completion done) override;
+  absl::Status PostRead(const fabric::LocalSlice& dst, const fabric::RemoteSlice& src,
+                        fabric::Completion done) override;
+  bool broken() const override;
+  void Close() override;
+
+ private:
+  TcpEndpoint(std::string address, std::vector<std::unique_ptr<TcpConnection>> connections,
+              uint64_t stripe_min_bytes);
+  absl::Status Post(uint32_t op, const fabric::LocalSlice& local, const fabric::RemoteSlice& remote,
+                    uint32_t imm, fabric::Completion done);
+
+  const std::string address_;
+  const std::vector<std::unique_ptr<TcpConnection>> connections_;
+  const uint64_t stripe_min_bytes_;
+  std::atomic<uint32_t> next_connection_{0};
+};
+
+}  // namespace ferry::tcp

@@ -1,0 +1,175 @@
+#include "transport/tcp/tcp_fabric.h"
+
+#include <sys/socket.h>
+
+#include "absl/strings/str_cat.h"
+#include "spdlog/spdlog.h"
+#include "transport/tcp/socket.h"
+#include "transport/tcp/tcp_endpoint.h"
+#include "transport/tcp/wire.h"
+
+namespace ferry::tcp {
+namespace {
+
+class TcpRegion : public fabric::MemoryRegion {
+ public:
+  TcpRegion(RegionTable* table, void* data, uint64_t length, uint32_t key)
+      : table_(table), data_(data), length_(length), key_(key) {}
+  ~TcpRegion() override { table_->Remove(key_); }
+
+  void* data() const override { return data_; }
+  uint64_t length() const override { return length_; }
+  uint64_t remote_address() const override { return reinterpret_cast<uint64_t>(data_); }
+  uint32_t key() const override { return key_; }
+  std::string registration() const override { return "tcp"; }
+
+ private:
+  RegionTable* table_;
+  void* data_;
+  uint64_t length_;
+  uint32_t key_;
+};
+
+uint32_t NeededAccess(WireOp op) {
+  return op == WireOp::kRead ? fabric::kRemoteRead : fabric::kRemoteWrite;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<TcpFabric>> TcpFabric::Create(const TcpOptions& options) {
+  if (options.connections == 0) return absl::InvalidArgumentError("tcp: connections must be >= 1");
+  uint16_t port = 0;
+  auto listener = ListenTcp(options.listen_address, &port);
+  if (!listener.ok()) return listener.status();
+  auto hp = ParseHostPort(options.listen_address);
+  std::string host = hp->host.empty() || hp->host == "0.0.0.0" ? "127.0.0.1" : hp->host;
+  if (host.find(':') != std::string::npos) host = absl::StrCat("[", host, "]");
+  std::string address = absl::StrCat(host, ":", port);
+  return std::unique_ptr<TcpFabric>(new TcpFabric(options, std::move(*listener), address));
+}
+
+TcpFabric::TcpFabric(TcpOptions options, UniqueFd listener, std::string address)
+    : options_(std::move(options)), address_(std::move(address)), listener_(std::move(listener)) {
+  accept_thread_ = std::thread([this] { AcceptLoop(); });
+}
+
+TcpFabric::~TcpFabric() {
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+    for (auto& in : incoming_) shutdown(in->fd.get(), SHUT_RDWR);
+  }
+  // shutdown() wakes a thread blocked in accept().
+  shutdown(listener_.get(), SHUT_RDWR);
+  accept_thread_.join();
+  std::vector<std::unique_ptr<Incoming>> incoming;
+  {
+    absl::MutexLock lock(&mu_);
+    incoming.swap(incoming_);
+  }
+  for (auto& in : incoming) in->thread.join();
+}
+
+absl::StatusOr<std::unique_ptr<fabric::MemoryRegion>> TcpFabric::Register(void* data,
+                                                                          uint64_t length,
+                                                                          uint32_t access) {
+  if (data == nullptr || length == 0) {
+    return absl::InvalidArgumentError("tcp: cannot register an empty region");
+  }
+  uint32_t key = regions_.Add(static_cast<char*>(data), length, access);
+  return std::unique_ptr<fabric::MemoryRegion>(new TcpRegion(&regions_, data, length, key));
+}
+
+absl::StatusOr<std::shared_ptr<fabric::Endpoint>> TcpFabric::Connect(
+    const std::string& peer_address) {
+  auto endpoint = TcpEndpoint::Connect(peer_address, options_.connections,
+                                       options_.stripe_min_bytes);
+  if (!endpoint.ok()) return endpoint.status();
+  return std::shared_ptr<fabric::Endpoint>(std::move(*endpoint));
+}
+
+void TcpFabric::SetImmediateHandler(ImmediateHandler handler) {
+  absl::MutexLock lock(&mu_);
+  immediate_handler_ = std::move(handler);
+}
+
+void TcpFabric::Notify(uint32_t imm) {
+  ImmediateHandler handler;
+  {
+    absl::MutexLock lock(&mu_);
+    handler = immediate_handler_;
+  }
+  if (handler) handler(imm);
+}
+
+void TcpFabric::AcceptLoop() {
+  while (true) {
+    int fd = accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC);
+    absl::MutexLock lock(&mu_);
+    if (stopping_) {
+      if (fd >= 0) ::close(fd);
+      return;
+    }
+    if (fd < 0) {
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      spdlog::error("tcp: accept() on {} failed: {}", address_, strerror(errno));
+      return;
+    }
+    // Reap connections whose peers left, so a long-lived agent does not collect threads.
+    for (auto it = incoming_.begin(); it != incoming_.end();) {
+      if ((*it)->done) {
+        (*it)->thread.join();
+        it = incoming_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    auto in = std::make_unique<Incoming>();
+    in->fd.Reset(fd);
+    Incoming* raw = in.get();
+    in->thread = std::thread([this, raw] {
+      Serve(raw->fd.get());
+      absl::MutexLock lock(&mu_);
+      raw->done = true;
+    });
+    incoming_.push_back(std::move(in));
+  }
+}
+
+void TcpFabric::Serve(int fd) {
+  while (ServeOne(fd)) {
+  }
+}
+
+bool TcpFabric::ServeOne(int fd) {
+  RequestHeader req;
+  if (!RecvAll(fd, &req, sizeof(req)).ok()) return false;
+  if (req.magic != kRequestMagic) {
+    spdlog::warn("tcp: dropping a connection that sent a bad request header");
+    return false;
+  }
+  ResponseHeader resp = {kResponseMagic, Refusal::kNone, req.id, 0};
+  bool is_write = req.op == WireOp::kWrite || req.op == WireOp::kWriteImm;
+  if (!is_write && req.op != WireOp::kRead) {
+    resp.refusal = Refusal::kBadOp;
+    // The payload length of an unknown op cannot be trusted: answer, then close.
+    SendAll(fd, &resp, sizeof(resp)).IgnoreError();
+    return false;
+  }
+  std::optional<RegionTable::Access> access;
+  resp.refusal = regions_.Acquire(req.key, req.address, req.length, NeededAccess(req.op), access);
+  if (is_write) {
+    // Refused writes still carry their payload on the stream: drain it, touch nothing.
+    absl::Status s = access ? RecvAll(fd, access->data(), req.length) : Discard(fd, req.length);
+    if (!s.ok()) return false;
+    access.reset();
+    if (req.op == WireOp::kWriteImm && resp.refusal == Refusal::kNone) Notify(req.imm);
+    return SendAll(fd, &resp, sizeof(resp)).ok();
+  }
+  if (!access) return SendAll(fd, &resp, sizeof(resp)).ok();
+  resp.length = req.length;
+  iovec iov[2] = {{&resp, sizeof(resp)}, {access->data(), req.length}};
+  return SendAll(fd, iov, 2).ok();
+}
+
+}  // namespace ferry::tcp

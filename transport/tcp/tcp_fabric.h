@@ -1,0 +1,71 @@
+#pragma once
+// The tcp provider: one-sided WRITE / READ over TCP for nodes without RDMA (and for tests).
+// The target side validates key, bounds and access before touching memory, as an HCA does.
+// Payloads go straight from the source region into the socket and from the socket straight
+// into the destination region: one kernel copy per side, none in user space.
+
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "base/unique_fd.h"
+#include "transport/fabric.h"
+#include "transport/tcp/region_table.h"
+
+namespace ferry::tcp {
+
+struct TcpOptions {
+  // Data listener, "host:port"; port 0 picks a free port (see address()).
+  std::string listen_address = "127.0.0.1:0";
+  // Connections per peer endpoint; large ops are striped across them.
+  uint32_t connections = 4;
+  // Ops of at least twice this size are split into parts of at least this size.
+  uint64_t stripe_min_bytes = 1ull << 20;
+};
+
+class TcpFabric : public fabric::Fabric {
+ public:
+  static absl::StatusOr<std::unique_ptr<TcpFabric>> Create(const TcpOptions& options);
+  // Stops accepting, closes every incoming connection and joins their threads. Endpoints
+  // this fabric created must be closed first; regions must be destroyed first.
+  ~TcpFabric() override;
+
+  std::string provider() const override { return "tcp"; }
+  std::string address() const override { return address_; }
+  absl::StatusOr<std::unique_ptr<fabric::MemoryRegion>> Register(void* data, uint64_t length,
+                                                                 uint32_t access) override;
+  absl::StatusOr<std::shared_ptr<fabric::Endpoint>> Connect(
+      const std::string& peer_address) override;
+  void SetImmediateHandler(ImmediateHandler handler) override;
+
+ private:
+  TcpFabric(TcpOptions options, UniqueFd listener, std::string address);
+  void AcceptLoop();
+  // Serves one incoming connection until it closes: the target side of every op.
+  void Serve(int fd);
+  // Returns false when the connection must close.
+  bool ServeOne(int fd);
+  void Notify(uint32_t imm);
+
+  struct Incoming {
+    UniqueFd fd;
+    std::thread thread;
+    bool done = false;
+  };
+
+  const TcpOptions options_;
+  const std::string address_;
+  RegionTable regions_;
+  UniqueFd listener_;
+  std::thread accept_thread_;
+
+  absl::Mutex mu_;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<std::unique_ptr<Incoming>> incoming_ ABSL_GUARDED_BY(mu_);
+  ImmediateHandler immediate_handler_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace ferry::tcp
