@@ -1,0 +1,69 @@
+#include "transport/memory/host_pool.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "absl/strings/str_cat.h"
+#include "spdlog/spdlog.h"
+
+namespace ferry::memory {
+
+HostBlock::~HostBlock() { pool_->Release(offset_, size_); }
+
+absl::StatusOr<std::unique_ptr<HostPool>> HostPool::Create(uint64_t size, const std::string& name) {
+  size = (size + kAlignment - 1) / kAlignment * kAlignment;
+  UniqueFd fd(memfd_create(name.c_str(), MFD_CLOEXEC));
+  if (!fd.valid()) return absl::ErrnoToStatus(errno, absl::StrCat("memfd_create(", name, ")"));
+  if (ftruncate(fd.get(), static_cast<off_t>(size)) != 0) {
+    return absl::ErrnoToStatus(errno, absl::StrCat("ftruncate(memfd, ", size, ")"));
+  }
+  void* base = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
+  if (base == MAP_FAILED) return absl::ErrnoToStatus(errno, absl::StrCat("mmap(host pool, ", size, ")"));
+  std::string path = absl::StrCat("/proc/", getpid(), "/fd/", fd.get());
+  return std::unique_ptr<HostPool>(new HostPool(std::move(fd), static_cast<char*>(base), size, path));
+}
+
+HostPool::HostPool(UniqueFd fd, char* base, uint64_t size, std::string path)
+    : fd_(std::move(fd)), base_(base), size_(size), path_(std::move(path)),
+      allocator_(size, kAlignment) {}
+
+HostPool::~HostPool() { munmap(base_, size_); }
+
+absl::StatusOr<std::unique_ptr<HostBlock>> HostPool::Allocate(uint64_t size) {
+  uint64_t offset;
+  {
+    absl::MutexLock lock(&mu_);
+    auto got = allocator_.Allocate(size);
+    if (!got.ok()) {
+      return absl::ResourceExhaustedError(absl::StrCat("host pool: ", got.status().message()));
+    }
+    offset = *got;
+  }
+  return std::make_unique<HostBlock>(this, base_ + offset, offset, size);
+}
+
+void HostPool::Release(uint64_t offset, uint64_t size) {
+  // Give the pages back before the range is reused: a freed buffer keeps no memory, and the
+  // next owner sees zeroes, not the last client's bytes.
+  uint64_t span = (size + kAlignment - 1) / kAlignment * kAlignment;
+  if (fallocate(fd_.get(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(offset),
+                static_cast<off_t>(span)) != 0) {
+    spdlog::warn("host pool: fallocate(PUNCH_HOLE, {} bytes at {}): {}", span, offset, strerror(errno));
+  }
+  absl::MutexLock lock(&mu_);
+  absl::Status s = allocator_.Free(offset);
+  if (!s.ok()) spdlog::error("host pool: {}", s.ToString());
+}
+
+uint64_t HostPool::used() const {
+  absl::MutexLock lock(&mu_);
+  return allocator_.used();
+}
+
+double HostPool::fragmentation() const {
+  absl::MutexLock lock(&mu_);
+  return allocator_.fragmentation();
+}
+
+}  // namespace ferry::memory
