@@ -1,0 +1,47 @@
+#pragma once
+// `ferryctl doctor`: a checklist of what decides whether GPUDirect RDMA can work on this
+// node, each finding with the fact seen and a remedy. Every sysfs/procfs read goes through
+// a SysRoot so tests run the checks against fixture trees; driver probes are injectable.
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "transport/topology/machine.h"
+#include "transport/topology/plan.h"
+#include "transport/topology/probes.h"
+#include "transport/topology/sys_root.h"
+
+namespace ferry::topology {
+
+enum class Severity { kOk, kWarn, kFail };
+const char* SeverityName(Severity severity);  // "OK", "WARN", "FAIL"
+
+struct Finding {
+  Severity severity = Severity::kOk;
+  std::string check;   // stable id: "gpu0", "peer-memory", "acs", "iommu", "nic mlx5_0", ...
+  std::string fact;    // what was seen
+  std::string remedy;  // what to do; "" when nothing is needed
+};
+
+struct DoctorReport {
+  std::vector<Finding> findings;
+  bool HasFailure() const;
+  int Count(Severity severity) const;
+};
+
+struct DoctorProbes {
+  std::function<SupportProbe()> nic_dmabuf = ProbeNicDmabuf;
+  std::function<SupportProbe()> gpu_dmabuf = ProbeGpuDmabuf;
+};
+
+DoctorReport RunDoctor(const Machine& machine, const TopologyPlan& plan, const SysRoot& root,
+                       const DoctorProbes& probes = DoctorProbes());
+
+std::string FormatDoctorText(const DoctorReport& report);
+// {"ok": bool, "counts": {"ok","warn","fail"}, "findings": [{severity, check, fact,
+// remedy}], "topology": {the `ferryctl topo --json` object}}.
+std::string FormatDoctorJson(const DoctorReport& report, const Machine& machine,
+                             const TopologyPlan& plan);
+
+}  // namespace ferry::topology

@@ -1,0 +1,99 @@
+// The NIC side of the DMA-BUF probe, against the real rdma-core API.
+#include <infiniband/verbs.h>
+
+#include <cerrno>
+#include <cstring>
+#include <memory>
+
+#include "absl/strings/str_cat.h"
+#include "transport/topology/probes.h"
+
+namespace ferry::topology {
+namespace {
+
+struct DeviceListDeleter {
+  void operator()(ibv_device** list) const noexcept { ibv_free_device_list(list); }
+};
+struct ContextDeleter {
+  void operator()(ibv_context* context) const noexcept { ibv_close_device(context); }
+};
+struct PdDeleter {
+  void operator()(ibv_pd* pd) const noexcept { ibv_dealloc_pd(pd); }
+};
+
+std::string ErrnoName(int err) {
+  switch (err) {
+    case ENOSYS: return "ENOSYS";
+    case EOPNOTSUPP: return "EOPNOTSUPP";
+    case EPROTONOSUPPORT: return "EPROTONOSUPPORT";
+    case EBADF: return "EBADF";
+    case EINVAL: return "EINVAL";
+    case EPERM: return "EPERM";
+    case ENODEV: return "ENODEV";
+    default: return absl::StrCat("errno ", err);
+  }
+}
+
+}  // namespace
+
+const char* SupportStateName(SupportProbe::State state) {
+  switch (state) {
+    case SupportProbe::State::kSupported: return "yes";
+    case SupportProbe::State::kUnsupported: return "no";
+    case SupportProbe::State::kUnknown: return "unknown";
+  }
+  return "unknown";
+}
+
+SupportProbe ClassifyDmabufErrno(const std::string& nic, int err) {
+  SupportProbe probe;
+  if (err == EOPNOTSUPP || err == EPROTONOSUPPORT) {
+    probe.state = SupportProbe::State::kUnsupported;
+    probe.detail = absl::StrCat(nic, ": ibv_reg_dmabuf_mr is not supported (", ErrnoName(err),
+                                ")");
+  } else {
+    // Any other answer (typically EBADF for fd -1) means the verb reached a provider that
+    // implements it.
+    probe.state = SupportProbe::State::kSupported;
+    probe.detail = absl::StrCat(nic, ": ibv_reg_dmabuf_mr is implemented (",
+                                err == 0 ? "accepted a probe" : ErrnoName(err), " on fd -1)");
+  }
+  return probe;
+}
+
+SupportProbe ProbeNicDmabuf() {
+  SupportProbe probe;
+  int count = 0;
+  errno = 0;
+  std::unique_ptr<ibv_device*, DeviceListDeleter> list(ibv_get_device_list(&count));
+  if (list == nullptr) {
+    // Without RDMA support in the kernel rdma-core answers NULL + ENOSYS, not an empty list.
+    probe.detail = absl::StrCat("no RDMA devices (", ErrnoName(errno), ")");
+    return probe;
+  }
+  if (count == 0) {
+    probe.detail = "no RDMA devices";
+    return probe;
+  }
+  const std::string name = ibv_get_device_name(list.get()[0]);
+  std::unique_ptr<ibv_context, ContextDeleter> context(ibv_open_device(list.get()[0]));
+  if (context == nullptr) {
+    probe.detail = absl::StrCat(name, ": ibv_open_device failed (", ErrnoName(errno), ")");
+    return probe;
+  }
+  std::unique_ptr<ibv_pd, PdDeleter> pd(ibv_alloc_pd(context.get()));
+  if (pd == nullptr) {
+    probe.detail = absl::StrCat(name, ": ibv_alloc_pd failed (", ErrnoName(errno), ")");
+    return probe;
+  }
+  errno = 0;
+  ibv_mr* mr = ibv_reg_dmabuf_mr(pd.get(), 0, 0, 0, -1, 0);
+  int err = errno;
+  if (mr != nullptr) {
+    ibv_dereg_mr(mr);
+    err = 0;
+  }
+  return ClassifyDmabufErrno(name, err);
+}
+
+}  // namespace ferry::topology
