@@ -1,0 +1,66 @@
+#include "server/agent_core.h"
+
+#include <random>
+
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+#include "spdlog/spdlog.h"
+#include "transport/tcp/socket.h"
+#include "transport/tcp/tcp_fabric.h"
+
+namespace ferry::server {
+namespace {
+
+uint64_t NewIncarnation() {
+  std::random_device rd;
+  return (static_cast<uint64_t>(rd()) << 32) | rd() | 1;
+}
+
+// The data listener defaults to the peer API's host on any free port; Hello tells peers.
+std::string TcpListenAddress(const config::Config& config) {
+  if (!config.tcp_listen.empty()) return config.tcp_listen;
+  auto hp = tcp::ParseHostPort(config.peer_listen);
+  std::string host = hp.ok() ? hp->host : "127.0.0.1";
+  if (host.find(':') != std::string::npos) host = absl::StrCat("[", host, "]");
+  return absl::StrCat(host, ":0");
+}
+
+}  // namespace
+
+AgentCore::AgentCore(config::Config config)
+    : config_(std::move(config)), incarnation_(NewIncarnation()) {}
+
+absl::StatusOr<std::unique_ptr<AgentCore>> AgentCore::Create(const config::Config& config) {
+  std::unique_ptr<AgentCore> core(new AgentCore(config));
+  ASSIGN_OR_RETURN(core->pool_, memory::HostPool::Create(config.host_pool_bytes,
+                                                         absl::StrCat("ferry-", config.node)));
+  tcp::TcpOptions tcp;
+  tcp.listen_address = TcpListenAddress(config);
+  tcp.connections = config.tcp_connections;
+  ASSIGN_OR_RETURN(auto fabric, tcp::TcpFabric::Create(tcp));
+  core->fabric_ = std::move(fabric);
+  core->buffers_ = std::make_unique<BufferRegistry>(core->pool_.get(), core->fabric_.get());
+  core->peers_ = std::make_unique<PeerDirectory>(config.node, config.peer_listen, config.peers,
+                                                 core->fabric_.get());
+  EngineLimits limits;
+  limits.max_op_bytes = config.max_op_bytes;
+  limits.max_ops_per_submit = config.max_ops_per_submit;
+  limits.default_timeout = absl::Milliseconds(config.default_timeout_ms);
+  core->engine_ = std::make_unique<TransferEngine>(core->buffers_.get(), core->peers_.get(), limits);
+  spdlog::info("node {}: host pool {} MiB at {}, provider tcp listening on {}", config.node,
+               config.host_pool_bytes >> 20, core->pool_->path(), core->fabric_->address());
+  return core;
+}
+
+AgentCore::~AgentCore() {
+  // Endpoints first: closing them runs the completions of ops in flight, which report to the
+  // engine, so the engine must still be there.
+  if (peers_) peers_->CloseAll();
+  engine_.reset();
+  peers_.reset();
+  buffers_.reset();
+  fabric_.reset();
+  pool_.reset();
+}
+
+}  // namespace ferry::server

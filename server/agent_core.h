@@ -1,0 +1,46 @@
+#pragma once
+// Everything one ferryd owns, in the order it is built and (reversed) torn down: host pool,
+// fabric, buffers, peers, engine. The gRPC services are views onto it.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "config/config.h"
+#include "server/buffer_registry.h"
+#include "server/engine/transfer_engine.h"
+#include "server/peers/peer_directory.h"
+#include "transport/fabric.h"
+#include "transport/memory/host_pool.h"
+
+namespace ferry::server {
+
+class AgentCore {
+ public:
+  static absl::StatusOr<std::unique_ptr<AgentCore>> Create(const config::Config& config);
+  ~AgentCore();
+
+  const config::Config& config() const { return config_; }
+  uint64_t incarnation() const { return incarnation_; }
+  memory::HostPool& pool() { return *pool_; }
+  fabric::Fabric& fabric() { return *fabric_; }
+  BufferRegistry& buffers() { return *buffers_; }
+  PeerDirectory& peers() { return *peers_; }
+  TransferEngine& engine() { return *engine_; }
+
+ private:
+  explicit AgentCore(config::Config config);
+
+  const config::Config config_;
+  const uint64_t incarnation_;
+  // Declaration order is teardown order reversed: the engine goes first (fails what is
+  // running), then endpoints, buffers (revoking keys), the fabric, and the pool last.
+  std::unique_ptr<memory::HostPool> pool_;
+  std::unique_ptr<fabric::Fabric> fabric_;
+  std::unique_ptr<BufferRegistry> buffers_;
+  std::unique_ptr<PeerDirectory> peers_;
+  std::unique_ptr<TransferEngine> engine_;
+};
+
+}  // namespace ferry::server

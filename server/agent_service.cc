@@ -1,0 +1,115 @@
+#include "server/agent_service.h"
+
+#include "absl/strings/str_cat.h"
+#include "server/agent_core.h"
+#include "server/status_convert.h"
+#include "server/version.h"
+
+namespace ferry::server {
+namespace {
+
+void Describe(const Buffer& b, const memory::HostPool& pool, ferry::v1::BufferInfo* out) {
+  out->set_id(b.id());
+  out->set_name(b.name());
+  out->set_size(b.size());
+  out->set_device(b.device());
+  out->mutable_shm()->set_path(pool.path());
+  out->mutable_shm()->set_offset(b.pool_offset());
+  out->mutable_shm()->set_length(b.size());
+}
+
+}  // namespace
+
+grpc::Status AgentService::GetInfo(grpc::ServerContext*, const ferry::v1::GetInfoRequest*,
+                                   ferry::v1::GetInfoResponse* resp) {
+  resp->set_node(core_->config().node);
+  resp->set_version(kFerryVersion);
+  resp->add_providers(core_->fabric().provider());
+  resp->set_buffer_count(core_->buffers().count());
+  resp->set_host_pool_bytes(core_->pool().size());
+  resp->set_host_pool_used_bytes(core_->pool().used());
+  for (const auto& name : core_->peers().Names()) resp->add_peers(name);
+  resp->set_transfers_active(core_->engine().active());
+  resp->set_transfers_done(core_->engine().finished());
+  return grpc::Status::OK;
+}
+
+grpc::Status AgentService::AllocBuffer(grpc::ServerContext*, const ferry::v1::AllocBufferRequest* req,
+                                       ferry::v1::AllocBufferResponse* resp) {
+  if (!req->device().empty() && req->device() != "host") {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrCat("device: '", req->device(), "' is not available (host only)"));
+  }
+  auto buffer = core_->buffers().Allocate(req->size(), req->name());
+  if (!buffer.ok()) return ToGrpcStatus(buffer.status());
+  Describe(**buffer, core_->pool(), resp->mutable_buffer());
+  return grpc::Status::OK;
+}
+
+grpc::Status AgentService::FreeBuffer(grpc::ServerContext*, const ferry::v1::FreeBufferRequest* req,
+                                      ferry::v1::FreeBufferResponse*) {
+  return ToGrpcStatus(core_->buffers().Free(req->id()));
+}
+
+grpc::Status AgentService::ListBuffers(grpc::ServerContext*, const ferry::v1::ListBuffersRequest*,
+                                       ferry::v1::ListBuffersResponse* resp) {
+  for (const auto& b : core_->buffers().List()) Describe(*b, core_->pool(), resp->add_buffers());
+  return grpc::Status::OK;
+}
+
+grpc::Status AgentService::StatRemoteBuffer(grpc::ServerContext* ctx,
+                                            const ferry::v1::StatRemoteBufferRequest* req,
+                                            ferry::v1::StatRemoteBufferResponse* resp) {
+  if (!core_->peers().Known(req->node())) {
+    return grpc::Status(grpc::StatusCode::NOT_FOUND,
+                        absl::StrCat("node: unknown node '", req->node(), "'"));
+  }
+  absl::Time deadline = std::min(absl::FromChrono(ctx->deadline()), absl::Now() + absl::Seconds(10));
+  auto remote = core_->peers().Resolve(req->node(), req->name(), deadline);
+  if (!remote.ok()) return ToGrpcStatus(remote.status());
+  resp->set_size(remote->size);
+  return grpc::Status::OK;
+}
+
+grpc::Status AgentService::Submit(grpc::ServerContext*, const ferry::v1::SubmitRequest* req,
+                                  ferry::v1::SubmitResponse* resp) {
+  auto id = core_->engine().Submit(*req);
+  if (!id.ok()) return ToGrpcStatus(id.status());
+  resp->set_transfer_id(*id);
+  return grpc::Status::OK;
+}
+
+grpc::Status AgentService::Wait(grpc::ServerContext* ctx, const ferry::v1::WaitRequest* req,
+                                ferry::v1::TransferResult* resp) {
+  auto transfer = core_->engine().Find(req->transfer_id());
+  if (!transfer.ok()) return ToGrpcStatus(transfer.status());
+  // Wake up now and then to notice a client that hung up.
+  absl::Time deadline = absl::FromChrono(ctx->deadline());
+  while (!(*transfer)->AwaitFinished(std::min(deadline, absl::Now() + absl::Milliseconds(500)))) {
+    if (ctx->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
+    if (absl::Now() >= deadline) {
+      return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                          absl::StrCat("transfer ", req->transfer_id(), " is still running"));
+    }
+  }
+  *resp = (*transfer)->Result(req->include_ops());
+  return grpc::Status::OK;
+}
+
+grpc::Status AgentService::Watch(grpc::ServerContext* ctx, const ferry::v1::WatchRequest* req,
+                                 grpc::ServerWriter<ferry::v1::TransferProgress>* writer) {
+  auto transfer = core_->engine().Find(req->transfer_id());
+  if (!transfer.ok()) return ToGrpcStatus(transfer.status());
+  uint64_t version = 0;
+  while (true) {
+    ferry::v1::TransferProgress p = (*transfer)->Progress(&version);
+    if (!writer->Write(p)) return grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
+    if (p.state() != ferry::v1::RUNNING) return grpc::Status::OK;
+    if (ctx->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
+    // At most ~20 updates a second, however many ops complete.
+    (*transfer)->AwaitChange(version, absl::Now() + absl::Milliseconds(500));
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+}
+
+}  // namespace ferry::server

@@ -1,0 +1,37 @@
+#pragma once
+// The Agent gRPC service (local clients). Thin: checks request fields, calls the agent's
+// parts, converts absl::Status to grpc::Status. Sync API: Wait and Watch block a server
+// thread by design (they wait for a transfer); everything else returns at once.
+
+#include "ferry/v1/agent.grpc.pb.h"
+
+namespace ferry::server {
+
+class AgentCore;
+
+class AgentService final : public ferry::v1::Agent::Service {
+ public:
+  explicit AgentService(AgentCore* core) : core_(core) {}
+
+  grpc::Status GetInfo(grpc::ServerContext*, const ferry::v1::GetInfoRequest*,
+                       ferry::v1::GetInfoResponse*) override;
+  grpc::Status AllocBuffer(grpc::ServerContext*, const ferry::v1::AllocBufferRequest*,
+                           ferry::v1::AllocBufferResponse*) override;
+  grpc::Status FreeBuffer(grpc::ServerContext*, const ferry::v1::FreeBufferRequest*,
+                          ferry::v1::FreeBufferResponse*) override;
+  grpc::Status ListBuffers(grpc::ServerContext*, const ferry::v1::ListBuffersRequest*,
+                           ferry::v1::ListBuffersResponse*) override;
+  grpc::Status StatRemoteBuffer(grpc::ServerContext*, const ferry::v1::StatRemoteBufferRequest*,
+                                ferry::v1::StatRemoteBufferResponse*) override;
+  grpc::Status Submit(grpc::ServerContext*, const ferry::v1::SubmitRequest*,
+                      ferry::v1::SubmitResponse*) override;
+  grpc::Status Wait(grpc::ServerContext*, const ferry::v1::WaitRequest*,
+                    ferry::v1::TransferResult*) override;
+  grpc::Status Watch(grpc::ServerContext*, const ferry::v1::WatchRequest*,
+                     grpc::ServerWriter<ferry::v1::TransferProgress>*) override;
+
+ private:
+  AgentCore* const core_;
+};
+
+}  // namespace ferry::server

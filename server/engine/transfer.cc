@@ -1,0 +1,104 @@
+#include "server/engine/transfer.h"
+
+#include "absl/strings/str_cat.h"
+
+namespace ferry::server {
+
+Transfer::Transfer(uint64_t id, std::vector<PlannedOp> ops, absl::Time deadline)
+    : id_(id), ops_(std::move(ops)), start_(absl::Now()), deadline_(deadline),
+      states_(ops_.size()) {
+  for (const auto& op : ops_) bytes_total_ += op.length;
+}
+
+void Transfer::MarkPosted(size_t index) {
+  absl::MutexLock lock(&mu_);
+  states_[index].posted = absl::Now();
+}
+
+bool Transfer::Settle(size_t index, const absl::Status& status, const std::string& provider) {
+  absl::MutexLock lock(&mu_);
+  return SettleLocked(index, status, provider);
+}
+
+bool Transfer::SettleLocked(size_t index, const absl::Status& status, const std::string& provider) {
+  OpState& st = states_[index];
+  if (st.settled) return false;
+  st.settled = true;
+  absl::Time now = absl::Now();
+  st.result.set_code(static_cast<int>(status.code()));
+  st.result.set_message(std::string(status.message()));
+  st.result.set_provider(provider);
+  st.result.set_bytes(status.ok() ? ops_[index].length : 0);
+  if (st.posted != absl::Time()) {
+    st.result.set_duration_us(static_cast<uint64_t>(absl::ToInt64Microseconds(now - st.posted)));
+  }
+  if (status.ok()) {
+    bytes_done_ += ops_[index].length;
+  } else if (first_error_.ok()) {
+    first_error_ = absl::Status(status.code(), absl::StrCat("ops[", index, "]: ", status.message()));
+  }
+  ++version_;
+  if (++settled_ < ops_.size()) return false;
+  end_ = now;
+  return true;
+}
+
+void Transfer::SettleAll(const absl::Status& why) {
+  absl::MutexLock lock(&mu_);
+  for (size_t i = 0; i < states_.size(); ++i) SettleLocked(i, why, "");
+}
+
+bool Transfer::finished() const {
+  absl::MutexLock lock(&mu_);
+  return settled_ == ops_.size();
+}
+
+bool Transfer::AwaitFinished(absl::Time deadline) const {
+  absl::MutexLock lock(&mu_);
+  auto done = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return settled_ == ops_.size(); };
+  return mu_.AwaitWithDeadline(absl::Condition(&done), deadline);
+}
+
+uint64_t Transfer::AwaitChange(uint64_t seen, absl::Time deadline) const {
+  absl::MutexLock lock(&mu_);
+  auto changed = [this, seen]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return version_ != seen; };
+  mu_.AwaitWithDeadline(absl::Condition(&changed), deadline);
+  return version_;
+}
+
+ferry::v1::TransferResult Transfer::Result(bool include_ops) const {
+  absl::MutexLock lock(&mu_);
+  ferry::v1::TransferResult r;
+  r.set_transfer_id(id_);
+  bool done = settled_ == ops_.size();
+  r.set_state(!done ? ferry::v1::RUNNING
+                    : first_error_.ok() ? ferry::v1::SUCCEEDED : ferry::v1::FAILED);
+  r.set_code(static_cast<int>(first_error_.code()));
+  r.set_message(std::string(first_error_.message()));
+  r.set_bytes(bytes_done_);
+  r.set_duration_us(static_cast<uint64_t>(
+      absl::ToInt64Microseconds((done ? end_ : absl::Now()) - start_)));
+  if (include_ops) {
+    for (const auto& st : states_) *r.add_ops() = st.result;
+  }
+  return r;
+}
+
+ferry::v1::TransferProgress Transfer::Progress(uint64_t* version) const {
+  absl::MutexLock lock(&mu_);
+  ferry::v1::TransferProgress p;
+  p.set_transfer_id(id_);
+  bool done = settled_ == ops_.size();
+  p.set_state(!done ? ferry::v1::RUNNING
+                    : first_error_.ok() ? ferry::v1::SUCCEEDED : ferry::v1::FAILED);
+  p.set_ops_total(ops_.size());
+  p.set_ops_done(settled_);
+  p.set_bytes_total(bytes_total_);
+  p.set_bytes_done(bytes_done_);
+  p.set_code(static_cast<int>(first_error_.code()));
+  p.set_message(std::string(first_error_.message()));
+  if (version != nullptr) *version = version_;
+  return p;
+}
+
+}  // namespace ferry::server

@@ -1,0 +1,78 @@
+#pragma once
+// One submitted batch: its validated ops and what has become of each. Completions from the
+// fabric and the deadline reaper both land here; whichever comes first settles an op.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "ferry/v1/agent.pb.h"
+#include "server/buffer_registry.h"
+#include "server/peers/peer_directory.h"
+
+namespace ferry::server {
+
+// An op after validation: every buffer resolved, every range checked.
+struct PlannedOp {
+  ferry::v1::OpType type = ferry::v1::WRITE;
+  std::shared_ptr<Buffer> local;  // keeps the buffer alive while the op may touch it
+  uint64_t local_offset = 0;
+  uint64_t length = 0;
+  std::shared_ptr<const RemoteBuffer> remote;
+  uint64_t remote_offset = 0;
+};
+
+class Transfer {
+ public:
+  Transfer(uint64_t id, std::vector<PlannedOp> ops, absl::Time deadline);
+
+  uint64_t id() const { return id_; }
+  absl::Time deadline() const { return deadline_; }
+  const std::vector<PlannedOp>& ops() const { return ops_; }
+
+  void MarkPosted(size_t index);
+  // Settles op `index` (first call wins; later ones are ignored). Returns true when this
+  // settled the last op.
+  bool Settle(size_t index, const absl::Status& status, const std::string& provider);
+  // Settles every op still open with `why` (deadline, shutdown).
+  void SettleAll(const absl::Status& why);
+
+  bool finished() const;
+  // Blocks until the transfer finished or `deadline`; false on timeout.
+  bool AwaitFinished(absl::Time deadline) const;
+  // Blocks until the progress version differs from `seen` or `deadline`.
+  uint64_t AwaitChange(uint64_t seen, absl::Time deadline) const;
+
+  ferry::v1::TransferResult Result(bool include_ops) const;
+  ferry::v1::TransferProgress Progress(uint64_t* version) const;
+
+ private:
+  struct OpState {
+    bool settled = false;
+    absl::Time posted;
+    ferry::v1::OpResult result;
+  };
+  bool SettleLocked(size_t index, const absl::Status& status, const std::string& provider)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const uint64_t id_;
+  const std::vector<PlannedOp> ops_;
+  const absl::Time start_;
+  const absl::Time deadline_;
+  uint64_t bytes_total_ = 0;
+
+  mutable absl::Mutex mu_;
+  std::vector<OpState> states_ ABSL_GUARDED_BY(mu_);
+  size_t settled_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t bytes_done_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Status first_error_ ABSL_GUARDED_BY(mu_);
+  absl::Time end_ ABSL_GUARDED_BY(mu_);
+  uint64_t version_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace ferry::server

@@ -1,0 +1,204 @@
+#include "server/engine/transfer_engine.h"
+
+#include <map>
+
+#include "absl/strings/str_cat.h"
+#include "base/byte_size.h"
+#include "base/status_macros.h"
+#include "spdlog/spdlog.h"
+
+namespace ferry::server {
+namespace {
+
+// "[offset, offset+length)" fits in [0, size) without overflowing.
+bool Fits(uint64_t offset, uint64_t length, uint64_t size) {
+  return offset <= size && length <= size - offset;
+}
+
+absl::Status RangeError(const std::string& field, uint64_t offset, uint64_t length,
+                        const std::string& what, uint64_t size) {
+  return absl::OutOfRangeError(absl::StrCat(field, ": range [", offset, ", ", offset, "+", length,
+                                            ") is outside ", what, " (", size, " bytes)"));
+}
+
+}  // namespace
+
+TransferEngine::TransferEngine(BufferRegistry* buffers, PeerDirectory* peers, EngineLimits limits)
+    : buffers_(buffers), peers_(peers), limits_(limits) {
+  reaper_ = std::thread([this] { ReapExpired(); });
+}
+
+TransferEngine::~TransferEngine() {
+  std::vector<std::shared_ptr<Transfer>> running;
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+    for (auto& [id, t] : active_) running.push_back(t);
+  }
+  reaper_.join();
+  for (auto& t : running) t->SettleAll(absl::UnavailableError("agent is shutting down"));
+}
+
+absl::StatusOr<std::vector<PlannedOp>> TransferEngine::Plan(const ferry::v1::SubmitRequest& request,
+                                                           absl::Time deadline) {
+  if (request.ops_size() == 0) return absl::InvalidArgumentError("ops: the batch is empty");
+  if (static_cast<uint64_t>(request.ops_size()) > limits_.max_ops_per_submit) {
+    return absl::InvalidArgumentError(absl::StrCat("ops: ", request.ops_size(),
+                                                   " ops is more than limits.max_ops_per_submit (",
+                                                   limits_.max_ops_per_submit, ")"));
+  }
+  // One ResolveBuffer per distinct remote buffer in the batch, not per op.
+  std::map<std::pair<std::string, std::string>, std::shared_ptr<const RemoteBuffer>> remotes;
+  std::vector<PlannedOp> planned(request.ops_size());
+  for (int i = 0; i < request.ops_size(); ++i) {
+    const ferry::v1::Op& op = request.ops(i);
+    const std::string f = absl::StrCat("ops[", i, "].");
+    PlannedOp& p = planned[i];
+    if (op.type() != ferry::v1::WRITE && op.type() != ferry::v1::READ) {
+      return absl::InvalidArgumentError(absl::StrCat(f, "type: must be WRITE or READ"));
+    }
+    p.type = op.type();
+    if (op.length() == 0) return absl::InvalidArgumentError(absl::StrCat(f, "length: must be positive"));
+    if (op.length() > limits_.max_op_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat(f, "length: ", op.length(),
+                                                     " bytes is more than limits.max_op_bytes (",
+                                                     FormatByteSize(limits_.max_op_bytes), ")"));
+    }
+    p.length = op.length();
+    ASSIGN_OR_RETURN(p.local, buffers_->Get(op.local_buffer(), f + "local_buffer"));
+    if (!Fits(op.local_offset(), op.length(), p.local->size())) {
+      return RangeError(f + "local_offset", op.local_offset(), op.length(),
+                        absl::StrCat("local buffer ", p.local->id()), p.local->size());
+    }
+    p.local_offset = op.local_offset();
+    if (op.peer().empty()) return absl::InvalidArgumentError(absl::StrCat(f, "peer: must name a node"));
+    if (!peers_->Known(op.peer())) {
+      return absl::NotFoundError(absl::StrCat(f, "peer: unknown node '", op.peer(), "'"));
+    }
+    if (op.remote_buffer().empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(f, "remote_buffer: must name a buffer"));
+    }
+    auto key = std::make_pair(op.peer(), op.remote_buffer());
+    auto it = remotes.find(key);
+    if (it == remotes.end()) {
+      auto resolved = peers_->Resolve(op.peer(), op.remote_buffer(), deadline);
+      if (!resolved.ok()) {
+        return absl::Status(resolved.status().code(),
+                            absl::StrCat(f, "remote_buffer: ", resolved.status().message()));
+      }
+      it = remotes.emplace(key, std::make_shared<const RemoteBuffer>(*resolved)).first;
+    }
+    p.remote = it->second;
+    if (!Fits(op.remote_offset(), op.length(), p.remote->size)) {
+      return RangeError(f + "remote_offset", op.remote_offset(), op.length(),
+                        absl::StrCat("'", op.remote_buffer(), "' on ", op.peer()), p.remote->size);
+    }
+    p.remote_offset = op.remote_offset();
+  }
+  return planned;
+}
+
+absl::StatusOr<uint64_t> TransferEngine::Submit(const ferry::v1::SubmitRequest& request) {
+  absl::Duration timeout = request.timeout_ms() > 0 ? absl::Milliseconds(request.timeout_ms())
+                                                    : limits_.default_timeout;
+  absl::Time deadline = absl::Now() + timeout;
+  ASSIGN_OR_RETURN(std::vector<PlannedOp> ops, Plan(request, deadline));
+  std::shared_ptr<Transfer> transfer;
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return absl::UnavailableError("agent is shutting down");
+    uint64_t id = next_id_++;
+    transfer = std::make_shared<Transfer>(id, std::move(ops), deadline);
+    transfers_.emplace(id, transfer);
+    active_.emplace(id, transfer);
+  }
+  Post(transfer, deadline);
+  return transfer->id();
+}
+
+void TransferEngine::Post(const std::shared_ptr<Transfer>& transfer, absl::Time deadline) {
+  // One endpoint per (peer, incarnation) for the whole batch.
+  std::map<std::string, absl::StatusOr<std::shared_ptr<fabric::Endpoint>>> endpoints;
+  const auto& ops = transfer->ops();
+  const std::string provider = peers_->provider();
+  for (size_t i = 0; i < ops.size(); ++i) {
+    const PlannedOp& op = ops[i];
+    auto it = endpoints.find(op.remote->node);
+    if (it == endpoints.end()) {
+      it = endpoints.emplace(op.remote->node,
+                             peers_->Endpoint(op.remote->node, op.remote->incarnation, deadline)).first;
+    }
+    if (!it->second.ok()) {
+      if (transfer->Settle(i, it->second.status(), "")) OnFinished(transfer->id());
+      continue;
+    }
+    fabric::Endpoint& endpoint = **it->second;
+    fabric::LocalSlice local{&op.local->region(), op.local_offset, op.length};
+    fabric::RemoteSlice remote{op.remote->base.address + op.remote_offset, op.remote->base.key};
+    // The completion holds the transfer (and so the buffers) until the fabric is done.
+    fabric::Completion done = [this, transfer, i, provider](absl::Status s) {
+      if (transfer->Settle(i, s, provider)) OnFinished(transfer->id());
+    };
+    transfer->MarkPosted(i);
+    absl::Status posted = op.type == ferry::v1::WRITE
+                              ? endpoint.PostWrite(local, remote, std::move(done))
+                              : endpoint.PostRead(local, remote, std::move(done));
+    if (!posted.ok() && transfer->Settle(i, posted, provider)) OnFinished(transfer->id());
+  }
+}
+
+void TransferEngine::OnFinished(uint64_t id) {
+  absl::MutexLock lock(&mu_);
+  if (active_.erase(id) == 0) return;
+  ++finished_count_;
+  history_.push_back(id);
+  while (history_.size() > limits_.history) {
+    transfers_.erase(history_.front());
+    history_.pop_front();
+  }
+}
+
+void TransferEngine::ReapExpired() {
+  absl::MutexLock lock(&mu_);
+  while (!stopping_) {
+    auto stop = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return stopping_; };
+    mu_.AwaitWithTimeout(absl::Condition(&stop), absl::Milliseconds(50));
+    if (stopping_) break;
+    absl::Time now = absl::Now();
+    std::vector<std::shared_ptr<Transfer>> expired;
+    for (auto& [id, t] : active_) {
+      if (t->deadline() <= now) expired.push_back(t);
+    }
+    if (expired.empty()) continue;
+    mu_.Unlock();
+    for (auto& t : expired) {
+      t->SettleAll(absl::DeadlineExceededError(
+          absl::StrCat("transfer ", t->id(), " did not finish before its deadline")));
+      OnFinished(t->id());
+    }
+    mu_.Lock();
+  }
+}
+
+absl::StatusOr<std::shared_ptr<Transfer>> TransferEngine::Find(uint64_t id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = transfers_.find(id);
+  if (it == transfers_.end()) {
+    return absl::NotFoundError(absl::StrCat("transfer_id: transfer ", id,
+                                            id > 0 && id < next_id_ ? " has been forgotten"
+                                                                    : " does not exist"));
+  }
+  return it->second;
+}
+
+size_t TransferEngine::active() const {
+  absl::MutexLock lock(&mu_);
+  return active_.size();
+}
+
+uint64_t TransferEngine::finished() const {
+  absl::MutexLock lock(&mu_);
+  return finished_count_;
+}
+
+}  // namespace ferry::server
