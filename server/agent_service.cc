@@ -2,7 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/agent_core.h"
-#include "server/status_convert.h"
+#include "base/grpc_status.h"
 #include "server/version.h"
 
 namespace ferry::server {

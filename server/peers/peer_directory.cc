@@ -4,7 +4,7 @@
 #include "absl/strings/str_join.h"
 #include "grpcpp/grpcpp.h"
 #include "server/peers/protocol.h"
-#include "server/status_convert.h"
+#include "base/grpc_status.h"
 #include "spdlog/spdlog.h"
 
 namespace ferry::server {

@@ -1,5 +1,5 @@
 #pragma once
-// absl::Status <-> grpc::Status. Only server/ and client/ convert; below them it is absl.
+// absl::Status <-> grpc::Status, for the layers that speak gRPC (server/, client/).
 
 #include "absl/status/status.h"
 #include "grpcpp/support/status.h"

@@ -1,0 +1,156 @@
+#include "client/agent_process.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "base/unique_fd.h"
+#include "client/ferry_client.h"
+
+#ifndef FERRY_FERRYD_PATH
+#define FERRY_FERRYD_PATH "ferryd"
+#endif
+
+namespace ferry {
+
+absl::StatusOr<uint16_t> PickFreePort() {
+  UniqueFd fd(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!fd.valid()) return absl::ErrnoToStatus(errno, "socket()");
+  sockaddr_in addr = {};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    return absl::ErrnoToStatus(errno, "bind(127.0.0.1:0)");
+  }
+  socklen_t len = sizeof(addr);
+  if (getsockname(fd.get(), reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    return absl::ErrnoToStatus(errno, "getsockname()");
+  }
+  return ntohs(addr.sin_port);
+}
+
+absl::StatusOr<std::unique_ptr<AgentProcess>> AgentProcess::Start(const AgentSpec& spec,
+                                                                  absl::Duration timeout) {
+  std::unique_ptr<AgentProcess> agent(new AgentProcess());
+  uint16_t port = spec.peer_port;
+  if (port == 0) {
+    auto picked = PickFreePort();
+    if (!picked.ok()) return picked.status();
+    port = *picked;
+  }
+  agent->node_ = spec.node;
+  agent->socket_ = absl::StrCat(spec.dir, "/", spec.node, ".sock");
+  agent->peer_address_ = absl::StrCat("127.0.0.1:", port);
+  agent->config_path_ = absl::StrCat(spec.dir, "/", spec.node, ".yaml");
+  agent->log_path_ = absl::StrCat(spec.dir, "/", spec.node, ".log");
+  {
+    std::ofstream out(agent->config_path_);
+    out << "node: " << spec.node << "\n"
+        << "listen:\n  local: " << agent->socket_ << "\n  peer: " << agent->peer_address_ << "\n";
+    if (!spec.peers.empty()) {
+      out << "peers:\n";
+      for (const auto& [name, address] : spec.peers) out << "  " << name << ": " << address << "\n";
+    }
+    out << spec.extra_yaml;
+    if (!out) return absl::InternalError(absl::StrCat("cannot write ", agent->config_path_));
+  }
+  std::string ferryd = spec.ferryd;
+  if (ferryd.empty()) ferryd = std::getenv("FERRYD") ? std::getenv("FERRYD") : FERRY_FERRYD_PATH;
+
+  pid_t parent = getpid();
+  pid_t pid = fork();
+  if (pid < 0) return absl::ErrnoToStatus(errno, "fork()");
+  if (pid == 0) {
+    // The agent must not outlive whoever started it (a crashed test, an interrupted demo).
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(127);
+    int log = open(agent->log_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (log >= 0) {
+      dup2(log, STDOUT_FILENO);
+      dup2(log, STDERR_FILENO);
+    }
+    execl(ferryd.c_str(), ferryd.c_str(), "--config", agent->config_path_.c_str(),
+          static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  agent->pid_ = pid;
+  absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    if (agent->Reap(/*wait=*/false) >= 0) {
+      std::ifstream log(agent->log_path_);
+      std::stringstream text;
+      text << log.rdbuf();
+      return absl::InternalError(absl::StrCat("ferryd ", spec.node, " (", ferryd,
+                                              ") exited at start:\n", text.str()));
+    }
+    if (access(agent->socket_.c_str(), F_OK) == 0) {
+      auto client = Client::Connect(agent->socket_, absl::Milliseconds(500));
+      if (client.ok() && (*client)->GetInfo().ok()) return agent;
+    }
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  agent->Kill();
+  return absl::DeadlineExceededError(absl::StrCat("ferryd ", spec.node, " did not start within ",
+                                                  absl::FormatDuration(timeout), "; log: ",
+                                                  agent->log_path_));
+}
+
+AgentProcess::~AgentProcess() {
+  if (pid_ > 0) Stop();
+}
+
+int AgentProcess::Reap(bool wait) {
+  if (pid_ <= 0) return -1;
+  int status = 0;
+  pid_t r = waitpid(pid_, &status, wait ? 0 : WNOHANG);
+  if (r != pid_) return -1;
+  pid_ = -1;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+int AgentProcess::Stop(absl::Duration grace) {
+  if (pid_ <= 0) return -1;
+  kill(pid_, SIGTERM);
+  absl::Time deadline = absl::Now() + grace;
+  while (absl::Now() < deadline) {
+    int rc = Reap(false);
+    if (rc >= 0) return rc;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  kill(pid_, SIGKILL);
+  return Reap(true);
+}
+
+void AgentProcess::Kill() {
+  if (pid_ <= 0) return;
+  kill(pid_, SIGKILL);
+  Reap(true);
+}
+
+uint64_t AgentProcess::PeakRssBytes() const {
+  if (pid_ <= 0) return 0;
+  std::ifstream status(absl::StrCat("/proc/", pid_, "/status"));
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmHWM:", 0) == 0) {
+      std::vector<std::string> parts = absl::StrSplit(line, ' ', absl::SkipEmpty());
+      uint64_t kib = 0;
+      if (parts.size() >= 2 && absl::SimpleAtoi(parts[1], &kib)) return kib * 1024;
+    }
+  }
+  return 0;
+}
+
+}  // namespace ferry

@@ -1,0 +1,65 @@
+#pragma once
+// Starts a real ferryd as a child process with a generated config, waits until it serves,
+// and stops it on destruction. Used by the demo, the integration tests and the benchmark,
+// so none of them can leave an agent running: the child also dies with its parent
+// (PR_SET_PDEATHSIG).
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+
+namespace ferry {
+
+struct AgentSpec {
+  std::string node;
+  // Folder for the config, socket and log (must exist).
+  std::string dir;
+  // Peer API port on 127.0.0.1 (0: pick a free one).
+  uint16_t peer_port = 0;
+  // Other agents: node -> "host:port".
+  std::map<std::string, std::string> peers;
+  // YAML appended to the generated config (e.g. "host_pool:\n  size: 2GiB\n").
+  std::string extra_yaml;
+  // ferryd binary; empty: $FERRYD, else the one this build made.
+  std::string ferryd;
+};
+
+// A free TCP port on 127.0.0.1 at the time of the call.
+absl::StatusOr<uint16_t> PickFreePort();
+
+class AgentProcess {
+ public:
+  static absl::StatusOr<std::unique_ptr<AgentProcess>> Start(const AgentSpec& spec,
+                                                             absl::Duration timeout = absl::Seconds(15));
+  ~AgentProcess();
+
+  // SIGTERM, then SIGKILL if it has not stopped within `grace`. Returns its exit status.
+  int Stop(absl::Duration grace = absl::Seconds(5));
+  // SIGKILL now (a crashed peer).
+  void Kill();
+  bool running() const { return pid_ > 0; }
+
+  const std::string& node() const { return node_; }
+  const std::string& socket() const { return socket_; }
+  const std::string& peer_address() const { return peer_address_; }
+  const std::string& config_path() const { return config_path_; }
+  const std::string& log_path() const { return log_path_; }
+  pid_t pid() const { return pid_; }
+  // Peak resident set size of the agent so far, from /proc (bytes; 0 if unknown).
+  uint64_t PeakRssBytes() const;
+
+ private:
+  AgentProcess() = default;
+  int Reap(bool wait);
+
+  std::string node_, socket_, peer_address_, config_path_, log_path_;
+  pid_t pid_ = -1;
+};
+
+}  // namespace ferry

@@ -1,0 +1,180 @@
+#include "client/ferry_client.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "base/unique_fd.h"
+#include "grpcpp/grpcpp.h"
+#include "base/grpc_status.h"
+
+namespace ferry {
+namespace {
+
+std::unique_ptr<grpc::ClientContext> Context(absl::Duration timeout = absl::Seconds(30)) {
+  auto ctx = std::make_unique<grpc::ClientContext>();
+  ctx->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  return ctx;
+}
+
+}  // namespace
+
+Buffer::~Buffer() {
+  if (mapping_ != nullptr) munmap(mapping_, mapping_length_);
+}
+
+absl::StatusOr<std::unique_ptr<Buffer>> Buffer::Map(const ferry::v1::BufferInfo& info) {
+  const auto& shm = info.shm();
+  UniqueFd fd(open(shm.path().c_str(), O_RDWR | O_CLOEXEC));
+  if (!fd.valid()) {
+    return absl::ErrnoToStatus(errno, absl::StrCat("open(", shm.path(), ") to map buffer ", info.id()));
+  }
+  // mmap needs a page-aligned offset; the agent aligns buffers, but do not depend on it.
+  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  uint64_t start = shm.offset() / page * page;
+  uint64_t skew = shm.offset() - start;
+  uint64_t length = shm.length() + skew;
+  void* p = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), static_cast<off_t>(start));
+  if (p == MAP_FAILED) {
+    return absl::ErrnoToStatus(errno, absl::StrCat("mmap(buffer ", info.id(), ", ", length, " bytes)"));
+  }
+  return std::unique_ptr<Buffer>(new Buffer(info, p, length, static_cast<char*>(p) + skew));
+}
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& target,
+                                                        absl::Duration timeout) {
+  std::string uri = target;
+  if (absl::StartsWith(target, "/") || absl::StartsWith(target, ".")) uri = absl::StrCat("unix:", target);
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(64 << 20);
+  args.SetMaxSendMessageSize(64 << 20);
+  auto channel = grpc::CreateCustomChannel(uri, grpc::InsecureChannelCredentials(), args);
+  if (!channel->WaitForConnected(absl::ToChronoTime(absl::Now() + timeout))) {
+    return absl::UnavailableError(absl::StrCat("no ferryd answers at ", uri));
+  }
+  return std::unique_ptr<Client>(new Client(ferry::v1::Agent::NewStub(channel)));
+}
+
+absl::StatusOr<ferry::v1::GetInfoResponse> Client::GetInfo() {
+  ferry::v1::GetInfoResponse resp;
+  auto ctx = Context();
+  grpc::Status s = stub_->GetInfo(ctx.get(), {}, &resp);
+  if (!s.ok()) return FromGrpcStatus(s);
+  return resp;
+}
+
+absl::StatusOr<std::unique_ptr<Buffer>> Client::Alloc(uint64_t size, const std::string& name) {
+  ferry::v1::AllocBufferRequest req;
+  req.set_size(size);
+  req.set_name(name);
+  ferry::v1::AllocBufferResponse resp;
+  auto ctx = Context();
+  grpc::Status s = stub_->AllocBuffer(ctx.get(), req, &resp);
+  if (!s.ok()) return FromGrpcStatus(s);
+  auto mapped = Buffer::Map(resp.buffer());
+  if (!mapped.ok()) Free(resp.buffer().id()).IgnoreError();  // do not leak it in the agent
+  return mapped;
+}
+
+absl::Status Client::Free(uint64_t id) {
+  ferry::v1::FreeBufferRequest req;
+  req.set_id(id);
+  ferry::v1::FreeBufferResponse resp;
+  auto ctx = Context();
+  return FromGrpcStatus(stub_->FreeBuffer(ctx.get(), req, &resp));
+}
+
+absl::StatusOr<std::vector<ferry::v1::BufferInfo>> Client::ListBuffers() {
+  ferry::v1::ListBuffersResponse resp;
+  auto ctx = Context();
+  grpc::Status s = stub_->ListBuffers(ctx.get(), {}, &resp);
+  if (!s.ok()) return FromGrpcStatus(s);
+  return std::vector<ferry::v1::BufferInfo>(resp.buffers().begin(), resp.buffers().end());
+}
+
+absl::StatusOr<uint64_t> Client::StatRemoteBuffer(const std::string& node, const std::string& name) {
+  ferry::v1::StatRemoteBufferRequest req;
+  req.set_node(node);
+  req.set_name(name);
+  ferry::v1::StatRemoteBufferResponse resp;
+  auto ctx = Context();
+  grpc::Status s = stub_->StatRemoteBuffer(ctx.get(), req, &resp);
+  if (!s.ok()) return FromGrpcStatus(s);
+  return resp.size();
+}
+
+absl::StatusOr<uint64_t> Client::Submit(const std::vector<OpSpec>& ops, absl::Duration timeout) {
+  ferry::v1::SubmitRequest req;
+  req.mutable_ops()->Reserve(static_cast<int>(ops.size()));
+  for (const OpSpec& o : ops) {
+    ferry::v1::Op* op = req.add_ops();
+    op->set_type(o.type);
+    op->set_local_buffer(o.local_buffer);
+    op->set_local_offset(o.local_offset);
+    op->set_peer(o.peer);
+    op->set_remote_buffer(o.remote_buffer);
+    op->set_remote_offset(o.remote_offset);
+    op->set_length(o.length);
+  }
+  req.set_timeout_ms(static_cast<uint32_t>(absl::ToInt64Milliseconds(timeout)));
+  ferry::v1::SubmitResponse resp;
+  auto ctx = Context();
+  grpc::Status s = stub_->Submit(ctx.get(), req, &resp);
+  if (!s.ok()) return FromGrpcStatus(s);
+  return resp.transfer_id();
+}
+
+absl::StatusOr<ferry::v1::TransferResult> Client::Wait(uint64_t transfer_id, absl::Duration wait,
+                                                       bool include_ops) {
+  ferry::v1::WaitRequest req;
+  req.set_transfer_id(transfer_id);
+  req.set_include_ops(include_ops);
+  ferry::v1::TransferResult resp;
+  auto ctx = Context(wait);
+  grpc::Status s = stub_->Wait(ctx.get(), req, &resp);
+  if (!s.ok()) return FromGrpcStatus(s);
+  return resp;
+}
+
+absl::Status Client::Watch(uint64_t transfer_id,
+                           const std::function<void(const ferry::v1::TransferProgress&)>& on_progress) {
+  ferry::v1::WatchRequest req;
+  req.set_transfer_id(transfer_id);
+  grpc::ClientContext ctx;
+  auto reader = stub_->Watch(&ctx, req);
+  ferry::v1::TransferProgress p;
+  while (reader->Read(&p)) on_progress(p);
+  return FromGrpcStatus(reader->Finish());
+}
+
+absl::StatusOr<ferry::v1::TransferResult> Client::Run(const std::vector<OpSpec>& ops,
+                                                      absl::Duration timeout, bool include_ops) {
+  auto id = Submit(ops, timeout);
+  if (!id.ok()) return id.status();
+  // The agent ends the transfer at its deadline; wait a little past it for the verdict.
+  return Wait(*id, timeout + absl::Seconds(5), include_ops);
+}
+
+absl::Status Client::Write(const Buffer& local, uint64_t local_offset, const std::string& peer,
+                           const std::string& remote_buffer, uint64_t remote_offset, uint64_t length) {
+  auto result = Run({{ferry::v1::WRITE, local.id(), local_offset, peer, remote_buffer, remote_offset, length}});
+  return result.ok() ? TransferStatus(*result) : result.status();
+}
+
+absl::Status Client::Read(const Buffer& local, uint64_t local_offset, const std::string& peer,
+                          const std::string& remote_buffer, uint64_t remote_offset, uint64_t length) {
+  auto result = Run({{ferry::v1::READ, local.id(), local_offset, peer, remote_buffer, remote_offset, length}});
+  return result.ok() ? TransferStatus(*result) : result.status();
+}
+
+absl::Status TransferStatus(const ferry::v1::TransferResult& result) {
+  if (result.state() == ferry::v1::SUCCEEDED) return absl::OkStatus();
+  if (result.state() == ferry::v1::RUNNING) {
+    return absl::DeadlineExceededError(absl::StrCat("transfer ", result.transfer_id(), " still running"));
+  }
+  return absl::Status(static_cast<absl::StatusCode>(result.code()), result.message());
+}
+
+}  // namespace ferry

@@ -1,0 +1,104 @@
+#pragma once
+// libferry: the C++ client of a node's ferryd. Buffers are shared memory the agent owns;
+// a Buffer maps one into this process, so filling it needs no copy through gRPC.
+//
+//   auto client = ferry::Client::Connect("/tmp/ferryd-node-a.sock");
+//   auto buf = client->Alloc(64 << 20);
+//   std::memcpy(buf->data(), tensor, 64 << 20);
+//   auto result = client->Write(*buf, 0, "node-b", "kv-cache", 0, 64 << 20);
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "ferry/v1/agent.grpc.pb.h"
+
+namespace ferry {
+
+// One agent buffer mapped into this process. Unmaps on destruction; freeing the agent's
+// buffer is Client::Free (a named buffer usually outlives the process that made it).
+class Buffer {
+ public:
+  Buffer(const Buffer&) = delete;
+  Buffer& operator=(const Buffer&) = delete;
+  ~Buffer();
+
+  uint64_t id() const { return info_.id(); }
+  const std::string& name() const { return info_.name(); }
+  uint64_t size() const { return info_.size(); }
+  char* data() const { return data_; }
+  const ferry::v1::BufferInfo& info() const { return info_; }
+
+  // Maps a buffer the agent described.
+  static absl::StatusOr<std::unique_ptr<Buffer>> Map(const ferry::v1::BufferInfo& info);
+
+ private:
+  Buffer(ferry::v1::BufferInfo info, void* mapping, uint64_t mapping_length, char* data)
+      : info_(std::move(info)), mapping_(mapping), mapping_length_(mapping_length), data_(data) {}
+
+  ferry::v1::BufferInfo info_;
+  void* mapping_;
+  uint64_t mapping_length_;
+  char* data_;
+};
+
+// One op of a batch, in the client's words.
+struct OpSpec {
+  ferry::v1::OpType type = ferry::v1::WRITE;
+  uint64_t local_buffer = 0;
+  uint64_t local_offset = 0;
+  std::string peer;
+  std::string remote_buffer;
+  uint64_t remote_offset = 0;
+  uint64_t length = 0;
+};
+
+class Client {
+ public:
+  // `target`: a Unix socket path, or "unix:PATH" / "HOST:PORT" (the opt-in TCP listener).
+  // Checks that the agent answers (UNAVAILABLE otherwise).
+  static absl::StatusOr<std::unique_ptr<Client>> Connect(const std::string& target,
+                                                         absl::Duration timeout = absl::Seconds(5));
+
+  absl::StatusOr<ferry::v1::GetInfoResponse> GetInfo();
+  absl::StatusOr<std::unique_ptr<Buffer>> Alloc(uint64_t size, const std::string& name = "");
+  absl::Status Free(uint64_t id);
+  absl::StatusOr<std::vector<ferry::v1::BufferInfo>> ListBuffers();
+  absl::StatusOr<uint64_t> StatRemoteBuffer(const std::string& node, const std::string& name);
+
+  // Starts a batch; the whole batch is validated first. Returns the transfer id.
+  absl::StatusOr<uint64_t> Submit(const std::vector<OpSpec>& ops, absl::Duration timeout = absl::ZeroDuration());
+  // The transfer's result once it ended (its state says whether it succeeded), or
+  // DEADLINE_EXCEEDED if it is still running after `wait`.
+  absl::StatusOr<ferry::v1::TransferResult> Wait(uint64_t transfer_id, absl::Duration wait,
+                                                 bool include_ops = false);
+  // Calls `on_progress` for every update until the transfer ends.
+  absl::Status Watch(uint64_t transfer_id,
+                     const std::function<void(const ferry::v1::TransferProgress&)>& on_progress);
+
+  // Submit + Wait for one batch; the status is the transfer's own (OK when every op landed).
+  absl::StatusOr<ferry::v1::TransferResult> Run(const std::vector<OpSpec>& ops,
+                                                absl::Duration timeout = absl::Seconds(60),
+                                                bool include_ops = false);
+
+  // One WRITE (local -> peer) or READ (peer -> local), waited for.
+  absl::Status Write(const Buffer& local, uint64_t local_offset, const std::string& peer,
+                     const std::string& remote_buffer, uint64_t remote_offset, uint64_t length);
+  absl::Status Read(const Buffer& local, uint64_t local_offset, const std::string& peer,
+                    const std::string& remote_buffer, uint64_t remote_offset, uint64_t length);
+
+  ferry::v1::Agent::Stub& stub() { return *stub_; }
+
+ private:
+  explicit Client(std::unique_ptr<ferry::v1::Agent::Stub> stub) : stub_(std::move(stub)) {}
+  std::unique_ptr<ferry::v1::Agent::Stub> stub_;
+};
+
+// The transfer's own outcome as a status (OK, or the first failing op's code and message).
+absl::Status TransferStatus(const ferry::v1::TransferResult& result);
+
+}  // namespace ferry
