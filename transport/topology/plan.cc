@@ -115,9 +115,11 @@ absl::StatusOr<TopologyPlan> BuildPlan(const Machine& machine,
     for (size_t n = 0; n < machine.nics.size(); ++n) {
       if (plan.nics[n].selectable) continue;
       if (best >= 0 && plan.paths[g][n] >= plan.paths[g][best]) continue;
-      skipped.push_back(absl::StrCat(machine.nics[n].name, " (",
-                                     PathClassName(plan.paths[g][n]), ") ",
-                                     plan.nics[n].excluded));
+      skipped.push_back(best >= 0 ? absl::StrCat(machine.nics[n].name, " (",
+                                                 PathClassName(plan.paths[g][n]), ", ",
+                                                 plan.nics[n].excluded, ")")
+                                  : absl::StrCat(machine.nics[n].name, ": ",
+                                                 plan.nics[n].excluded));
     }
 
     std::string rule;
@@ -161,7 +163,7 @@ absl::StatusOr<TopologyPlan> BuildPlan(const Machine& machine,
                                    PathClassName(path), " apart (",
                                    DescribePath(path, gpu.numa, nic.numa), ")");
     if (!skipped.empty()) {
-      absl::StrAppend(&decision.reason, "; nearer ", absl::StrJoin(skipped, ", "));
+      absl::StrAppend(&decision.reason, "; not using nearer ", absl::StrJoin(skipped, ", "));
     }
     absl::StrAppend(&decision.reason, "; ", rule, "; ");
     if (gdr) {
