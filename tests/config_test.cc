@@ -1,0 +1,122 @@
+#include "config/config.h"
+
+#include <fstream>
+
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace ferry::config {
+namespace {
+
+using ::testing::HasSubstr;
+
+std::string ErrorOf(const std::string& yaml) {
+  auto c = ParseConfig(yaml, "test.yaml");
+  EXPECT_FALSE(c.ok()) << yaml;
+  return c.ok() ? "" : std::string(c.status().message());
+}
+
+TEST(ConfigTest, EmptyFileGivesWorkingDefaults) {
+  auto c = ParseConfig("", "empty.yaml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  ResolveDefaults(*c);
+  EXPECT_FALSE(c->node.empty());
+  EXPECT_EQ(c->local_socket, "/tmp/ferryd-" + c->node + ".sock");
+  EXPECT_EQ(c->peer_listen, "127.0.0.1:7100");
+  EXPECT_EQ(c->tcp_connections, 4u);
+  EXPECT_EQ(c->host_pool_bytes, 1ull << 30);
+  EXPECT_TRUE(c->peers.empty());
+  EXPECT_EQ(c->policy, Policy{});
+}
+
+TEST(ConfigTest, FullFileIsRead) {
+  auto c = ParseConfig(R"(
+node: node-b
+listen: {local: /run/f.sock, local_tcp: "127.0.0.1:9000", peer: "0.0.0.0:7101"}
+peers: {node-a: "10.0.0.1:7100", node-c: "[::1]:7100"}
+host_pool: {size: 2GiB}
+tcp: {connections: 8, listen: "0.0.0.0:7200"}
+limits: {max_op_bytes: 16MiB, max_ops_per_submit: 100, default_timeout_ms: 5000}
+log: {level: debug}
+topology: /etc/ferry/topo.xml
+nics: {allow: [mlx5_0, mlx5_1], deny: [mlx5_2]}
+policy: {gdr: always, gdr_max_path: pxb, fallback: fail, staging_chunk: 1MiB, staging_depth: 8}
+)", "full.yaml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->node, "node-b");
+  EXPECT_EQ(c->local_socket, "/run/f.sock");
+  EXPECT_EQ(c->local_tcp, "127.0.0.1:9000");
+  EXPECT_EQ(c->peers.at("node-c"), "[::1]:7100");
+  EXPECT_EQ(c->host_pool_bytes, 2ull << 30);
+  EXPECT_EQ(c->tcp_connections, 8u);
+  EXPECT_EQ(c->max_op_bytes, 16ull << 20);
+  EXPECT_EQ(c->max_ops_per_submit, 100u);
+  EXPECT_EQ(c->default_timeout_ms, 5000u);
+  EXPECT_EQ(c->nics.allow, (std::vector<std::string>{"mlx5_0", "mlx5_1"}));
+  EXPECT_EQ(c->policy.gdr, GdrMode::kAlways);
+  EXPECT_EQ(c->policy.gdr_max_path, PathClass::kPxb);
+  EXPECT_EQ(c->policy.fallback, Fallback::kFail);
+  EXPECT_EQ(c->policy.staging_chunk_bytes, 1ull << 20);
+  EXPECT_EQ(c->policy.staging_depth, 8u);
+}
+
+TEST(ConfigTest, ExampleFileDocumentsValidKeys) {
+  auto c = LoadConfigFile(FERRY_SOURCE_DIR "/config/ferry.example.yaml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->node, "node-a");
+  EXPECT_EQ(c->peers.size(), 1u);
+}
+
+TEST(ConfigTest, UnknownKeysAreRefusedWithLineAndKey) {
+  EXPECT_THAT(ErrorOf("node: a\ncolour: blue\n"), HasSubstr("test.yaml:2: key 'colour': unknown key"));
+  EXPECT_THAT(ErrorOf("tcp:\n  conections: 4\n"), HasSubstr("test.yaml:2: key 'tcp.conections'"));
+  EXPECT_THAT(ErrorOf("policy:\n  gdr_max: PIX\n"), HasSubstr("key 'policy.gdr_max'"));
+}
+
+TEST(ConfigTest, WrongTypesAreRefused) {
+  EXPECT_THAT(ErrorOf("tcp: 4\n"), HasSubstr("key 'tcp': expected a mapping"));
+  EXPECT_THAT(ErrorOf("tcp:\n  connections: [1, 2]\n"), HasSubstr("test.yaml:2: key 'tcp.connections'"));
+  EXPECT_THAT(ErrorOf("nics:\n  allow: mlx5_0\n"), HasSubstr("key 'nics.allow': expected a list"));
+  EXPECT_THAT(ErrorOf("peers: [a, b]\n"), HasSubstr("key 'peers'"));
+  EXPECT_THAT(ErrorOf("node: {a: 1}\n"), HasSubstr("key 'node': expected a string"));
+}
+
+TEST(ConfigTest, BadValuesAreRefused) {
+  EXPECT_THAT(ErrorOf("tcp:\n  connections: 0\n"), HasSubstr("key 'tcp.connections': 0 is outside 1..64"));
+  EXPECT_THAT(ErrorOf("host_pool:\n  size: 12 parsecs\n"), HasSubstr("key 'host_pool.size'"));
+  EXPECT_THAT(ErrorOf("host_pool:\n  size: 1KiB\n"), HasSubstr("at least 1 MiB"));
+  EXPECT_THAT(ErrorOf("listen:\n  peer: nowhere\n"), HasSubstr("key 'listen.peer': 'nowhere' is not host:port"));
+  EXPECT_THAT(ErrorOf("peers:\n  b: \"host:99999\"\n"), HasSubstr("key 'peers.b'"));
+  EXPECT_THAT(ErrorOf("log:\n  level: loud\n"), HasSubstr("key 'log.level'"));
+  EXPECT_THAT(ErrorOf("node: \"a b\"\n"), HasSubstr("key 'node'"));
+  EXPECT_THAT(ErrorOf("policy:\n  gdr: sometimes\n"), HasSubstr("key 'policy.gdr': unknown gdr mode 'sometimes'"));
+  EXPECT_THAT(ErrorOf("policy:\n  gdr_max_path: FAR\n"), HasSubstr("unknown path class 'FAR'"));
+  EXPECT_THAT(ErrorOf("policy:\n  fallback: pray\n"), HasSubstr("key 'policy.fallback'"));
+  EXPECT_THAT(ErrorOf("policy:\n  staging_depth: 0\n"), HasSubstr("staging_depth"));
+  EXPECT_THAT(ErrorOf("limits:\n  max_op_bytes: 0\n"), HasSubstr("key 'limits.max_op_bytes'"));
+}
+
+TEST(ConfigTest, MalformedYamlNamesTheLine) {
+  EXPECT_THAT(ErrorOf("node: a\ntcp: {connections: 4\n"), HasSubstr("test.yaml:"));
+  EXPECT_THAT(ErrorOf("node: a\ntcp: {connections: 4\n"), HasSubstr("malformed YAML"));
+}
+
+TEST(ConfigTest, MissingFileIsNotFound) {
+  auto c = LoadConfigFile("/nonexistent/ferry.yaml");
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(c.status().message()), HasSubstr("/nonexistent/ferry.yaml"));
+}
+
+TEST(PolicyTest, SettingsApplyOrAreRefusedWithTheKey) {
+  Policy p;
+  ASSERT_TRUE(ApplyPolicySetting("gdr_max_path", "SYS", p).ok());
+  EXPECT_EQ(p.gdr_max_path, PathClass::kSys);
+  ASSERT_TRUE(ApplyPolicySetting("staging_chunk", "8MiB", p).ok());
+  EXPECT_EQ(p.staging_chunk_bytes, 8ull << 20);
+  EXPECT_THAT(std::string(ApplyPolicySetting("depth", "4", p).message()), HasSubstr("unknown policy key 'depth'"));
+  EXPECT_THAT(std::string(ApplyPolicySetting("staging_depth", "four", p).message()), HasSubstr("staging_depth"));
+  EXPECT_THAT(std::string(ApplyPolicySetting("staging_chunk", "1", p).message()), HasSubstr("staging_chunk"));
+}
+
+}  // namespace
+}  // namespace ferry::config
