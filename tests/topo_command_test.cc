@@ -66,7 +66,7 @@ TEST(TopoCommandTest, TextForATopologyFileWithEqualsForm) {
   Result r = Topo({"--topology=" + Topology("dgx8_switches")});
   ASSERT_EQ(r.code, 0) << r.err;
   EXPECT_THAT(r.out, HasSubstr("GPU0  PIX*    PXB     NODE    NODE    SYS"));
-  EXPECT_THAT(r.out, HasSubstr("GPU7 gdr via mlx5_7: GPU 0000:ba:00.0 and mlx5_7 are PIX apart"));
+  EXPECT_THAT(r.out, HasSubstr("GPU7 gdr via mlx5_7: GPU 0000:b9:00.0 and mlx5_7 are PIX apart"));
 }
 
 TEST(TopoCommandTest, ConfigPolicyChangesTheDecision) {

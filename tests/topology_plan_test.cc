@@ -125,7 +125,7 @@ TEST(PlanTest, EightGpuServerPairsEachGpuWithItsSwitchNic) {
     EXPECT_EQ(d.mode, TransferMode::kGdr);
   }
   EXPECT_EQ(plan.gpus[4].reason,
-            "GPU 0000:98:00.0 and mlx5_4 are PIX apart (behind one PCIe switch); policy "
+            "GPU 0000:95:00.0 and mlx5_4 are PIX apart (behind one PCIe switch); policy "
             "allows GDR up to PHB; using GDR");
   for (const NicState& nic : plan.nics) EXPECT_EQ(nic.gpus.size(), 1u);
 }
@@ -141,7 +141,7 @@ TEST(PlanTest, DeniedNicFallsBackToTheSiblingLeafAndSaysWhy) {
   EXPECT_EQ(plan.gpus[0].path, PathClass::kPxb);
   EXPECT_EQ(plan.gpus[0].mode, TransferMode::kGdr);
   EXPECT_EQ(plan.gpus[0].reason,
-            "GPU 0000:18:00.0 and mlx5_1 are PXB apart (behind a tree of PCIe switches, not "
+            "GPU 0000:15:00.0 and mlx5_1 are PXB apart (behind a tree of PCIe switches, not "
             "through the CPU); not using nearer mlx5_0 (PIX, excluded by nics.deny); policy "
             "allows GDR up to PHB; using GDR");
   EXPECT_FALSE(plan.nics[0].selectable);
@@ -167,7 +167,7 @@ TEST(PlanTest, EqualNicsAreSpreadBeforeAnyServesTwo) {
   EXPECT_THAT(Modes(plan), ElementsAre("staged", "staged", "gdr", "gdr", "gdr", "gdr", "gdr",
                                        "gdr"));
   EXPECT_EQ(plan.gpus[1].reason,
-            "GPU 0000:1a:00.0 and mlx5_3 are NODE apart (across root complexes of NUMA node "
+            "GPU 0000:19:00.0 and mlx5_3 are NODE apart (across root complexes of NUMA node "
             "0); not using nearer mlx5_0 (PXB, excluded by nics.deny), mlx5_1 (PIX, excluded "
             "by nics.deny); policy allows GDR up to PHB; staging through host memory on NUMA "
             "node 0");

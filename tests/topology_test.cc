@@ -70,9 +70,9 @@ TEST(DiscoveryTest, EightGpuServerIsInBusOrderWithEveryClass) {
   ASSERT_EQ(m.gpus.size(), 8u);
   std::vector<std::string> pcis;
   for (const Gpu& g : m.gpus) pcis.push_back(g.pci);
-  EXPECT_THAT(pcis, ElementsAre("0000:18:00.0", "0000:1a:00.0", "0000:38:00.0",
-                                "0000:3a:00.0", "0000:98:00.0", "0000:9a:00.0",
-                                "0000:b8:00.0", "0000:ba:00.0"));
+  EXPECT_THAT(pcis, ElementsAre("0000:15:00.0", "0000:19:00.0", "0000:35:00.0",
+                                "0000:39:00.0", "0000:95:00.0", "0000:99:00.0",
+                                "0000:b5:00.0", "0000:b9:00.0"));
   for (int i = 0; i < 8; ++i) {
     EXPECT_EQ(m.gpus[i].index, i);
     EXPECT_EQ(m.gpus[i].numa, i < 4 ? 0 : 1);

@@ -1,0 +1,33 @@
+# make demo   install what is missing, build, run two agents and move verified data
+# make test   install what is missing, build, run every test (ctest)
+# make bench  install what is missing, build, run the benchmark suite
+BUILD ?= build
+JOBS ?= $(shell nproc)
+CMAKE_FLAGS ?=
+
+.PHONY: all deps configure build demo test test-unit bench clean
+
+all: build
+
+deps:
+	@scripts/install-deps
+
+$(BUILD)/CMakeCache.txt:
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo $(CMAKE_FLAGS)
+
+configure: deps $(BUILD)/CMakeCache.txt
+
+build: configure
+	cmake --build $(BUILD) -j$(JOBS)
+
+demo: build
+	$(BUILD)/client/ferry-demo
+
+test: build
+	cd $(BUILD) && ctest --output-on-failure -j$(JOBS) --timeout 600
+
+test-unit: build
+	cd $(BUILD) && ctest --output-on-failure -j$(JOBS) -L unit
+
+clean:
+	rm -rf $(BUILD)
