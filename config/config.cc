@@ -113,8 +113,8 @@ absl::Status ParsePolicySection(const Context& ctx, const YAML::Node& node, Poli
 absl::Status ParseInto(const Context& ctx, const YAML::Node& root, Config& c) {
   if (!root || root.IsNull()) return absl::OkStatus();  // empty file: all defaults
   RETURN_IF_ERROR(CheckKeys(ctx, root, "",
-                            {"node", "listen", "peers", "host_pool", "tcp", "limits", "log",
-                             "topology", "nics", "policy"}));
+                            {"node", "listen", "peers", "host_pool", "providers", "tcp", "limits",
+                             "log", "topology", "nics", "policy"}));
   if (auto n = root["node"]) {
     ASSIGN_OR_RETURN(c.node, ReadString(ctx, n, "node"));
     if (c.node.empty() || c.node.find_first_of(":/ \t") != std::string::npos) {
@@ -151,6 +151,17 @@ absl::Status ParseInto(const Context& ctx, const YAML::Node& root, Config& c) {
       ASSIGN_OR_RETURN(c.host_pool_bytes, ReadByteSize(ctx, n, "host_pool.size"));
       if (c.host_pool_bytes < (1u << 20)) return ctx.Error(n, "host_pool.size", "must be at least 1 MiB");
     }
+  }
+  if (auto n = root["providers"]) {
+    ASSIGN_OR_RETURN(c.providers, ReadStringList(ctx, n, "providers"));
+    std::set<std::string> seen;
+    for (const auto& p : c.providers) {
+      if (p != "tcp" && p != "verbs") {
+        return ctx.Error(n, "providers", absl::StrCat("unknown provider '", p, "' (expected verbs or tcp)"));
+      }
+      if (!seen.insert(p).second) return ctx.Error(n, "providers", absl::StrCat("'", p, "' is listed twice"));
+    }
+    if (c.providers.empty()) return ctx.Error(n, "providers", "must list at least one provider");
   }
   if (auto tcp = root["tcp"]) {
     RETURN_IF_ERROR(CheckKeys(ctx, tcp, "tcp", {"connections", "listen"}));

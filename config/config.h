@@ -32,6 +32,9 @@ struct Config {
   std::map<std::string, std::string> peers;
   // Host pool: shared memory carved into client buffers.
   uint64_t host_pool_bytes = 1ull << 30;
+  // Fabric providers in order of preference; per peer the first both ends offer is used.
+  // One that cannot run here (no RDMA device) is skipped with the reason logged.
+  std::vector<std::string> providers = {"verbs", "tcp"};
   // tcp provider.
   uint32_t tcp_connections = 4;
   std::string tcp_listen;        // "" = the peer_listen host, any free port

@@ -6,7 +6,7 @@
 #include "base/status_macros.h"
 #include "spdlog/spdlog.h"
 #include "transport/tcp/socket.h"
-#include "transport/tcp/tcp_fabric.h"
+#include "transport/providers.h"
 
 namespace ferry::server {
 namespace {
@@ -34,21 +34,28 @@ absl::StatusOr<std::unique_ptr<AgentCore>> AgentCore::Create(const config::Confi
   std::unique_ptr<AgentCore> core(new AgentCore(config));
   ASSIGN_OR_RETURN(core->pool_, memory::HostPool::Create(config.host_pool_bytes,
                                                          absl::StrCat("ferry-", config.node)));
-  tcp::TcpOptions tcp;
-  tcp.listen_address = TcpListenAddress(config);
-  tcp.connections = config.tcp_connections;
-  ASSIGN_OR_RETURN(auto fabric, tcp::TcpFabric::Create(tcp));
-  core->fabric_ = std::move(fabric);
-  core->buffers_ = std::make_unique<BufferRegistry>(core->pool_.get(), core->fabric_.get());
+  fabric::ProviderOptions providers;
+  providers.providers = config.providers;
+  providers.tcp.listen_address = TcpListenAddress(config);
+  providers.tcp.connections = config.tcp_connections;
+  std::vector<std::string> skipped;
+  ASSIGN_OR_RETURN(core->fabrics_, fabric::CreateFabrics(providers, &skipped));
+  for (const auto& why : skipped) spdlog::info("{}", why);
+  std::vector<fabric::Fabric*> fabrics;
+  for (const auto& f : core->fabrics_) {
+    fabrics.push_back(f.get());
+    spdlog::info("provider {} listening on {}", f->provider(), f->address());
+  }
+  core->buffers_ = std::make_unique<BufferRegistry>(core->pool_.get(), fabrics);
   core->peers_ = std::make_unique<PeerDirectory>(config.node, config.peer_listen, config.peers,
-                                                 core->fabric_.get());
+                                                 fabrics);
   EngineLimits limits;
   limits.max_op_bytes = config.max_op_bytes;
   limits.max_ops_per_submit = config.max_ops_per_submit;
   limits.default_timeout = absl::Milliseconds(config.default_timeout_ms);
   core->engine_ = std::make_unique<TransferEngine>(core->buffers_.get(), core->peers_.get(), limits);
-  spdlog::info("node {}: host pool {} MiB at {}, provider tcp listening on {}", config.node,
-               config.host_pool_bytes >> 20, core->pool_->path(), core->fabric_->address());
+  spdlog::info("node {}: host pool {} MiB at {}", config.node, config.host_pool_bytes >> 20,
+               core->pool_->path());
   return core;
 }
 
@@ -59,7 +66,7 @@ AgentCore::~AgentCore() {
   engine_.reset();
   peers_.reset();
   buffers_.reset();
-  fabric_.reset();
+  fabrics_.clear();
   pool_.reset();
 }
 

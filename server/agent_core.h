@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "config/config.h"
@@ -24,7 +25,8 @@ class AgentCore {
   const config::Config& config() const { return config_; }
   uint64_t incarnation() const { return incarnation_; }
   memory::HostPool& pool() { return *pool_; }
-  fabric::Fabric& fabric() { return *fabric_; }
+  // In preference order.
+  const std::vector<std::unique_ptr<fabric::Fabric>>& fabrics() const { return fabrics_; }
   BufferRegistry& buffers() { return *buffers_; }
   PeerDirectory& peers() { return *peers_; }
   TransferEngine& engine() { return *engine_; }
@@ -37,7 +39,7 @@ class AgentCore {
   // Declaration order is teardown order reversed: the engine goes first (fails what is
   // running), then endpoints, buffers (revoking keys), the fabric, and the pool last.
   std::unique_ptr<memory::HostPool> pool_;
-  std::unique_ptr<fabric::Fabric> fabric_;
+  std::vector<std::unique_ptr<fabric::Fabric>> fabrics_;
   std::unique_ptr<BufferRegistry> buffers_;
   std::unique_ptr<PeerDirectory> peers_;
   std::unique_ptr<TransferEngine> engine_;

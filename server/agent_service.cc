@@ -24,7 +24,7 @@ grpc::Status AgentService::GetInfo(grpc::ServerContext*, const ferry::v1::GetInf
                                    ferry::v1::GetInfoResponse* resp) {
   resp->set_node(core_->config().node);
   resp->set_version(kFerryVersion);
-  resp->add_providers(core_->fabric().provider());
+  for (const auto& fabric : core_->fabrics()) resp->add_providers(fabric->provider());
   resp->set_buffer_count(core_->buffers().count());
   resp->set_host_pool_bytes(core_->pool().size());
   resp->set_host_pool_used_bytes(core_->pool().used());

@@ -12,6 +12,13 @@ const std::string& Buffer::device() const {
   return kHost;
 }
 
+const fabric::MemoryRegion* Buffer::region(const std::string& provider) const {
+  for (const auto& [name, region] : regions_) {
+    if (name == provider) return region.get();
+  }
+  return nullptr;
+}
+
 absl::StatusOr<std::shared_ptr<Buffer>> BufferRegistry::Allocate(uint64_t size,
                                                                  const std::string& name) {
   if (size == 0) return absl::InvalidArgumentError("size: must be positive");
@@ -27,13 +34,17 @@ absl::StatusOr<std::shared_ptr<Buffer>> BufferRegistry::Allocate(uint64_t size,
   }
   ASSIGN_OR_RETURN(auto block, pool_->Allocate(size));
   uint32_t access = name.empty() ? fabric::kLocal : (fabric::kRemoteWrite | fabric::kRemoteRead);
-  ASSIGN_OR_RETURN(auto region, fabric_->Register(block->data(), size, access));
+  Buffer::Regions regions;
+  for (fabric::Fabric* f : fabrics_) {
+    ASSIGN_OR_RETURN(auto region, f->Register(block->data(), size, access));
+    regions.emplace_back(f->provider(), std::move(region));
+  }
   absl::MutexLock lock(&mu_);
   if (!name.empty() && by_name_.contains(name)) {
     return absl::AlreadyExistsError(absl::StrCat("name: a buffer named '", name, "' exists"));
   }
   uint64_t id = next_id_++;
-  auto buffer = std::make_shared<Buffer>(id, name, std::move(block), std::move(region));
+  auto buffer = std::make_shared<Buffer>(id, name, std::move(block), std::move(regions));
   by_id_.emplace(id, buffer);
   if (!name.empty()) by_name_.emplace(name, id);
   return buffer;

@@ -19,29 +19,35 @@ namespace ferry::server {
 
 class Buffer {
  public:
-  Buffer(uint64_t id, std::string name, std::unique_ptr<memory::HostBlock> block,
-         std::unique_ptr<fabric::MemoryRegion> region)
-      : id_(id), name_(std::move(name)), block_(std::move(block)), region_(std::move(region)) {}
+  using Regions = std::vector<std::pair<std::string, std::unique_ptr<fabric::MemoryRegion>>>;
+
+  Buffer(uint64_t id, std::string name, std::unique_ptr<memory::HostBlock> block, Regions regions)
+      : id_(id), name_(std::move(name)), block_(std::move(block)), regions_(std::move(regions)) {}
 
   uint64_t id() const { return id_; }
   const std::string& name() const { return name_; }
   uint64_t size() const { return block_->size(); }
   uint64_t pool_offset() const { return block_->offset(); }
-  const fabric::MemoryRegion& region() const { return *region_; }
+  // The registration with `provider`'s fabric; nullptr if it has none.
+  const fabric::MemoryRegion* region(const std::string& provider) const;
+  // (provider, region) for every fabric the buffer is registered with.
+  const Regions& regions() const { return regions_; }
   const std::string& device() const;
 
  private:
   const uint64_t id_;
   const std::string name_;
-  // Declared before region_ so it is destroyed after it: the key is revoked (and remote
-  // accesses drained) before the memory goes back to the pool.
+  // Declared before regions_ so it is destroyed after them: every key is revoked (and
+  // remote accesses drained) before the memory goes back to the pool.
   std::unique_ptr<memory::HostBlock> block_;
-  std::unique_ptr<fabric::MemoryRegion> region_;
+  Regions regions_;
 };
 
 class BufferRegistry {
  public:
-  BufferRegistry(memory::HostPool* pool, fabric::Fabric* fabric) : pool_(pool), fabric_(fabric) {}
+  // Every buffer is registered with each of `fabrics`.
+  BufferRegistry(memory::HostPool* pool, std::vector<fabric::Fabric*> fabrics)
+      : pool_(pool), fabrics_(std::move(fabrics)) {}
 
   // Named buffers are exported to peers (remote read and write); unnamed ones are not.
   // ALREADY_EXISTS for a name in use, RESOURCE_EXHAUSTED when the pool is full.
@@ -56,7 +62,7 @@ class BufferRegistry {
 
  private:
   memory::HostPool* const pool_;
-  fabric::Fabric* const fabric_;
+  const std::vector<fabric::Fabric*> fabrics_;
   mutable absl::Mutex mu_;
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   absl::flat_hash_map<uint64_t, std::shared_ptr<Buffer>> by_id_ ABSL_GUARDED_BY(mu_);

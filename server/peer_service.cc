@@ -1,6 +1,7 @@
 #include "server/peer_service.h"
 
 #include "absl/strings/str_cat.h"
+#include "base/grpc_status.h"
 #include "server/agent_core.h"
 #include "server/peers/protocol.h"
 #include "spdlog/spdlog.h"
@@ -12,11 +13,28 @@ grpc::Status PeerService::Hello(grpc::ServerContext*, const ferry::v1::HelloRequ
   resp->set_node(core_->config().node);
   resp->set_protocol_version(kPeerProtocolVersion);
   resp->set_incarnation(core_->incarnation());
-  auto* ep = resp->add_endpoints();
-  ep->set_provider(core_->fabric().provider());
-  ep->set_address(core_->fabric().address());
+  for (const auto& fabric : core_->fabrics()) {
+    auto* ep = resp->add_endpoints();
+    ep->set_provider(fabric->provider());
+    ep->set_address(fabric->address());
+  }
   spdlog::debug("Hello from {} (protocol {})", req->node(), req->protocol_version());
   return grpc::Status::OK;
+}
+
+grpc::Status PeerService::Connect(grpc::ServerContext*, const ferry::v1::ConnectRequest* req,
+                                  ferry::v1::ConnectResponse* resp) {
+  for (const auto& fabric : core_->fabrics()) {
+    if (fabric->provider() != req->provider()) continue;
+    auto reply = fabric->AcceptConnect(req->request());
+    if (!reply.ok()) return ToGrpcStatus(reply.status());
+    resp->set_reply(*reply);
+    resp->set_incarnation(core_->incarnation());
+    spdlog::info("peer {} connected over {}", req->node(), req->provider());
+    return grpc::Status::OK;
+  }
+  return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                      absl::StrCat("provider: this agent does not run '", req->provider(), "'"));
 }
 
 grpc::Status PeerService::ResolveBuffer(grpc::ServerContext*,
@@ -28,10 +46,13 @@ grpc::Status PeerService::ResolveBuffer(grpc::ServerContext*,
                         absl::StrCat("name: no buffer named '", req->name(), "' on ",
                                      core_->config().node));
   }
-  const fabric::MemoryRegion& region = (*buffer)->region();
   resp->set_size((*buffer)->size());
-  resp->set_address(region.remote_address());
-  resp->set_key(region.key());
+  for (const auto& [provider, region] : (*buffer)->regions()) {
+    auto* key = resp->add_keys();
+    key->set_provider(provider);
+    key->set_address(region->remote_address());
+    key->set_key(region->key());
+  }
   resp->set_device((*buffer)->device());
   resp->set_incarnation(core_->incarnation());
   return grpc::Status::OK;

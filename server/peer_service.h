@@ -13,6 +13,8 @@ class PeerService final : public ferry::v1::Peer::Service {
 
   grpc::Status Hello(grpc::ServerContext*, const ferry::v1::HelloRequest*,
                      ferry::v1::HelloResponse*) override;
+  grpc::Status Connect(grpc::ServerContext*, const ferry::v1::ConnectRequest*,
+                       ferry::v1::ConnectResponse*) override;
   grpc::Status ResolveBuffer(grpc::ServerContext*, const ferry::v1::ResolveBufferRequest*,
                              ferry::v1::ResolveBufferResponse*) override;
   grpc::Status Health(grpc::ServerContext*, const ferry::v1::HealthRequest*,

@@ -65,7 +65,7 @@ class FabricConformanceTest : public ::testing::TestWithParam<ProviderCase> {
     ASSERT_TRUE(b.ok()) << b.status();
     initiator_ = std::move(*a);
     target_ = std::move(*b);
-    auto ep = initiator_->Connect(target_->address());
+    auto ep = ConnectDirect(*initiator_, *target_);
     ASSERT_TRUE(ep.ok()) << ep.status();
     endpoint_ = std::move(*ep);
   }
@@ -268,7 +268,7 @@ TEST_P(FabricConformanceTest, ReconnectAfterBrokenEndpointWorks) {
   auto dst_mr = Register(dst, *target_, kRemoteWrite);
   endpoint_->Close();
   ASSERT_TRUE(endpoint_->broken());
-  auto again = initiator_->Connect(target_->address());
+  auto again = ConnectDirect(*initiator_, *target_);
   ASSERT_TRUE(again.ok()) << again.status();
   endpoint_ = *again;
   Waiter w;
@@ -293,9 +293,12 @@ TEST_P(FabricConformanceTest, RevokedRegionRefusesLaterOps) {
 TEST_P(FabricConformanceTest, ConnectToNobodyIsUnavailable) {
   auto lonely = GetParam().make();
   ASSERT_TRUE(lonely.ok());
-  std::string address = (*lonely)->address();
-  lonely->reset();
-  auto ep = initiator_->Connect(address);
+  auto pending = initiator_->BeginConnect((*lonely)->address());
+  ASSERT_TRUE(pending.ok()) << pending.status();
+  auto reply = (*lonely)->AcceptConnect((*pending)->request());
+  ASSERT_TRUE(reply.ok()) << reply.status();
+  lonely->reset();  // the peer dies between its answer and our connect
+  auto ep = (*pending)->Finish(*reply);
   EXPECT_EQ(ep.status().code(), absl::StatusCode::kUnavailable) << ep.status();
 }
 

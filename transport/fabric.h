@@ -85,6 +85,18 @@ class Endpoint {
   virtual void Close() = 0;
 };
 
+// The initiator's half of a connection handshake. The bytes travel to the peer's agent
+// through the Peer gRPC Connect call (no separate socket), which answers with the target's
+// half: verbs exchanges QP number, PSN, LID/GID and MTU this way; tcp needs nothing.
+class PendingConnection {
+ public:
+  virtual ~PendingConnection() = default;
+  // What the peer's Fabric::AcceptConnect must see.
+  virtual const std::string& request() const = 0;
+  // Completes the connection with the peer's reply.
+  virtual absl::StatusOr<std::shared_ptr<Endpoint>> Finish(const std::string& reply) = 0;
+};
+
 // One provider instance on this node: owns the registrations and accepts peers.
 class Fabric {
  public:
@@ -98,11 +110,30 @@ class Fabric {
   virtual absl::StatusOr<std::unique_ptr<MemoryRegion>> Register(void* data, uint64_t length,
                                                                  uint32_t access) = 0;
 
-  virtual absl::StatusOr<std::shared_ptr<Endpoint>> Connect(const std::string& peer_address) = 0;
+  // Initiator: starts a connection to the peer whose Hello advertised `peer_address` for
+  // this provider.
+  virtual absl::StatusOr<std::unique_ptr<PendingConnection>> BeginConnect(
+      const std::string& peer_address) = 0;
+  // Target: answers an initiator's request (verbs: creates and readies its QP). The reply
+  // goes back through the same Connect call.
+  virtual absl::StatusOr<std::string> AcceptConnect(const std::string& request) = 0;
 
   // Called on a provider thread for every WRITE-with-immediate that landed in our memory.
   using ImmediateHandler = std::function<void(uint32_t imm)>;
   virtual void SetImmediateHandler(ImmediateHandler handler) = 0;
 };
+
+}  // namespace ferry::fabric
+
+namespace ferry::fabric {
+
+// The whole handshake between two fabrics in one process (tests, benchmarks).
+inline absl::StatusOr<std::shared_ptr<Endpoint>> ConnectDirect(Fabric& initiator, Fabric& target) {
+  auto pending = initiator.BeginConnect(target.address());
+  if (!pending.ok()) return pending.status();
+  auto reply = target.AcceptConnect((*pending)->request());
+  if (!reply.ok()) return reply.status();
+  return (*pending)->Finish(*reply);
+}
 
 }  // namespace ferry::fabric

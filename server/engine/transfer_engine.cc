@@ -117,10 +117,9 @@ absl::StatusOr<uint64_t> TransferEngine::Submit(const ferry::v1::SubmitRequest& 
 }
 
 void TransferEngine::Post(const std::shared_ptr<Transfer>& transfer, absl::Time deadline) {
-  // One endpoint per (peer, incarnation) for the whole batch.
-  std::map<std::string, absl::StatusOr<std::shared_ptr<fabric::Endpoint>>> endpoints;
+  // One endpoint per peer for the whole batch.
+  std::map<std::string, absl::StatusOr<PeerEndpoint>> endpoints;
   const auto& ops = transfer->ops();
-  const std::string provider = peers_->provider();
   for (size_t i = 0; i < ops.size(); ++i) {
     const PlannedOp& op = ops[i];
     auto it = endpoints.find(op.remote->node);
@@ -132,18 +131,26 @@ void TransferEngine::Post(const std::shared_ptr<Transfer>& transfer, absl::Time 
       if (transfer->Settle(i, it->second.status(), "")) OnFinished(transfer->id());
       continue;
     }
-    fabric::Endpoint& endpoint = **it->second;
-    fabric::LocalSlice local{&op.local->region(), op.local_offset, op.length};
-    fabric::RemoteSlice remote{op.remote->base.address + op.remote_offset, op.remote->base.key};
+    const PeerEndpoint& peer = *it->second;
+    const fabric::MemoryRegion* region = op.local->region(peer.provider);
+    auto key = op.remote->keys.find(peer.provider);
+    if (region == nullptr || key == op.remote->keys.end()) {
+      absl::Status missing = absl::FailedPreconditionError(absl::StrCat(
+          "buffer not registered with provider ", peer.provider, region ? " on the peer" : " here"));
+      if (transfer->Settle(i, missing, peer.provider)) OnFinished(transfer->id());
+      continue;
+    }
+    fabric::LocalSlice local{region, op.local_offset, op.length};
+    fabric::RemoteSlice remote{key->second.address + op.remote_offset, key->second.key};
     // The completion holds the transfer (and so the buffers) until the fabric is done.
-    fabric::Completion done = [this, transfer, i, provider](absl::Status s) {
+    fabric::Completion done = [this, transfer, i, provider = peer.provider](absl::Status s) {
       if (transfer->Settle(i, s, provider)) OnFinished(transfer->id());
     };
     transfer->MarkPosted(i);
     absl::Status posted = op.type == ferry::v1::WRITE
-                              ? endpoint.PostWrite(local, remote, std::move(done))
-                              : endpoint.PostRead(local, remote, std::move(done));
-    if (!posted.ok() && transfer->Settle(i, posted, provider)) OnFinished(transfer->id());
+                              ? peer.endpoint->PostWrite(local, remote, std::move(done))
+                              : peer.endpoint->PostRead(local, remote, std::move(done));
+    if (!posted.ok() && transfer->Settle(i, posted, peer.provider)) OnFinished(transfer->id());
   }
 }
 

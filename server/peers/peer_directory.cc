@@ -2,16 +2,29 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/grpc_status.h"
+#include "base/status_macros.h"
 #include "grpcpp/grpcpp.h"
 #include "server/peers/protocol.h"
-#include "base/grpc_status.h"
 #include "spdlog/spdlog.h"
+#include "transport/providers.h"
 
 namespace ferry::server {
+namespace {
+
+absl::Status PeerError(const grpc::Status& s, const std::string& what) {
+  // A peer that cannot be reached is UNAVAILABLE whatever gRPC's exact code.
+  auto code = s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ? absl::StatusCode::kUnavailable
+                                                                    : static_cast<absl::StatusCode>(s.error_code());
+  return absl::Status(code, absl::StrCat(what, ": ", s.error_message()));
+}
+
+}  // namespace
 
 PeerDirectory::PeerDirectory(std::string self, std::string self_address,
-                             std::map<std::string, std::string> peers, fabric::Fabric* fabric)
-    : self_(std::move(self)), fabric_(fabric) {
+                             std::map<std::string, std::string> peers,
+                             std::vector<fabric::Fabric*> fabrics)
+    : self_(std::move(self)), fabrics_(std::move(fabrics)) {
   peers[self_] = std::move(self_address);
   for (auto& [name, address] : peers) links_[name].address = address;
 }
@@ -30,12 +43,19 @@ std::vector<std::string> PeerDirectory::Names() const {
   return names;
 }
 
+fabric::Fabric* PeerDirectory::FabricFor(const std::string& provider) const {
+  for (fabric::Fabric* f : fabrics_) {
+    if (f->provider() == provider) return f;
+  }
+  return nullptr;
+}
+
 absl::StatusOr<PeerDirectory::Link*> PeerDirectory::FindLink(const std::string& node) {
   auto it = links_.find(node);
   if (it == links_.end()) {
     std::vector<std::string> names;
     for (const auto& [name, link] : links_) names.push_back(name);
-    return absl::NotFoundError(absl::StrCat("peer: unknown node '", node, "' (known: ",
+    return absl::NotFoundError(absl::StrCat("unknown node '", node, "' (known: ",
                                             absl::StrJoin(names, ", "), ")"));
   }
   Link& link = it->second;
@@ -43,6 +63,7 @@ absl::StatusOr<PeerDirectory::Link*> PeerDirectory::FindLink(const std::string& 
     grpc::ChannelArguments args;
     // Reconnect quickly after a peer restarts instead of waiting out gRPC's long backoff.
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
     link.stub = ferry::v1::Peer::NewStub(
         grpc::CreateCustomChannel(link.address, grpc::InsecureChannelCredentials(), args));
@@ -70,77 +91,106 @@ absl::StatusOr<RemoteBuffer> PeerDirectory::Resolve(const std::string& node,
     if (s.error_code() == grpc::StatusCode::NOT_FOUND) {
       return absl::NotFoundError(absl::StrCat("no buffer named '", name, "' on ", node));
     }
-    return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
-                        absl::StrCat("ResolveBuffer(", name, ") on ", node, ": ", s.error_message()));
+    return PeerError(s, absl::StrCat("ResolveBuffer(", name, ") on ", node));
   }
   RemoteBuffer out;
   out.node = node;
   out.name = name;
   out.size = resp.size();
-  out.base = {resp.address(), resp.key()};
+  out.device = resp.device();
   out.incarnation = resp.incarnation();
+  for (const auto& k : resp.keys()) out.keys[k.provider()] = {k.address(), k.key()};
   return out;
 }
 
-absl::StatusOr<std::shared_ptr<fabric::Endpoint>> PeerDirectory::Endpoint(const std::string& node,
-                                                                          uint64_t incarnation,
-                                                                          absl::Time deadline) {
-  absl::MutexLock connect_lock(&connect_mu_);
-  ferry::v1::Peer::Stub* stub;
+absl::StatusOr<PeerEndpoint> PeerDirectory::Endpoint(const std::string& node, uint64_t incarnation,
+                                                     absl::Time deadline) {
+  std::shared_ptr<absl::Mutex> connect_mu;
   {
     absl::MutexLock lock(&mu_);
     auto link = FindLink(node);
     if (!link.ok()) return link.status();
-    Link& l = **link;
-    bool fresh = incarnation == 0 || incarnation == l.incarnation;
-    if (l.endpoint && !l.endpoint->broken() && fresh) return l.endpoint;
-    stub = l.stub.get();
+    connect_mu = (*link)->connect_mu;
   }
-  grpc::ClientContext ctx;
-  ctx.set_deadline(absl::ToChronoTime(deadline));
-  ferry::v1::HelloRequest req;
-  req.set_node(self_);
-  req.set_protocol_version(kPeerProtocolVersion);
-  auto* ep = req.add_endpoints();
-  ep->set_provider(fabric_->provider());
-  ep->set_address(fabric_->address());
-  ferry::v1::HelloResponse resp;
-  grpc::Status s = stub->Hello(&ctx, req, &resp);
-  if (!s.ok()) {
-    return absl::UnavailableError(absl::StrCat("peer ", node, " did not answer Hello: ",
-                                               s.error_message()));
-  }
-  if (resp.node() != node) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("peer at ", node, "'s address calls itself '", resp.node(), "'"));
-  }
-  if (resp.protocol_version() != kPeerProtocolVersion) {
-    return absl::FailedPreconditionError(absl::StrCat("peer ", node, " speaks protocol ",
-                                                      resp.protocol_version(), ", we speak ",
-                                                      kPeerProtocolVersion));
-  }
-  std::string address;
-  for (const auto& e : resp.endpoints()) {
-    if (e.provider() == fabric_->provider()) address = e.address();
-  }
-  if (address.empty()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("peer ", node, " offers no ", fabric_->provider(), " endpoint"));
-  }
-  auto endpoint = fabric_->Connect(address);
-  if (!endpoint.ok()) return endpoint.status();
-  std::shared_ptr<fabric::Endpoint> old;
+  absl::MutexLock connecting(connect_mu.get());
+  ferry::v1::Peer::Stub* stub;
   {
     absl::MutexLock lock(&mu_);
-    Link& l = links_[node];
-    old = std::move(l.endpoint);
-    l.endpoint = *endpoint;
-    l.incarnation = resp.incarnation();
+    Link& l = links_.at(node);
+    bool fresh = incarnation == 0 || incarnation == l.incarnation;
+    if (l.connected.endpoint && !l.connected.endpoint->broken() && fresh) return l.connected;
+    stub = l.stub.get();
   }
-  spdlog::info("connected to peer {} ({} at {}, incarnation {:x})", node, fabric_->provider(),
-               address, resp.incarnation());
-  if (old) old->Close();
-  return *endpoint;
+  uint64_t peer_incarnation = 0;
+  ASSIGN_OR_RETURN(PeerEndpoint connected, Connect(node, stub, deadline, &peer_incarnation));
+  PeerEndpoint old;
+  {
+    absl::MutexLock lock(&mu_);
+    Link& l = links_.at(node);
+    old = std::move(l.connected);
+    l.connected = connected;
+    l.incarnation = peer_incarnation;
+  }
+  if (old.endpoint) old.endpoint->Close();
+  return connected;
+}
+
+absl::StatusOr<PeerEndpoint> PeerDirectory::Connect(const std::string& node,
+                                                    ferry::v1::Peer::Stub* stub,
+                                                    absl::Time deadline, uint64_t* incarnation) {
+  ferry::v1::HelloRequest hello;
+  hello.set_node(self_);
+  hello.set_protocol_version(kPeerProtocolVersion);
+  std::vector<std::string> ours;
+  for (fabric::Fabric* f : fabrics_) {
+    auto* ep = hello.add_endpoints();
+    ep->set_provider(f->provider());
+    ep->set_address(f->address());
+    ours.push_back(f->provider());
+  }
+  ferry::v1::HelloResponse welcome;
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(deadline));
+    grpc::Status s = stub->Hello(&ctx, hello, &welcome);
+    if (!s.ok()) {
+      return absl::UnavailableError(absl::StrCat("peer ", node, " did not answer Hello: ", s.error_message()));
+    }
+  }
+  if (welcome.node() != node) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("the agent at ", node, "'s address calls itself '", welcome.node(), "'"));
+  }
+  if (welcome.protocol_version() != kPeerProtocolVersion) {
+    return absl::FailedPreconditionError(absl::StrCat("peer ", node, " speaks protocol ",
+                                                      welcome.protocol_version(), ", we speak ",
+                                                      kPeerProtocolVersion));
+  }
+  std::vector<std::string> theirs;
+  for (const auto& e : welcome.endpoints()) theirs.push_back(e.provider());
+  ASSIGN_OR_RETURN(std::string provider, fabric::SelectProvider(ours, theirs));
+  std::string address;
+  for (const auto& e : welcome.endpoints()) {
+    if (e.provider() == provider) address = e.address();
+  }
+  fabric::Fabric* fabric = FabricFor(provider);
+  ASSIGN_OR_RETURN(auto pending, fabric->BeginConnect(address));
+  ferry::v1::ConnectRequest req;
+  req.set_node(self_);
+  req.set_provider(provider);
+  req.set_request(pending->request());
+  ferry::v1::ConnectResponse reply;
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(deadline));
+    grpc::Status s = stub->Connect(&ctx, req, &reply);
+    if (!s.ok()) return PeerError(s, absl::StrCat("Connect(", provider, ") to ", node));
+  }
+  ASSIGN_OR_RETURN(std::shared_ptr<fabric::Endpoint> endpoint, pending->Finish(reply.reply()));
+  *incarnation = welcome.incarnation();
+  spdlog::info("connected to peer {} over {} ({}, incarnation {:x})", node, provider, address,
+               welcome.incarnation());
+  return PeerEndpoint{std::move(endpoint), provider};
 }
 
 void PeerDirectory::CloseAll() {
@@ -148,7 +198,7 @@ void PeerDirectory::CloseAll() {
   {
     absl::MutexLock lock(&mu_);
     for (auto& [name, link] : links_) {
-      if (link.endpoint) endpoints.push_back(std::move(link.endpoint));
+      if (link.connected.endpoint) endpoints.push_back(std::move(link.connected.endpoint));
     }
   }
   for (auto& e : endpoints) e->Close();

@@ -1,14 +1,17 @@
 #pragma once
 // The peers this agent may talk to: their Peer gRPC stubs, what they said in Hello, and the
-// fabric endpoint to each. Connects lazily on first use and again after a peer restarts
-// (its incarnation changes) or its endpoint broke.
+// fabric endpoint to each. Connects lazily on first use (Hello, provider choice, the
+// provider's handshake through the Connect call) and again after a peer restarts (its
+// incarnation changes) or its endpoint broke.
 
 #include <cstdint>
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -22,30 +25,37 @@ struct RemoteBuffer {
   std::string node;
   std::string name;
   uint64_t size = 0;
-  fabric::RemoteSlice base;  // byte 0
+  std::string device;
+  // Byte 0 of the buffer, per provider it is registered with.
+  absl::flat_hash_map<std::string, fabric::RemoteSlice> keys;
   uint64_t incarnation = 0;
+};
+
+// A connected endpoint and the provider that made it.
+struct PeerEndpoint {
+  std::shared_ptr<fabric::Endpoint> endpoint;
+  std::string provider;
 };
 
 class PeerDirectory {
  public:
   // `self` is this agent's node name; naming it as a peer reaches this agent's own Peer
-  // service at `self_address`, so local targets need no special case.
+  // service at `self_address`, so local targets need no special case. `fabrics` are in
+  // preference order.
   PeerDirectory(std::string self, std::string self_address,
-                std::map<std::string, std::string> peers, fabric::Fabric* fabric);
+                std::map<std::string, std::string> peers, std::vector<fabric::Fabric*> fabrics);
 
   bool Known(const std::string& node) const;
-  // The provider endpoints use ("tcp").
-  std::string provider() const { return fabric_->provider(); }
   std::vector<std::string> Names() const;
 
-  // NOT_FOUND for a node that is not a peer; UNAVAILABLE when it does not answer.
+  // NOT_FOUND for a node that is not a peer or a buffer it does not have; UNAVAILABLE
+  // when the peer does not answer.
   absl::StatusOr<RemoteBuffer> Resolve(const std::string& node, const std::string& name,
                                        absl::Time deadline);
-  // The endpoint to `node`'s fabric; connects (Hello + fabric connect) when there is none, it
-  // broke, or the peer restarted since `incarnation` (0: any).
-  absl::StatusOr<std::shared_ptr<fabric::Endpoint>> Endpoint(const std::string& node,
-                                                             uint64_t incarnation,
-                                                             absl::Time deadline);
+  // The endpoint to `node`; connects when there is none, it broke, or the peer restarted
+  // since `incarnation` (0: any).
+  absl::StatusOr<PeerEndpoint> Endpoint(const std::string& node, uint64_t incarnation,
+                                        absl::Time deadline);
   // Closes every endpoint (agent shutdown).
   void CloseAll();
 
@@ -53,17 +63,20 @@ class PeerDirectory {
   struct Link {
     std::string address;
     std::unique_ptr<ferry::v1::Peer::Stub> stub;
-    std::shared_ptr<fabric::Endpoint> endpoint;
+    PeerEndpoint connected;
     uint64_t incarnation = 0;
+    // Serialises connection set-up to this peer, so it is not dialled twice at once.
+    std::shared_ptr<absl::Mutex> connect_mu = std::make_shared<absl::Mutex>();
   };
   absl::StatusOr<Link*> FindLink(const std::string& node) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::StatusOr<PeerEndpoint> Connect(const std::string& node, ferry::v1::Peer::Stub* stub,
+                                       absl::Time deadline, uint64_t* incarnation);
+  fabric::Fabric* FabricFor(const std::string& provider) const;
 
   const std::string self_;
-  fabric::Fabric* const fabric_;
+  const std::vector<fabric::Fabric*> fabrics_;
   mutable absl::Mutex mu_;
   std::map<std::string, Link> links_ ABSL_GUARDED_BY(mu_);
-  // Serialises connection set-up so that one peer is not dialled twice at once.
-  absl::Mutex connect_mu_;
 };
 
 }  // namespace ferry::server

@@ -30,6 +30,25 @@ class TcpRegion : public fabric::MemoryRegion {
   uint32_t key_;
 };
 
+class TcpPendingConnection : public fabric::PendingConnection {
+ public:
+  TcpPendingConnection(std::string address, uint32_t connections, uint64_t stripe_min_bytes)
+      : address_(std::move(address)), connections_(connections), stripe_min_bytes_(stripe_min_bytes) {}
+
+  const std::string& request() const override { return request_; }
+  absl::StatusOr<std::shared_ptr<fabric::Endpoint>> Finish(const std::string& reply) override {
+    auto endpoint = TcpEndpoint::Connect(address_, connections_, stripe_min_bytes_);
+    if (!endpoint.ok()) return endpoint.status();
+    return std::shared_ptr<fabric::Endpoint>(std::move(*endpoint));
+  }
+
+ private:
+  const std::string address_;
+  const uint32_t connections_;
+  const uint64_t stripe_min_bytes_;
+  const std::string request_;
+};
+
 uint32_t NeededAccess(WireOp op) {
   return op == WireOp::kRead ? fabric::kRemoteRead : fabric::kRemoteWrite;
 }
@@ -80,12 +99,15 @@ absl::StatusOr<std::unique_ptr<fabric::MemoryRegion>> TcpFabric::Register(void* 
   return std::unique_ptr<fabric::MemoryRegion>(new TcpRegion(&regions_, data, length, key));
 }
 
-absl::StatusOr<std::shared_ptr<fabric::Endpoint>> TcpFabric::Connect(
+absl::StatusOr<std::unique_ptr<fabric::PendingConnection>> TcpFabric::BeginConnect(
     const std::string& peer_address) {
-  auto endpoint = TcpEndpoint::Connect(peer_address, options_.connections,
-                                       options_.stripe_min_bytes);
-  if (!endpoint.ok()) return endpoint.status();
-  return std::shared_ptr<fabric::Endpoint>(std::move(*endpoint));
+  return std::unique_ptr<fabric::PendingConnection>(
+      new TcpPendingConnection(peer_address, options_.connections, options_.stripe_min_bytes));
+}
+
+absl::StatusOr<std::string> TcpFabric::AcceptConnect(const std::string& request) {
+  if (!request.empty()) return absl::InvalidArgumentError("tcp: unexpected handshake bytes");
+  return std::string();
 }
 
 void TcpFabric::SetImmediateHandler(ImmediateHandler handler) {

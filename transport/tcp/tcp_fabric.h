@@ -37,8 +37,10 @@ class TcpFabric : public fabric::Fabric {
   std::string address() const override { return address_; }
   absl::StatusOr<std::unique_ptr<fabric::MemoryRegion>> Register(void* data, uint64_t length,
                                                                  uint32_t access) override;
-  absl::StatusOr<std::shared_ptr<fabric::Endpoint>> Connect(
+  // tcp needs no handshake bytes: the connection is the sockets Finish() opens.
+  absl::StatusOr<std::unique_ptr<fabric::PendingConnection>> BeginConnect(
       const std::string& peer_address) override;
+  absl::StatusOr<std::string> AcceptConnect(const std::string& request) override;
   void SetImmediateHandler(ImmediateHandler handler) override;
 
  private:

@@ -1,0 +1,32 @@
+#pragma once
+// The one registry of fabric providers: which exist, building them from config, and the
+// pure rule that picks the provider two agents use.
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "transport/fabric.h"
+#include "transport/tcp/tcp_fabric.h"
+
+namespace ferry::fabric {
+
+struct ProviderOptions {
+  // Preference order, e.g. {"verbs", "tcp"}.
+  std::vector<std::string> providers;
+  tcp::TcpOptions tcp;
+};
+
+// Builds every listed provider that can run here, in preference order. A provider that
+// cannot (verbs without an RDMA device) is left out and `skipped` gets one line saying why.
+// FAILED_PRECONDITION when none can run.
+absl::StatusOr<std::vector<std::unique_ptr<Fabric>>> CreateFabrics(
+    const ProviderOptions& options, std::vector<std::string>* skipped);
+
+// The provider two agents use: the first of `ours` (preference order) that `theirs`
+// offers. FAILED_PRECONDITION naming both lists when they share none.
+absl::StatusOr<std::string> SelectProvider(const std::vector<std::string>& ours,
+                                           const std::vector<std::string>& theirs);
+
+}  // namespace ferry::fabric
