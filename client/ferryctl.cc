@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
 #include <string>
@@ -25,6 +26,7 @@
 #include "client/ferry_client.h"
 #include "client/topo_command.h"
 #include "google/protobuf/util/json_util.h"
+#include "grpcpp/grpcpp.h"
 
 namespace ferry::ctl {
 namespace {
@@ -230,7 +232,25 @@ int Main(int argc, char** argv) {
   if (i >= argl.size()) return Usage("no command");
   const std::string command = argl[i++];
   std::vector<std::string> rest(argl.begin() + static_cast<long>(i), argl.end());
-  if (command == "topo") return client::RunTopoCommand(rest, std::cout, std::cerr);
+  if (command == "topo") {
+    // Without a file to read, the running agent's plan is the truth: it reflects the
+    // policy the agent runs under now. With no agent, read this machine.
+    bool offline = false;
+    for (const auto& w : rest) offline |= w.rfind("--topology", 0) == 0 || w.rfind("--config", 0) == 0;
+    if (!offline) {
+      if (auto c = Client::Connect(socket, absl::Milliseconds(300)); c.ok()) {
+        ferry::v1::GetTopologyResponse topo;
+        grpc::ClientContext ctx;
+        ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+        if ((*c)->stub().GetTopology(&ctx, {}, &topo).ok()) {
+          bool json = std::find(rest.begin(), rest.end(), "--json") != rest.end();
+          std::cout << (json ? topo.json() : topo.text());
+          return kOk;
+        }
+      }
+    }
+    return client::RunTopoCommand(rest, std::cout, std::cerr);
+  }
   if (command == "doctor") return client::RunDoctorCommand(rest, std::cout, std::cerr);
 
   Args a;

@@ -7,6 +7,7 @@
 #include "spdlog/spdlog.h"
 #include "transport/tcp/socket.h"
 #include "transport/providers.h"
+#include "transport/topology/discovery.h"
 
 namespace ferry::server {
 namespace {
@@ -32,6 +33,7 @@ AgentCore::AgentCore(config::Config config)
 
 absl::StatusOr<std::unique_ptr<AgentCore>> AgentCore::Create(const config::Config& config) {
   std::unique_ptr<AgentCore> core(new AgentCore(config));
+  RETURN_IF_ERROR(core->LoadTopology());
   ASSIGN_OR_RETURN(core->pool_, memory::HostPool::Create(config.host_pool_bytes,
                                                          absl::StrCat("ferry-", config.node)));
   fabric::ProviderOptions providers;
@@ -57,6 +59,33 @@ absl::StatusOr<std::unique_ptr<AgentCore>> AgentCore::Create(const config::Confi
   spdlog::info("node {}: host pool {} MiB at {}", config.node, config.host_pool_bytes >> 20,
                core->pool_->path());
   return core;
+}
+
+absl::Status AgentCore::LoadTopology() {
+  auto machine = topology::DiscoverMachine(config_.topology);
+  if (!machine.ok()) {
+    // A file the operator named must load; the live machine may simply be unreadable
+    // (a container without /sys): then the agent serves host buffers with no GPUs.
+    if (!config_.topology.empty()) return machine.status();
+    spdlog::warn("topology: cannot read this machine ({}); assuming no GPUs and no NICs",
+                 machine.status().ToString());
+  } else {
+    machine_ = *std::move(machine);
+  }
+  ASSIGN_OR_RETURN(topology::TopologyPlan plan,
+                   topology::BuildPlan(machine_, config_.nics, config_.policy));
+  spdlog::info("topology {}: {} GPU(s), {} RDMA NIC(s), provider {}",
+               config_.topology.empty() ? "of this machine" : config_.topology,
+               machine_.gpus.size(), machine_.nics.size(), plan.provider);
+  for (const auto& gpu : plan.gpus) spdlog::info("topology: {}", gpu.reason);
+  absl::MutexLock lock(&plan_mu_);
+  plan_ = std::move(plan);
+  return absl::OkStatus();
+}
+
+topology::TopologyPlan AgentCore::plan() const {
+  absl::MutexLock lock(&plan_mu_);
+  return plan_;
 }
 
 AgentCore::~AgentCore() {

@@ -8,12 +8,15 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "config/config.h"
 #include "server/buffer_registry.h"
 #include "server/engine/transfer_engine.h"
 #include "server/peers/peer_directory.h"
 #include "transport/fabric.h"
 #include "transport/memory/host_pool.h"
+#include "transport/topology/machine.h"
+#include "transport/topology/plan.h"
 
 namespace ferry::server {
 
@@ -30,12 +33,19 @@ class AgentCore {
   BufferRegistry& buffers() { return *buffers_; }
   PeerDirectory& peers() { return *peers_; }
   TransferEngine& engine() { return *engine_; }
+  // The PCIe topology found at start and the plan made from it under the current policy.
+  const topology::Machine& machine() const { return machine_; }
+  topology::TopologyPlan plan() const;
 
  private:
   explicit AgentCore(config::Config config);
+  absl::Status LoadTopology();
 
   const config::Config config_;
   const uint64_t incarnation_;
+  topology::Machine machine_;
+  mutable absl::Mutex plan_mu_;
+  topology::TopologyPlan plan_ ABSL_GUARDED_BY(plan_mu_);
   // Declaration order is teardown order reversed: the engine goes first (fails what is
   // running), then endpoints, buffers (revoking keys), the fabric, and the pool last.
   std::unique_ptr<memory::HostPool> pool_;

@@ -4,6 +4,7 @@
 #include "server/agent_core.h"
 #include "base/grpc_status.h"
 #include "server/version.h"
+#include "transport/topology/plan_format.h"
 
 namespace ferry::server {
 namespace {
@@ -110,6 +111,14 @@ grpc::Status AgentService::Watch(grpc::ServerContext* ctx, const ferry::v1::Watc
     (*transfer)->AwaitChange(version, absl::Now() + absl::Milliseconds(500));
     absl::SleepFor(absl::Milliseconds(50));
   }
+}
+
+grpc::Status AgentService::GetTopology(grpc::ServerContext*, const ferry::v1::GetTopologyRequest*,
+                                       ferry::v1::GetTopologyResponse* resp) {
+  topology::TopologyPlan plan = core_->plan();
+  resp->set_text(topology::FormatPlanText(core_->machine(), plan));
+  resp->set_json(topology::FormatPlanJson(core_->machine(), plan));
+  return grpc::Status::OK;
 }
 
 }  // namespace ferry::server

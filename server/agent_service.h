@@ -29,6 +29,8 @@ class AgentService final : public ferry::v1::Agent::Service {
                     ferry::v1::TransferResult*) override;
   grpc::Status Watch(grpc::ServerContext*, const ferry::v1::WatchRequest*,
                      grpc::ServerWriter<ferry::v1::TransferProgress>*) override;
+  grpc::Status GetTopology(grpc::ServerContext*, const ferry::v1::GetTopologyRequest*,
+                           ferry::v1::GetTopologyResponse*) override;
 
  private:
   AgentCore* const core_;

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 
 #include <cstring>
+#include <fstream>
 #include <numeric>
 #include <random>
 
@@ -13,6 +14,7 @@
 #include "client/agent_process.h"
 #include "client/ferry_client.h"
 #include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 
 namespace ferry {
@@ -297,6 +299,38 @@ TEST(AgentConfigTest, BadConfigStopsTheAgentWithFileLineAndKey) {
   auto agent = AgentProcess::Start(spec, absl::Seconds(5));
   ASSERT_FALSE(agent.ok());
   EXPECT_THAT(std::string(agent.status().message()), HasSubstr("node-x.yaml:6: key 'tcp.connections'"));
+  std::system(("rm -rf " + dir).c_str());
+}
+
+TEST(AgentTopologyTest, AgentServesThePlanOfItsTopologyFileAndLogsEachGpu) {
+  std::string dir = MakeTempDir();
+  AgentSpec spec{"node-t", dir, 0, {},
+                 absl::StrCat("topology: ", FERRY_FIXTURES, "/topology/dual_socket_sys.xml\n",
+                              "policy:\n  gdr_max_path: SYS\n")};
+  auto agent = AgentProcess::Start(spec);
+  ASSERT_TRUE(agent.ok()) << agent.status();
+  auto client = Client::Connect((*agent)->socket());
+  ASSERT_TRUE(client.ok());
+  ferry::v1::GetTopologyResponse topo;
+  grpc::ClientContext ctx;
+  ASSERT_TRUE((*client)->stub().GetTopology(&ctx, {}, &topo).ok());
+  // The config's policy took effect: SYS is allowed, so the GPU goes GDR.
+  EXPECT_THAT(topo.json(), HasSubstr("\"nic\":\"mlx5_0\""));
+  EXPECT_THAT(topo.json(), HasSubstr("\"mode\":\"gdr\""));
+  EXPECT_THAT(topo.text(), HasSubstr("GPU0"));
+  (*agent)->Stop();
+  std::ifstream log((*agent)->log_path());
+  std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+  EXPECT_THAT(text, HasSubstr("GPU 0000:3b:00.0 and mlx5_0 are SYS apart"));
+  std::system(("rm -rf " + dir).c_str());
+}
+
+TEST(AgentTopologyTest, MissingTopologyFileStopsTheAgent) {
+  std::string dir = MakeTempDir();
+  AgentSpec spec{"node-t", dir, 0, {}, "topology: /nonexistent/topo.xml\n"};
+  auto agent = AgentProcess::Start(spec, absl::Seconds(5));
+  ASSERT_FALSE(agent.ok());
+  EXPECT_THAT(std::string(agent.status().message()), HasSubstr("/nonexistent/topo.xml"));
   std::system(("rm -rf " + dir).c_str());
 }
 
