@@ -139,12 +139,12 @@ void AgentProcess::Kill() {
   Reap(true);
 }
 
-uint64_t AgentProcess::PeakRssBytes() const {
+uint64_t AgentProcess::MemoryBytes(const std::string& field) const {
   if (pid_ <= 0) return 0;
   std::ifstream status(absl::StrCat("/proc/", pid_, "/status"));
   std::string line;
   while (std::getline(status, line)) {
-    if (line.rfind("VmHWM:", 0) == 0) {
+    if (line.rfind(field + ":", 0) == 0) {
       std::vector<std::string> parts = absl::StrSplit(line, ' ', absl::SkipEmpty());
       uint64_t kib = 0;
       if (parts.size() >= 2 && absl::SimpleAtoi(parts[1], &kib)) return kib * 1024;

@@ -51,8 +51,10 @@ class AgentProcess {
   const std::string& config_path() const { return config_path_; }
   const std::string& log_path() const { return log_path_; }
   pid_t pid() const { return pid_; }
-  // Peak resident set size of the agent so far, from /proc (bytes; 0 if unknown).
-  uint64_t PeakRssBytes() const;
+  // A memory figure of the agent from /proc/<pid>/status, in bytes (0 if unknown):
+  // "VmHWM" (peak resident), "VmRSS" (resident now), "RssAnon" (heap and stacks, without
+  // the shared pool pages).
+  uint64_t MemoryBytes(const std::string& field) const;
 
  private:
   AgentProcess() = default;

@@ -1,5 +1,7 @@
 #include "transport/tcp/tcp_fabric.h"
 
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/socket.h>
 
 #include "absl/strings/str_cat.h"
@@ -146,6 +148,9 @@ void TcpFabric::AcceptLoop() {
         ++it;
       }
     }
+    // Acks are tiny and must not wait for Nagle (40 ms with delayed ACKs).
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     auto in = std::make_unique<Incoming>();
     in->fd.Reset(fd);
     Incoming* raw = in.get();

@@ -1,0 +1,297 @@
+// ferry-bench: perftest-style numbers for ferry with baselines measured in the same run.
+//
+//   ferry-bench [--suite standard|quick] [--op write|read] [--min-size 4KiB] [--max-size 1GiB]
+//               [--seconds S] [--clients C] [--outstanding K] [--streams N]
+//               [--kv BLOCKS:SIZE] [--long BYTES] [--agents SOCKET_A,SOCKET_B]
+//               [--no-baselines] [--out DIR]
+//
+// Without --agents it starts node-a and node-b itself on loopback (and stops them).
+// Results: a table on stdout; with --out, DIR/<date>.json, .txt and .png.
+
+#include <sys/utsname.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <memory>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "base/byte_size.h"
+#include "bench/baselines.h"
+#include "bench/ferry_runner.h"
+#include "bench/report.h"
+#include "client/agent_process.h"
+
+namespace ferry::bench {
+namespace {
+
+struct Options {
+  std::string suite = "standard";
+  std::vector<ferry::v1::OpType> ops = {ferry::v1::WRITE, ferry::v1::READ};
+  uint64_t min_size = 4 << 10;
+  uint64_t max_size = 1ull << 30;
+  double seconds = 0.5;
+  int clients = 1;
+  uint32_t outstanding = 64;
+  int streams = 4;
+  uint32_t kv_blocks = 4096;
+  uint64_t kv_block = 64 << 10;
+  uint64_t long_bytes = 16ull << 30;
+  std::string agents;
+  bool baselines = true;
+  std::string out;
+};
+
+absl::StatusOr<Options> Parse(int argc, char** argv) {
+  Options o;
+  std::vector<std::string> args(argv + 1, argv + argc);
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& f = args[i];
+    if (f == "--no-baselines") {
+      o.baselines = false;
+      continue;
+    }
+    if (i + 1 >= args.size()) return absl::InvalidArgumentError(absl::StrCat(f, " needs a value"));
+    const std::string& v = args[++i];
+    auto size = [&](uint64_t* out) {
+      auto s = ParseByteSize(v);
+      if (s.ok()) *out = *s;
+      return s.status();
+    };
+    absl::Status s;
+    if (f == "--suite") {
+      o.suite = v;
+      if (v == "quick") {
+        o.max_size = 64ull << 20;
+        o.seconds = 0.2;
+        o.long_bytes = 2ull << 30;
+        o.kv_blocks = 1024;
+      } else if (v != "standard") {
+        s = absl::InvalidArgumentError("--suite: standard or quick");
+      }
+    } else if (f == "--op") {
+      if (v == "write") o.ops = {ferry::v1::WRITE};
+      else if (v == "read") o.ops = {ferry::v1::READ};
+      else if (v == "both") o.ops = {ferry::v1::WRITE, ferry::v1::READ};
+      else s = absl::InvalidArgumentError("--op: write, read or both");
+    } else if (f == "--min-size") {
+      s = size(&o.min_size);
+    } else if (f == "--max-size") {
+      s = size(&o.max_size);
+    } else if (f == "--long") {
+      s = size(&o.long_bytes);
+    } else if (f == "--seconds") {
+      if (!absl::SimpleAtod(v, &o.seconds)) s = absl::InvalidArgumentError("--seconds: a number");
+    } else if (f == "--clients") {
+      if (!absl::SimpleAtoi(v, &o.clients) || o.clients < 1) s = absl::InvalidArgumentError("--clients: >= 1");
+    } else if (f == "--outstanding") {
+      if (!absl::SimpleAtoi(v, &o.outstanding) || o.outstanding < 1) s = absl::InvalidArgumentError("--outstanding: >= 1");
+    } else if (f == "--streams") {
+      if (!absl::SimpleAtoi(v, &o.streams) || o.streams < 1) s = absl::InvalidArgumentError("--streams: >= 1");
+    } else if (f == "--kv") {
+      std::pair<std::string, std::string> kv = absl::StrSplit(v, absl::MaxSplits(':', 1));
+      auto block = ParseByteSize(kv.second);
+      if (!absl::SimpleAtoi(kv.first, &o.kv_blocks) || !block.ok()) {
+        s = absl::InvalidArgumentError("--kv: BLOCKS:SIZE, e.g. 4096:64KiB");
+      } else {
+        o.kv_block = *block;
+      }
+    } else if (f == "--agents") {
+      o.agents = v;
+    } else if (f == "--out") {
+      o.out = v;
+    } else {
+      s = absl::InvalidArgumentError(absl::StrCat("unknown flag ", f));
+    }
+    if (!s.ok()) return s;
+  }
+  return o;
+}
+
+std::string DescribeMachine() {
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  std::string line, model = "unknown CPU";
+  while (std::getline(cpuinfo, line)) {
+    if (line.rfind("model name", 0) == 0) {
+      model = line.substr(line.find(':') + 2);
+      break;
+    }
+  }
+  utsname u = {};
+  uname(&u);
+  return absl::StrFormat("%s, %ld cores, %.0f GiB, Linux %s", model, sysconf(_SC_NPROCESSORS_ONLN),
+                         static_cast<double>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE) / (1 << 30),
+                         u.release);
+}
+
+const Measurement* Find(const Report& r, const std::string& series, uint64_t size) {
+  for (const auto& m : r.rows) {
+    if (m.series == series && (size == 0 || m.size == size)) return &m;
+  }
+  return nullptr;
+}
+
+// The goals of issue 7, said as measured ratios.
+void Judge(Report& r, const Options& o) {
+  const Measurement* f64 = Find(r, "ferry write", 64ull << 20);
+  const Measurement* ip = Find(r, absl::StrCat("iperf3 -P ", o.streams), 0);
+  if (f64 && ip) {
+    r.findings.push_back(absl::StrFormat(
+        "64 MiB writes: %.2f GB/s = %.2f x iperf3 -P %d (%.2f GB/s); goal >= 0.9", f64->gbps,
+        f64->gbps / ip->gbps, o.streams, ip->gbps));
+  }
+  double worst = 1e9;
+  uint64_t worst_size = 0;
+  for (const auto& g : r.rows) {
+    if (g.series != "grpc stream" || g.size < (1 << 20)) continue;
+    const Measurement* f = Find(r, "ferry write", g.size);
+    if (f && f->gbps / g.gbps < worst) {
+      worst = f->gbps / g.gbps;
+      worst_size = g.size;
+    }
+  }
+  if (worst_size) {
+    r.findings.push_back(absl::StrFormat(
+        "ferry write vs gRPC streaming, sizes >= 1 MiB: lowest ratio %.2f x (at %s); goal >= 3",
+        worst, FormatByteSize(worst_size)));
+  }
+  const Measurement* kv = Find(r, "ferry kv", 0);
+  if (kv && f64) {
+    r.findings.push_back(absl::StrFormat("KV %u x %s: %.2f GB/s = %.2f x the 64 MiB throughput; goal >= 0.8",
+                                         o.kv_blocks, FormatByteSize(o.kv_block), kv->gbps,
+                                         kv->gbps / f64->gbps));
+  }
+  if (r.rss_run_bytes) {
+    r.findings.push_back(absl::StrFormat(
+        "agent RSS across %s moved: %.1f MiB after the first GiB, %.1f MiB at the end (%+.1f MiB); goal: flat",
+        FormatByteSize(r.rss_run_bytes), r.rss_early / 1048576.0, r.rss_late / 1048576.0,
+        (static_cast<double>(r.rss_late) - static_cast<double>(r.rss_early)) / 1048576.0));
+  }
+}
+
+int Run(int argc, char** argv) {
+  if (argc == 3 && std::string(argv[1]) == "--grpc-sink") return ServeGrpcSink(std::atoi(argv[2]));
+  auto parsed = Parse(argc, argv);
+  if (!parsed.ok()) {
+    std::cerr << "ferry-bench: " << parsed.status().message() << "\n";
+    return 2;
+  }
+  Options o = *parsed;
+  Report report;
+  report.date = absl::FormatTime("%Y-%m-%d", absl::Now(), absl::UTCTimeZone());
+  report.machine = DescribeMachine();
+  std::printf("ferry-bench on %s\n", report.machine.c_str());
+
+  std::unique_ptr<AgentProcess> a, b;
+  std::string dir;
+  Agents agents;
+  if (o.agents.empty()) {
+    char tmpl[] = "/tmp/ferry-bench-XXXXXX";
+    dir = mkdtemp(tmpl);
+    auto pa = PickFreePort(), pb = PickFreePort();
+    if (!pa.ok() || !pb.ok()) return 1;
+    // Room for the largest source and target plus the KV target.
+    std::string extra = absl::StrFormat("host_pool:\n  size: %dMiB\ntcp:\n  connections: %d\nlog:\n  level: warn\n",
+                                        3 * (o.max_size >> 20) + 1024, o.streams);
+    auto sa = AgentProcess::Start({"node-a", dir, *pa, {{"node-b", absl::StrCat("127.0.0.1:", *pb)}}, extra});
+    auto sb = AgentProcess::Start({"node-b", dir, *pb, {{"node-a", absl::StrCat("127.0.0.1:", *pa)}}, extra});
+    if (!sa.ok() || !sb.ok()) {
+      std::cerr << "ferry-bench: " << (sa.ok() ? sb.status() : sa.status()) << "\n";
+      return 1;
+    }
+    a = std::move(*sa);
+    b = std::move(*sb);
+    agents = {a->socket(), b->socket(), "node-b"};
+  } else {
+    std::vector<std::string> sockets = absl::StrSplit(o.agents, ',');
+    if (sockets.size() != 2) return 2;
+    auto cb = Client::Connect(sockets[1]);
+    auto info = cb.ok() ? (*cb)->GetInfo() : absl::StatusOr<ferry::v1::GetInfoResponse>(cb.status());
+    if (!info.ok()) {
+      std::cerr << "ferry-bench: " << info.status() << "\n";
+      return 1;
+    }
+    agents = {sockets[0], sockets[1], info->node()};
+  }
+
+  auto fail = [&](const absl::Status& s) {
+    std::cerr << "ferry-bench: " << s << "\n";
+    if (!dir.empty()) std::system(("rm -rf " + dir).c_str());
+    return 1;
+  };
+  uint64_t capacity = std::max(o.max_size, o.kv_blocks * o.kv_block * 2);
+  auto runner = FerryRunner::Create(agents, capacity);
+  if (!runner.ok()) return fail(runner.status());
+
+  if (o.baselines) {
+    auto ip = RunIperf3(o.streams, 3);
+    if (ip.ok()) report.rows.push_back(*ip);
+    else std::fprintf(stderr, "iperf3 baseline skipped: %s\n", ip.status().ToString().c_str());
+  }
+  RunOptions ro;
+  ro.min_seconds = o.seconds;
+  ro.clients = o.clients;
+  ro.outstanding = o.outstanding;
+  for (auto op : o.ops) {
+    ro.op = op;
+    for (uint64_t size = o.min_size; size <= o.max_size; size *= 2) {
+      auto m = (*runner)->RunSize(size, ro);
+      if (!m.ok()) return fail(m.status());
+      report.rows.push_back(*m);
+      std::fprintf(stderr, "  %s %s: %.3f GB/s\n", m->series.c_str(), FormatByteSize(size).c_str(), m->gbps);
+    }
+  }
+  if (o.baselines) {
+    auto sink = GrpcSink::Start("/proc/self/exe");
+    if (!sink.ok()) return fail(sink.status());
+    for (uint64_t size = o.min_size; size <= o.max_size; size *= 2) {
+      auto m = (*sink)->Push(size, o.seconds, 2);
+      if (!m.ok()) return fail(m.status());
+      report.rows.push_back(*m);
+      std::fprintf(stderr, "  grpc stream %s: %.3f GB/s\n", FormatByteSize(size).c_str(), m->gbps);
+    }
+  }
+  ro.op = ferry::v1::WRITE;
+  auto kv = (*runner)->RunKv(o.kv_blocks, o.kv_block, ro);
+  if (!kv.ok()) return fail(kv.status());
+  kv->note = absl::StrFormat("%u scattered blocks per batch", o.kv_blocks);
+  report.rows.push_back(*kv);
+
+  if (o.long_bytes > 0 && b) {
+    report.rss_run_bytes = o.long_bytes;
+    absl::Status s = (*runner)->RunLong(o.long_bytes, [&](bool early) {
+      uint64_t rss = b->MemoryBytes("RssAnon") + a->MemoryBytes("RssAnon");
+      (early ? report.rss_early : report.rss_late) = rss;
+    });
+    if (!s.ok()) return fail(s);
+  }
+  if (a) report.rss_a_peak = a->MemoryBytes("VmHWM");
+  if (b) report.rss_b_peak = b->MemoryBytes("VmHWM");
+  Judge(report, o);
+
+  std::string table = FormatTable(report);
+  std::printf("\n%s", table.c_str());
+  if (!o.out.empty()) {
+    std::string base = absl::StrCat(o.out, "/", report.date);
+    std::ofstream(base + ".json") << FormatJson(report);
+    std::ofstream(base + ".txt") << "machine: " << report.machine << "\n\n" << table;
+    absl::Status plot = PlotPng(report, base + ".png");
+    if (!plot.ok()) std::fprintf(stderr, "plot: %s\n", plot.ToString().c_str());
+    std::printf("\nwrote %s.{json,txt,png}\n", base.c_str());
+  }
+  runner->reset();
+  if (a) a->Stop();
+  if (b) b->Stop();
+  if (!dir.empty()) std::system(("rm -rf " + dir).c_str());
+  return 0;
+}
+
+}  // namespace
+}  // namespace ferry::bench
+
+int main(int argc, char** argv) { return ferry::bench::Run(argc, argv); }

@@ -1,0 +1,157 @@
+#include "bench/ferry_runner.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "bench/stats.h"
+
+namespace ferry::bench {
+
+absl::StatusOr<std::unique_ptr<FerryRunner>> FerryRunner::Create(const Agents& agents,
+                                                                 uint64_t capacity) {
+  std::unique_ptr<FerryRunner> r(new FerryRunner(agents, capacity));
+  auto a = Client::Connect(agents.socket_a);
+  if (!a.ok()) return a.status();
+  auto b = Client::Connect(agents.socket_b);
+  if (!b.ok()) return b.status();
+  r->a_ = std::move(*a);
+  r->b_ = std::move(*b);
+  r->dst_name_ = absl::StrCat("ferry-bench-", getpid());
+  auto src = r->a_->Alloc(capacity);
+  if (!src.ok()) return src.status();
+  auto dst = r->b_->Alloc(capacity, r->dst_name_);
+  if (!dst.ok()) return dst.status();
+  r->src_ = std::move(*src);
+  r->dst_ = std::move(*dst);
+  std::memset(r->src_->data(), 0x5a, capacity);
+  std::memset(r->dst_->data(), 0, capacity);
+  return r;
+}
+
+FerryRunner::~FerryRunner() {
+  if (src_) a_->Free(src_->id()).IgnoreError();
+  if (dst_) b_->Free(dst_->id()).IgnoreError();
+}
+
+absl::StatusOr<Measurement> FerryRunner::RunSize(uint64_t size, const RunOptions& options) {
+  if (size > capacity_) return absl::InvalidArgumentError(absl::StrCat("size ", size, " > capacity"));
+  uint64_t k = std::clamp<uint64_t>(options.batch_bytes / size, 1, options.outstanding);
+  k = std::min<uint64_t>(k, capacity_ / size);
+  std::vector<OpSpec> batch;
+  for (uint64_t i = 0; i < k; ++i) {
+    batch.push_back({options.op, src_->id(), i * size, agents_.node_b, dst_name_, i * size, size});
+  }
+  return Run(absl::StrCat("ferry ", options.op == ferry::v1::WRITE ? "write" : "read"), size, batch,
+             options);
+}
+
+absl::StatusOr<Measurement> FerryRunner::RunKv(uint32_t blocks, uint64_t block,
+                                               const RunOptions& options) {
+  uint64_t slots = capacity_ / block;
+  if (slots < blocks) return absl::InvalidArgumentError("capacity too small for the KV batch");
+  // Distinct target slots in random order: scattered, as a paged KV cache is.
+  std::vector<uint64_t> order(slots);
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), std::mt19937_64(11));
+  std::vector<OpSpec> batch;
+  for (uint32_t i = 0; i < blocks; ++i) {
+    batch.push_back({options.op, src_->id(), order[slots - 1 - i] * block, agents_.node_b, dst_name_,
+                     order[i] * block, block});
+  }
+  RunOptions once = options;
+  return Run("ferry kv", block, batch, once);
+}
+
+absl::StatusOr<Measurement> FerryRunner::Run(const std::string& series, uint64_t size,
+                                             const std::vector<OpSpec>& batch,
+                                             const RunOptions& options) {
+  // Each client thread has its own connection and runs batches until time is up.
+  absl::Mutex mu;
+  std::vector<double> latencies;
+  uint64_t iterations = 0;
+  absl::Status failure;
+  absl::Time start = absl::Now();
+  absl::Time until = start + absl::Seconds(options.min_seconds);
+  auto worker = [&](Client* client) {
+    int done = 0;
+    while (true) {
+      absl::Time t0 = absl::Now();
+      auto result = client->Run(batch);
+      absl::Status s = result.ok() ? TransferStatus(*result) : result.status();
+      double us = absl::ToDoubleMicroseconds(absl::Now() - t0);
+      absl::MutexLock lock(&mu);
+      if (!s.ok()) {
+        failure = s;
+        return;
+      }
+      latencies.push_back(us);
+      ++iterations;
+      ++done;
+      bool enough_time = absl::Now() >= until && done >= options.min_iterations;
+      if (enough_time || done >= options.max_iterations || !failure.ok()) return;
+    }
+  };
+  std::vector<std::unique_ptr<Client>> extra;
+  std::vector<std::thread> threads;
+  for (int c = 0; c < options.clients; ++c) {
+    Client* client = a_.get();
+    if (c > 0) {
+      auto more = Client::Connect(agents_.socket_a);
+      if (!more.ok()) return more.status();
+      extra.push_back(std::move(*more));
+      client = extra.back().get();
+    }
+    threads.emplace_back(worker, client);
+  }
+  for (auto& t : threads) t.join();
+  double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  if (!failure.ok()) return failure;
+  Measurement m;
+  m.series = series;
+  m.size = size;
+  m.batch = batch.size();
+  m.ops = iterations * batch.size();
+  uint64_t batch_bytes = 0;
+  for (const auto& op : batch) batch_bytes += op.length;
+  m.bytes = iterations * batch_bytes;
+  m.seconds = seconds;
+  m.gbps = GBps(m.bytes, seconds);
+  m.ops_per_sec = static_cast<double>(m.ops) / seconds;
+  m.p50_us = Percentile(latencies, 0.5);
+  m.p99_us = Percentile(latencies, 0.99);
+  if (options.clients > 1) m.note = absl::StrCat(options.clients, " clients");
+  return m;
+}
+
+absl::Status FerryRunner::RunLong(uint64_t total, const std::function<void(bool early)>& sample) {
+  constexpr uint64_t kOp = 64ull << 20;
+  uint64_t per_batch = std::min<uint64_t>(capacity_ / kOp, 4);
+  if (per_batch == 0) return absl::InvalidArgumentError("capacity below 64 MiB");
+  std::vector<OpSpec> batch;
+  for (uint64_t i = 0; i < per_batch; ++i) {
+    batch.push_back({ferry::v1::WRITE, src_->id(), i * kOp, agents_.node_b, dst_name_, i * kOp, kOp});
+  }
+  uint64_t moved = 0;
+  bool sampled_early = false;
+  while (moved < total) {
+    auto result = a_->Run(batch);
+    absl::Status s = result.ok() ? TransferStatus(*result) : result.status();
+    if (!s.ok()) return s;
+    moved += per_batch * kOp;
+    if (!sampled_early && moved >= (1ull << 30)) {
+      sample(true);
+      sampled_early = true;
+    }
+  }
+  sample(false);
+  return absl::OkStatus();
+}
+
+}  // namespace ferry::bench

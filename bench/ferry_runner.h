@@ -1,0 +1,57 @@
+#pragma once
+// Drives two real agents through libferry: size sweeps, KV batches, and a long run that
+// watches the agents' memory.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "bench/measurement.h"
+#include "client/ferry_client.h"
+
+namespace ferry::bench {
+
+struct RunOptions {
+  ferry::v1::OpType op = ferry::v1::WRITE;
+  double min_seconds = 1.0;    // per point
+  int min_iterations = 3;
+  int max_iterations = 10000;
+  uint64_t batch_bytes = 64ull << 20;  // small ops are batched up to this many bytes...
+  uint32_t outstanding = 64;           // ...and at most this many ops per batch
+  int clients = 1;                     // concurrent client connections
+};
+
+// The agents under test: A is where clients submit, B owns the target buffer.
+struct Agents {
+  std::string socket_a, socket_b;
+  std::string node_b;
+};
+
+class FerryRunner {
+ public:
+  // Allocates source (on A) and target (on B, named) buffers of `capacity` bytes each and
+  // touches them, so page faults stay out of the numbers.
+  static absl::StatusOr<std::unique_ptr<FerryRunner>> Create(const Agents& agents, uint64_t capacity);
+  ~FerryRunner();
+
+  // One point of a sweep: ops of `size` bytes, batched, repeated.
+  absl::StatusOr<Measurement> RunSize(uint64_t size, const RunOptions& options);
+  // KV mode: `blocks` ops of `block` bytes at scattered offsets in one batch, repeated.
+  absl::StatusOr<Measurement> RunKv(uint32_t blocks, uint64_t block, const RunOptions& options);
+  // Moves `total` bytes in 64 MiB ops; calls `sample` after the first GiB and at the end.
+  absl::Status RunLong(uint64_t total, const std::function<void(bool early)>& sample);
+
+ private:
+  FerryRunner(Agents agents, uint64_t capacity) : agents_(std::move(agents)), capacity_(capacity) {}
+  absl::StatusOr<Measurement> Run(const std::string& series, uint64_t size,
+                                  const std::vector<OpSpec>& batch, const RunOptions& options);
+
+  const Agents agents_;
+  const uint64_t capacity_;
+  std::unique_ptr<Client> a_, b_;
+  std::unique_ptr<Buffer> src_, dst_;
+  std::string dst_name_;
+};
+
+}  // namespace ferry::bench
