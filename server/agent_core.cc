@@ -56,6 +56,11 @@ absl::StatusOr<std::unique_ptr<AgentCore>> AgentCore::Create(const config::Confi
   limits.max_ops_per_submit = config.max_ops_per_submit;
   limits.default_timeout = absl::Milliseconds(config.default_timeout_ms);
   core->engine_ = std::make_unique<TransferEngine>(core->buffers_.get(), core->peers_.get(), limits);
+  std::map<std::string, std::string> tensor_peers = config.peers;
+  tensor_peers[config.node] = config.peer_listen;  // sending to oneself works like any peer
+  core->tensors_ = std::make_unique<TensorState>(config.node, std::move(tensor_peers),
+                                                 core->buffers_.get(), core->engine_.get(),
+                                                 config.max_op_bytes);
   spdlog::info("node {}: host pool {} MiB at {}", config.node, config.host_pool_bytes >> 20,
                core->pool_->path());
   return core;
@@ -91,6 +96,7 @@ topology::TopologyPlan AgentCore::plan() const {
 AgentCore::~AgentCore() {
   // Endpoints first: closing them runs the completions of ops in flight, which report to the
   // engine, so the engine must still be there.
+  tensors_.reset();
   if (peers_) peers_->CloseAll();
   engine_.reset();
   peers_.reset();

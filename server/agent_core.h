@@ -13,6 +13,7 @@
 #include "server/buffer_registry.h"
 #include "server/engine/transfer_engine.h"
 #include "server/peers/peer_directory.h"
+#include "server/tensors/tensor_state.h"
 #include "transport/fabric.h"
 #include "transport/memory/host_pool.h"
 #include "transport/topology/machine.h"
@@ -33,6 +34,7 @@ class AgentCore {
   BufferRegistry& buffers() { return *buffers_; }
   PeerDirectory& peers() { return *peers_; }
   TransferEngine& engine() { return *engine_; }
+  TensorState& tensors() { return *tensors_; }
   // The PCIe topology found at start and the plan made from it under the current policy.
   const topology::Machine& machine() const { return machine_; }
   topology::TopologyPlan plan() const;
@@ -53,6 +55,8 @@ class AgentCore {
   std::unique_ptr<BufferRegistry> buffers_;
   std::unique_ptr<PeerDirectory> peers_;
   std::unique_ptr<TransferEngine> engine_;
+  // Send/Recv matching and notifications; uses the engine and buffers, so it goes first.
+  std::unique_ptr<TensorState> tensors_;
 };
 
 }  // namespace ferry::server

@@ -24,6 +24,7 @@
 #include "server/agent_core.h"
 #include "server/agent_service.h"
 #include "server/peer_service.h"
+#include "server/tensors/tensor_service.h"
 #include "server/version.h"
 #include "spdlog/spdlog.h"
 
@@ -119,12 +120,15 @@ int Run(int argc, char** argv) {
   }
   AgentService agent_service(core->get());
   PeerService peer_service(core->get());
+  TensorService tensor_service(core->get());
+  TensorPeerService tensor_peer_service(core->get());
 
   // Peer API first: a local client's first transfer may target this node itself.
   grpc::ServerBuilder peer_builder;
   int peer_port = 0;
   peer_builder.AddListeningPort(config.peer_listen, grpc::InsecureServerCredentials(), &peer_port);
   peer_builder.RegisterService(&peer_service);
+  peer_builder.RegisterService(&tensor_peer_service);
   std::unique_ptr<grpc::Server> peer_server = peer_builder.BuildAndStart();
   if (!peer_server || peer_port == 0) {
     spdlog::error("cannot listen for peers on {}", config.peer_listen);
@@ -142,6 +146,7 @@ int Run(int argc, char** argv) {
   local_builder.SetMaxReceiveMessageSize(64 << 20);
   local_builder.SetMaxSendMessageSize(64 << 20);
   local_builder.RegisterService(&agent_service);
+  local_builder.RegisterService(&tensor_service);
   std::unique_ptr<grpc::Server> local_server = local_builder.BuildAndStart();
   if (!local_server) {
     spdlog::error("cannot listen on unix:{}", config.local_socket);

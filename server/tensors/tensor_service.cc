@@ -1,0 +1,170 @@
+#include "server/tensors/tensor_service.h"
+
+#include "absl/strings/str_cat.h"
+#include "base/grpc_status.h"
+#include "server/agent_core.h"
+#include "server/tensors/tensor_meta.h"
+
+namespace ferry::server {
+namespace {
+
+// Calls without a timeout and without a gRPC deadline still end: no handler waits forever.
+constexpr absl::Duration kDefaultTimeout = absl::Seconds(60);
+
+absl::Time CallDeadline(grpc::ServerContext* ctx, uint32_t timeout_ms) {
+  absl::Time from_ctx = absl::FromChrono(ctx->deadline());
+  absl::Duration timeout = timeout_ms > 0 ? absl::Milliseconds(timeout_ms) : kDefaultTimeout;
+  return std::min(from_ctx, absl::Now() + timeout);
+}
+
+CancelledFn ClientGone(grpc::ServerContext* ctx) {
+  return [ctx] { return ctx->IsCancelled(); };
+}
+
+}  // namespace
+
+grpc::Status TensorService::Send(grpc::ServerContext* ctx, const ferry::v1::SendRequest* req,
+                                 ferry::v1::SendResponse* resp) {
+  auto r = core_->tensors().Send(*req, CallDeadline(ctx, req->timeout_ms()), ClientGone(ctx));
+  if (!r.ok()) return ToGrpcStatus(r.status());
+  *resp = *std::move(r);
+  return grpc::Status::OK;
+}
+
+grpc::Status TensorService::Recv(grpc::ServerContext* ctx, const ferry::v1::RecvRequest* req,
+                                 ferry::v1::RecvResponse* resp) {
+  auto r = core_->tensors().Recv(*req, CallDeadline(ctx, req->timeout_ms()), ClientGone(ctx));
+  if (!r.ok()) return ToGrpcStatus(r.status());
+  *resp = *std::move(r);
+  if (resp->has_buffer()) {
+    // The client maps the landing buffer like any other.
+    auto* shm = resp->mutable_buffer()->mutable_shm();
+    auto buffer = core_->buffers().Get(resp->buffer().id(), "buffer");
+    if (buffer.ok()) {
+      shm->set_path(core_->pool().path());
+      shm->set_offset((*buffer)->pool_offset());
+      shm->set_length((*buffer)->size());
+    }
+  }
+  if (ctx->IsCancelled() && resp->allocated()) {
+    // Nobody will get the response, so nobody would free the buffer.
+    core_->buffers().Free(resp->buffer().id()).IgnoreError();
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status TensorService::WriteBlocks(grpc::ServerContext* ctx,
+                                        const ferry::v1::WriteBlocksRequest* req,
+                                        ferry::v1::WriteBlocksResponse* resp) {
+  auto r = core_->tensors().WriteBlocks(*req, CallDeadline(ctx, req->timeout_ms()), ClientGone(ctx));
+  if (!r.ok()) return ToGrpcStatus(r.status());
+  *resp = *std::move(r);
+  return grpc::Status::OK;
+}
+
+grpc::Status TensorService::WaitNotification(grpc::ServerContext* ctx,
+                                             const ferry::v1::WaitNotificationRequest* req,
+                                             ferry::v1::Notification* resp) {
+  if (req->name().empty()) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "name: must be set");
+  }
+  auto n = core_->tensors().board().Take(req->name(), req->from_node(),
+                                         CallDeadline(ctx, req->timeout_ms()), ClientGone(ctx));
+  if (!n.ok()) return ToGrpcStatus(n.status());
+  if (n->code() != 0) {
+    // The batch behind this notification failed: the waiter gets that as its status.
+    return grpc::Status(static_cast<grpc::StatusCode>(n->code()),
+                        absl::StrCat("batch '", n->name(), "' from ", n->from_node(),
+                                     " did not land: ", n->message()));
+  }
+  *resp = *std::move(n);
+  return grpc::Status::OK;
+}
+
+grpc::Status TensorService::StreamNotifications(grpc::ServerContext* ctx,
+                                                const ferry::v1::StreamNotificationsRequest* req,
+                                                grpc::ServerWriter<ferry::v1::Notification>* writer) {
+  // A stream without a timeout runs until the client cancels it (or the agent stops).
+  absl::Time deadline = req->timeout_ms() > 0
+                            ? std::min(absl::FromChrono(ctx->deadline()),
+                                       absl::Now() + absl::Milliseconds(req->timeout_ms()))
+                            : absl::FromChrono(ctx->deadline());
+  uint32_t sent = 0;
+  while (!ctx->IsCancelled() && absl::Now() < deadline) {
+    auto n = core_->tensors().board().TakePrefix(
+        req->prefix(), std::min(deadline, absl::Now() + absl::Milliseconds(200)));
+    if (!n) continue;
+    if (!writer->Write(*n)) {
+      // Not delivered: put it back for the next taker.
+      core_->tensors().board().Post(*std::move(n));
+      return grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
+    }
+    if (req->max_count() > 0 && ++sent >= req->max_count()) break;
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status TensorService::Cancel(grpc::ServerContext*, const ferry::v1::CancelRequest* req,
+                                   ferry::v1::CancelResponse* resp) {
+  auto r = core_->tensors().Cancel(req->peer(), req->tag());
+  if (!r.ok()) return ToGrpcStatus(r.status());
+  *resp = *r;
+  return grpc::Status::OK;
+}
+
+grpc::Status TensorService::ListPending(grpc::ServerContext*, const ferry::v1::ListPendingRequest*,
+                                        ferry::v1::ListPendingResponse* resp) {
+  core_->tensors().ListPending(resp);
+  return grpc::Status::OK;
+}
+
+grpc::Status TensorPeerService::Match(grpc::ServerContext* ctx, const ferry::v1::MatchRequest* req,
+                                      ferry::v1::MatchResponse* resp) {
+  if (req->from_node().empty() || req->meta().tag().empty()) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "from_node and meta.tag must be set");
+  }
+  // The receiving side checks the meta itself rather than trusting the sender's agent.
+  auto span = tensors::TensorSpanBytes(req->meta(), "meta");
+  if (!span.ok()) return ToGrpcStatus(span.status());
+  if (*span != req->bytes()) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrCat("bytes: ", req->bytes(), " does not match meta (", *span, ")"));
+  }
+  absl::Time wait_until = std::min(absl::FromChrono(ctx->deadline()),
+                                   absl::Now() + absl::Milliseconds(std::min(req->wait_ms(), 5000u)));
+  auto landing = core_->tensors().matcher().Offer(req->from_node(), req->send_id(), req->meta(),
+                                                  req->bytes(),
+                                                  absl::FromUnixMillis(req->deadline_unix_ms()),
+                                                  wait_until);
+  if (!landing.ok()) return ToGrpcStatus(landing.status());
+  if (landing->has_value()) {
+    resp->set_matched(true);
+    resp->set_landing_buffer((*landing)->buffer_name);
+    resp->set_landing_offset((*landing)->offset);
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status TensorPeerService::Complete(grpc::ServerContext*, const ferry::v1::CompleteRequest* req,
+                                         ferry::v1::CompleteResponse*) {
+  absl::Status status(static_cast<absl::StatusCode>(req->code()), req->message());
+  return ToGrpcStatus(core_->tensors().matcher().Complete(req->from_node(), req->send_id(), status));
+}
+
+grpc::Status TensorPeerService::CancelSend(grpc::ServerContext*,
+                                           const ferry::v1::CancelSendRequest* req,
+                                           ferry::v1::CancelSendResponse*) {
+  core_->tensors().matcher().Withdraw(req->from_node(), req->send_id(), req->reason());
+  return grpc::Status::OK;
+}
+
+grpc::Status TensorPeerService::Notify(grpc::ServerContext*, const ferry::v1::Notification* req,
+                                       ferry::v1::NotifyResponse*) {
+  if (req->name().empty()) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "name: must be set");
+  }
+  core_->tensors().board().Post(*req);
+  return grpc::Status::OK;
+}
+
+}  // namespace ferry::server

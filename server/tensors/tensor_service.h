@@ -1,0 +1,54 @@
+#pragma once
+// The Tensors gRPC service (local clients) and the TensorPeer service (other agents). Thin:
+// compute the call's deadline, call TensorState, convert the status. Sync handlers that wait
+// (Send, Recv, WriteBlocks, WaitNotification, Match) are bounded by that deadline and poll
+// for a client that hung up.
+
+#include "ferry/v1/tensor.grpc.pb.h"
+
+namespace ferry::server {
+
+class AgentCore;
+
+class TensorService final : public ferry::v1::Tensors::Service {
+ public:
+  explicit TensorService(AgentCore* core) : core_(core) {}
+
+  grpc::Status Send(grpc::ServerContext*, const ferry::v1::SendRequest*,
+                    ferry::v1::SendResponse*) override;
+  grpc::Status Recv(grpc::ServerContext*, const ferry::v1::RecvRequest*,
+                    ferry::v1::RecvResponse*) override;
+  grpc::Status WriteBlocks(grpc::ServerContext*, const ferry::v1::WriteBlocksRequest*,
+                           ferry::v1::WriteBlocksResponse*) override;
+  grpc::Status WaitNotification(grpc::ServerContext*, const ferry::v1::WaitNotificationRequest*,
+                                ferry::v1::Notification*) override;
+  grpc::Status StreamNotifications(grpc::ServerContext*,
+                                   const ferry::v1::StreamNotificationsRequest*,
+                                   grpc::ServerWriter<ferry::v1::Notification>*) override;
+  grpc::Status Cancel(grpc::ServerContext*, const ferry::v1::CancelRequest*,
+                      ferry::v1::CancelResponse*) override;
+  grpc::Status ListPending(grpc::ServerContext*, const ferry::v1::ListPendingRequest*,
+                           ferry::v1::ListPendingResponse*) override;
+
+ private:
+  AgentCore* const core_;
+};
+
+class TensorPeerService final : public ferry::v1::TensorPeer::Service {
+ public:
+  explicit TensorPeerService(AgentCore* core) : core_(core) {}
+
+  grpc::Status Match(grpc::ServerContext*, const ferry::v1::MatchRequest*,
+                     ferry::v1::MatchResponse*) override;
+  grpc::Status Complete(grpc::ServerContext*, const ferry::v1::CompleteRequest*,
+                        ferry::v1::CompleteResponse*) override;
+  grpc::Status CancelSend(grpc::ServerContext*, const ferry::v1::CancelSendRequest*,
+                          ferry::v1::CancelSendResponse*) override;
+  grpc::Status Notify(grpc::ServerContext*, const ferry::v1::Notification*,
+                      ferry::v1::NotifyResponse*) override;
+
+ private:
+  AgentCore* const core_;
+};
+
+}  // namespace ferry::server

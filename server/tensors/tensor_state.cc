@@ -1,0 +1,394 @@
+#include "server/tensors/tensor_state.h"
+
+#include <random>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "base/grpc_status.h"
+#include "base/status_macros.h"
+#include "grpcpp/grpcpp.h"
+#include "server/tensors/tensor_meta.h"
+#include "spdlog/spdlog.h"
+
+namespace ferry::server {
+namespace {
+
+// One tensor is split into ops of at most this size, so the provider can spread it over its
+// connections (tcp runs several) instead of streaming it through one.
+constexpr uint64_t kSendChunk = 16ull << 20;
+// How long one Match call waits at the receiver before the sender asks again; bounds how
+// late a cancelled send notices.
+constexpr absl::Duration kMatchPoll = absl::Milliseconds(500);
+// Messages that release the peer's state go out even when our own deadline has passed.
+constexpr absl::Duration kCleanupTimeout = absl::Seconds(5);
+constexpr size_t kMaxNameLength = 1024;
+
+bool Fits(uint64_t offset, uint64_t length, uint64_t size) {
+  return offset <= size && length <= size - offset;
+}
+
+std::unique_ptr<grpc::ClientContext> Context(absl::Time deadline) {
+  auto ctx = std::make_unique<grpc::ClientContext>();
+  ctx->set_deadline(absl::ToChronoTime(deadline));
+  return ctx;
+}
+
+absl::Status PeerCallError(const grpc::Status& s, const std::string& what) {
+  return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
+                      absl::StrCat(what, ": ", s.error_message()));
+}
+
+absl::Status CheckName(const std::string& value, const std::string& field) {
+  if (value.empty()) return absl::InvalidArgumentError(absl::StrCat(field, ": must be set"));
+  if (value.size() > kMaxNameLength) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": ", value.size(), " characters is more than ", kMaxNameLength));
+  }
+  return absl::OkStatus();
+}
+
+// The engine names ops; callers of WriteBlocks think in blocks.
+absl::Status RenameOps(const absl::Status& s) {
+  std::string msg(s.message());
+  if (absl::StartsWith(msg, "ops")) msg = "blocks" + msg.substr(3);
+  return absl::Status(s.code(), msg);
+}
+
+}  // namespace
+
+TensorState::TensorState(std::string node, std::map<std::string, std::string> peer_addresses,
+                         BufferRegistry* buffers, TransferEngine* engine, uint64_t max_op_bytes)
+    : node_(std::move(node)),
+      buffers_(buffers),
+      engine_(engine),
+      max_op_bytes_(max_op_bytes),
+      matcher_(node_, buffers),
+      addresses_(std::move(peer_addresses)) {
+  // Send ids only need to be unique per sending agent; a random start keeps a restarted
+  // agent's ids from colliding with offers its previous life left at a peer.
+  std::random_device rd;
+  next_send_id_ = ((static_cast<uint64_t>(rd()) << 32) | rd()) & ((1ull << 62) - 1);
+}
+
+absl::StatusOr<ferry::v1::TensorPeer::Stub*> TensorState::Stub(const std::string& node) {
+  absl::MutexLock lock(&mu_);
+  auto it = stubs_.find(node);
+  if (it != stubs_.end()) return it->second.get();
+  auto a = addresses_.find(node);
+  if (a == addresses_.end()) {
+    return absl::NotFoundError(absl::StrCat("peer: unknown node '", node, "'"));
+  }
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+  auto stub = ferry::v1::TensorPeer::NewStub(
+      grpc::CreateCustomChannel(a->second, grpc::InsecureChannelCredentials(), args));
+  auto* raw = stub.get();
+  stubs_.emplace(node, std::move(stub));
+  return raw;
+}
+
+absl::Status TensorState::AwaitTransfer(uint64_t id) {
+  ASSIGN_OR_RETURN(std::shared_ptr<Transfer> transfer, engine_->Find(id));
+  // The engine ends every transfer at its deadline, so this wait is bounded.
+  transfer->AwaitFinished(absl::InfiniteFuture());
+  ferry::v1::TransferResult result = transfer->Result(false);
+  if (result.state() == ferry::v1::SUCCEEDED) return absl::OkStatus();
+  return absl::Status(static_cast<absl::StatusCode>(result.code()), result.message());
+}
+
+void TensorState::Withdraw(ferry::v1::TensorPeer::Stub* stub, uint64_t send_id,
+                           const std::string& reason) {
+  ferry::v1::CancelSendRequest req;
+  req.set_from_node(node_);
+  req.set_send_id(send_id);
+  req.set_reason(reason);
+  ferry::v1::CancelSendResponse resp;
+  auto ctx = Context(absl::Now() + kCleanupTimeout);
+  grpc::Status s = stub->CancelSend(ctx.get(), req, &resp);
+  if (!s.ok()) spdlog::warn("CancelSend({}) failed: {}", send_id, s.error_message());
+}
+
+absl::Status TensorState::CompleteOnPeer(ferry::v1::TensorPeer::Stub* stub, uint64_t send_id,
+                                         const absl::Status& status) {
+  ferry::v1::CompleteRequest req;
+  req.set_from_node(node_);
+  req.set_send_id(send_id);
+  req.set_code(static_cast<int>(status.code()));
+  req.set_message(std::string(status.message()));
+  ferry::v1::CompleteResponse resp;
+  auto ctx = Context(absl::Now() + kCleanupTimeout);
+  return FromGrpcStatus(stub->Complete(ctx.get(), req, &resp));
+}
+
+absl::Status TensorState::NotifyPeer(ferry::v1::TensorPeer::Stub* stub, ferry::v1::Notification n) {
+  n.set_from_node(node_);
+  ferry::v1::NotifyResponse resp;
+  auto ctx = Context(absl::Now() + kCleanupTimeout);
+  return FromGrpcStatus(stub->Notify(ctx.get(), n, &resp));
+}
+
+absl::StatusOr<ferry::v1::SendResponse> TensorState::Send(const ferry::v1::SendRequest& req,
+                                                          absl::Time deadline,
+                                                          const CancelledFn& client_gone) {
+  const absl::Time start = absl::Now();
+  const ferry::v1::TensorMeta& meta = req.meta();
+  RETURN_IF_ERROR(CheckName(req.peer(), "peer"));
+  RETURN_IF_ERROR(CheckName(meta.tag(), "meta.tag"));
+  ASSIGN_OR_RETURN(uint64_t bytes, tensors::TensorSpanBytes(meta, "meta"));
+  RETURN_IF_ERROR(tensors::ParseDevice(meta.device(), "meta.device").status());
+  ASSIGN_OR_RETURN(ferry::v1::TensorPeer::Stub * stub, Stub(req.peer()));
+  ASSIGN_OR_RETURN(std::shared_ptr<Buffer> buffer, buffers_->Get(req.buffer(), "buffer"));
+  if (!Fits(req.offset(), bytes, buffer->size())) {
+    return absl::OutOfRangeError(absl::StrCat(
+        "meta.shape: the tensor ", tensors::DescribeTensor(meta), " needs ", bytes,
+        " bytes but buffer ", req.buffer(), " has ",
+        req.offset() <= buffer->size() ? buffer->size() - req.offset() : 0,
+        " bytes from offset ", req.offset()));
+  }
+
+  const auto key = std::make_pair(req.peer(), meta.tag());
+  auto active = std::make_shared<ActiveSend>();
+  active->bytes = bytes;
+  uint64_t send_id;
+  {
+    absl::MutexLock lock(&mu_);
+    if (sends_.contains(key)) {
+      return absl::AlreadyExistsError(absl::StrCat("meta.tag: a send of '", meta.tag(), "' to ",
+                                                   req.peer(), " is already pending (a tag can "
+                                                   "be reused once it completes)"));
+    }
+    sends_.emplace(key, active);
+    send_id = next_send_id_++;
+  }
+  // Whatever happens below, the tag is free again when this returns.
+  struct Release {
+    TensorState* self;
+    std::pair<std::string, std::string> key;
+    ~Release() {
+      absl::MutexLock lock(&self->mu_);
+      self->sends_.erase(key);
+    }
+  } release{this, key};
+  auto cancelled = [&] { return active->cancelled.load() || (client_gone && client_gone()); };
+  const std::string what = absl::StrCat("send of '", meta.tag(), "' to ", req.peer());
+
+  // 1. Offer it until a receive matches.
+  ferry::v1::MatchResponse match;
+  while (true) {
+    if (cancelled() || absl::Now() >= deadline) {
+      absl::Status why = cancelled()
+                             ? absl::CancelledError(absl::StrCat(what, " was cancelled"))
+                             : absl::DeadlineExceededError(absl::StrCat(
+                                   what, ": no matching receive before the deadline"));
+      Withdraw(stub, send_id, std::string(why.message()));
+      return why;
+    }
+    ferry::v1::MatchRequest m;
+    m.set_from_node(node_);
+    m.set_send_id(send_id);
+    *m.mutable_meta() = meta;
+    m.set_bytes(bytes);
+    absl::Duration wait = std::min(kMatchPoll, deadline - absl::Now());
+    m.set_wait_ms(static_cast<uint32_t>(std::max<int64_t>(absl::ToInt64Milliseconds(wait), 1)));
+    m.set_deadline_unix_ms(absl::ToUnixMillis(deadline));
+    auto ctx = Context(absl::Now() + wait + kCleanupTimeout);
+    grpc::Status s = stub->Match(ctx.get(), m, &match);
+    if (!s.ok()) {
+      absl::Status err = PeerCallError(s, absl::StrCat(what, " (Match on ", req.peer(), ")"));
+      if (s.error_code() == grpc::StatusCode::UNAVAILABLE ||
+          s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+        Withdraw(stub, send_id, std::string(err.message()));
+      }
+      return err;
+    }
+    if (match.matched()) break;
+  }
+
+  // 2. WRITE the span straight into the landing buffer.
+  active->state = "writing";
+  absl::Status written = absl::OkStatus();
+  if (bytes > 0) {
+    ferry::v1::SubmitRequest submit;
+    const uint64_t chunk = std::min(kSendChunk, max_op_bytes_);
+    for (uint64_t done = 0; done < bytes; done += chunk) {
+      ferry::v1::Op* op = submit.add_ops();
+      op->set_type(ferry::v1::WRITE);
+      op->set_local_buffer(req.buffer());
+      op->set_local_offset(req.offset() + done);
+      op->set_peer(req.peer());
+      op->set_remote_buffer(match.landing_buffer());
+      op->set_remote_offset(match.landing_offset() + done);
+      op->set_length(std::min(chunk, bytes - done));
+    }
+    int64_t left_ms = absl::ToInt64Milliseconds(deadline - absl::Now());
+    submit.set_timeout_ms(static_cast<uint32_t>(std::clamp<int64_t>(left_ms, 1, UINT32_MAX)));
+    auto id = engine_->Submit(submit);
+    // Bytes in flight land in the peer's buffer whatever the client does now, so the send
+    // is settled (and the peer told) only after the transfer itself ended.
+    written = id.ok() ? AwaitTransfer(*id) : id.status();
+    if (written.ok() && cancelled()) written = absl::CancelledError(absl::StrCat(what, " was cancelled"));
+  }
+
+  // 3. Tell the receiver.
+  active->state = "completing";
+  absl::Status completed = CompleteOnPeer(stub, send_id, written);
+  if (!written.ok()) return written;
+  if (!completed.ok()) {
+    return absl::Status(completed.code(), absl::StrCat(what, ": ", completed.message()));
+  }
+  ferry::v1::SendResponse resp;
+  resp.set_bytes(bytes);
+  resp.set_duration_us(absl::ToInt64Microseconds(absl::Now() - start));
+  resp.set_landing_buffer(match.landing_buffer());
+  return resp;
+}
+
+absl::StatusOr<ferry::v1::RecvResponse> TensorState::Recv(const ferry::v1::RecvRequest& req,
+                                                          absl::Time deadline,
+                                                          const CancelledFn& client_gone) {
+  RETURN_IF_ERROR(CheckName(req.peer(), "peer"));
+  RETURN_IF_ERROR(CheckName(req.tag(), "tag"));
+  {
+    absl::MutexLock lock(&mu_);
+    if (!addresses_.contains(req.peer())) {
+      return absl::NotFoundError(absl::StrCat("peer: unknown node '", req.peer(), "'"));
+    }
+  }
+  const auto& expect = req.expect();
+  if (expect.dtype() != ferry::v1::DTYPE_UNSPECIFIED && tensors::DTypeSize(expect.dtype()) == 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("expect.dtype: unknown dtype value ", expect.dtype()));
+  }
+  for (int i = 0; i < expect.shape_size(); ++i) {
+    if (expect.shape(i) < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("expect.shape[", i, "]: ", expect.shape(i), " is negative"));
+    }
+  }
+  RecvSpec spec;
+  spec.peer = req.peer();
+  spec.tag = req.tag();
+  spec.offset = req.offset();
+  spec.expect = expect;
+  if (req.buffer() != 0) {
+    ASSIGN_OR_RETURN(spec.buffer, buffers_->Get(req.buffer(), "buffer"));
+    if (spec.buffer->name().empty()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "buffer: buffer ", req.buffer(),
+          " has no name, so peers cannot write into it; allocate the landing buffer with a name"));
+    }
+    if (req.offset() > spec.buffer->size()) {
+      return absl::OutOfRangeError(absl::StrCat("offset: ", req.offset(), " is past the end of buffer ",
+                                                req.buffer(), " (", spec.buffer->size(), " bytes)"));
+    }
+  }
+  ASSIGN_OR_RETURN(RecvMatcher::Ticket ticket, matcher_.Post(std::move(spec)));
+  ASSIGN_OR_RETURN(RecvOutcome outcome, matcher_.Await(ticket, deadline, client_gone));
+  ferry::v1::RecvResponse resp;
+  *resp.mutable_meta() = outcome.meta;
+  resp.set_offset(outcome.offset);
+  resp.set_bytes(outcome.bytes);
+  resp.set_allocated(outcome.allocated);
+  if (outcome.buffer) {
+    auto* b = resp.mutable_buffer();
+    b->set_id(outcome.buffer->id());
+    b->set_name(outcome.buffer->name());
+    b->set_size(outcome.buffer->size());
+    b->set_device(outcome.buffer->device());
+  }
+  return resp;
+}
+
+absl::StatusOr<ferry::v1::WriteBlocksResponse> TensorState::WriteBlocks(
+    const ferry::v1::WriteBlocksRequest& req, absl::Time deadline, const CancelledFn& client_gone) {
+  const absl::Time start = absl::Now();
+  RETURN_IF_ERROR(CheckName(req.peer(), "peer"));
+  RETURN_IF_ERROR(CheckName(req.remote_buffer(), "remote_buffer"));
+  if (req.notification().size() > kMaxNameLength) {
+    return absl::InvalidArgumentError(absl::StrCat("notification: ", req.notification().size(),
+                                                   " characters is more than ", kMaxNameLength));
+  }
+  if (req.blocks_size() == 0) return absl::InvalidArgumentError("blocks: the batch is empty");
+  ASSIGN_OR_RETURN(ferry::v1::TensorPeer::Stub * stub, Stub(req.peer()));
+
+  ferry::v1::SubmitRequest submit;
+  submit.mutable_ops()->Reserve(req.blocks_size());
+  uint64_t bytes = 0;
+  for (const auto& b : req.blocks()) {
+    ferry::v1::Op* op = submit.add_ops();
+    op->set_type(ferry::v1::WRITE);
+    op->set_local_buffer(req.local_buffer());
+    op->set_local_offset(b.local_offset());
+    op->set_peer(req.peer());
+    op->set_remote_buffer(req.remote_buffer());
+    op->set_remote_offset(b.remote_offset());
+    op->set_length(b.length());
+    bytes += b.length();
+  }
+  int64_t left_ms = absl::ToInt64Milliseconds(deadline - absl::Now());
+  submit.set_timeout_ms(static_cast<uint32_t>(std::clamp<int64_t>(left_ms, 1, UINT32_MAX)));
+  auto id = engine_->Submit(submit);
+  absl::Status written = id.ok() ? AwaitTransfer(*id) : RenameOps(id.status());
+  if (written.ok() && client_gone && client_gone()) {
+    written = absl::CancelledError("the batch was cancelled by its sender");
+  }
+
+  if (!req.notification().empty()) {
+    // Sent only now that every WRITE of the batch completed (or the batch failed): the
+    // receiver never sees "landed" before the last block has.
+    ferry::v1::Notification n;
+    n.set_name(req.notification());
+    n.set_bytes(written.ok() ? bytes : 0);
+    n.set_blocks(static_cast<uint32_t>(req.blocks_size()));
+    n.set_code(static_cast<int>(written.code()));
+    n.set_message(std::string(written.message()));
+    absl::Status notified = NotifyPeer(stub, n);
+    if (written.ok() && !notified.ok()) {
+      return absl::Status(notified.code(),
+                          absl::StrCat("the blocks landed but notification '", req.notification(),
+                                       "' could not be delivered: ", notified.message()));
+    }
+  }
+  if (!written.ok()) return written;
+  ferry::v1::WriteBlocksResponse resp;
+  resp.set_bytes(bytes);
+  resp.set_duration_us(absl::ToInt64Microseconds(absl::Now() - start));
+  return resp;
+}
+
+absl::StatusOr<ferry::v1::CancelResponse> TensorState::Cancel(const std::string& peer,
+                                                              const std::string& tag) {
+  ferry::v1::CancelResponse resp;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = sends_.find({peer, tag});
+    if (it != sends_.end()) {
+      it->second->cancelled = true;
+      resp.set_sends(1);
+    }
+  }
+  resp.set_recvs(matcher_.CancelRecv(peer, tag));
+  if (resp.sends() == 0 && resp.recvs() == 0) {
+    return absl::NotFoundError(absl::StrCat("nothing pending for tag '", tag, "' with ", peer));
+  }
+  return resp;
+}
+
+void TensorState::ListPending(ferry::v1::ListPendingResponse* out) {
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [key, send] : sends_) {
+      auto* p = out->add_sends();
+      p->set_peer(key.first);
+      p->set_tag(key.second);
+      p->set_state(send->state.load());
+      p->set_bytes(send->bytes);
+    }
+  }
+  matcher_.List(out);
+  out->set_notifications(board_.size());
+}
+
+}  // namespace ferry::server

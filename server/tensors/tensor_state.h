@@ -1,0 +1,82 @@
+#pragma once
+// Everything an agent keeps for tensors: the receive matcher and notification board (the
+// receiving side), the sends and block batches in flight (the sending side), and the
+// TensorPeer stubs to other agents. The Tensors and TensorPeer services are views onto it.
+//
+// Sending side of Send, in steps: validate -> offer to the receiver's agent (Match, asked
+// again every second so cancellation is noticed) -> WRITE the span straight into the
+// landing buffer through the TransferEngine -> Complete. Whatever ends it early (deadline,
+// client hung up, Cancel), the receiver's agent is told (CancelSend, or Complete with the
+// error once bytes already in flight have settled).
+
+#include <atomic>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "ferry/v1/tensor.grpc.pb.h"
+#include "server/buffer_registry.h"
+#include "server/engine/transfer_engine.h"
+#include "server/tensors/notification_board.h"
+#include "server/tensors/recv_matcher.h"
+
+namespace ferry::server {
+
+class TensorState {
+ public:
+  // `peer_addresses`: node -> peer API address, including this node itself.
+  TensorState(std::string node, std::map<std::string, std::string> peer_addresses,
+              BufferRegistry* buffers, TransferEngine* engine, uint64_t max_op_bytes);
+
+  const std::string& node() const { return node_; }
+  RecvMatcher& matcher() { return matcher_; }
+  NotificationBoard& board() { return board_; }
+
+  absl::StatusOr<ferry::v1::SendResponse> Send(const ferry::v1::SendRequest& req,
+                                               absl::Time deadline, const CancelledFn& client_gone);
+  absl::StatusOr<ferry::v1::RecvResponse> Recv(const ferry::v1::RecvRequest& req,
+                                               absl::Time deadline, const CancelledFn& client_gone);
+  absl::StatusOr<ferry::v1::WriteBlocksResponse> WriteBlocks(
+      const ferry::v1::WriteBlocksRequest& req, absl::Time deadline, const CancelledFn& client_gone);
+  // Cancels pending sends to and receives from (peer, tag). NOT_FOUND if there were none.
+  absl::StatusOr<ferry::v1::CancelResponse> Cancel(const std::string& peer, const std::string& tag);
+  void ListPending(ferry::v1::ListPendingResponse* out);
+
+ private:
+  struct ActiveSend {
+    std::atomic<bool> cancelled{false};
+    std::atomic<const char*> state{"waiting for receive"};
+    uint64_t bytes = 0;
+  };
+
+  absl::StatusOr<ferry::v1::TensorPeer::Stub*> Stub(const std::string& node);
+  // Waits for transfer `id` to end (its own deadline bounds this) and returns its status.
+  absl::Status AwaitTransfer(uint64_t id);
+  // Best-effort messages to a peer that must go out even after our deadline passed.
+  void Withdraw(ferry::v1::TensorPeer::Stub* stub, uint64_t send_id, const std::string& reason);
+  absl::Status CompleteOnPeer(ferry::v1::TensorPeer::Stub* stub, uint64_t send_id,
+                              const absl::Status& status);
+  absl::Status NotifyPeer(ferry::v1::TensorPeer::Stub* stub, ferry::v1::Notification n);
+
+  const std::string node_;
+  BufferRegistry* const buffers_;
+  TransferEngine* const engine_;
+  const uint64_t max_op_bytes_;
+  RecvMatcher matcher_;
+  NotificationBoard board_;
+
+  absl::Mutex mu_;
+  std::map<std::string, std::string> addresses_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::unique_ptr<ferry::v1::TensorPeer::Stub>> stubs_ ABSL_GUARDED_BY(mu_);
+  // This agent's sends in flight, by (peer, tag).
+  std::map<std::pair<std::string, std::string>, std::shared_ptr<ActiveSend>> sends_
+      ABSL_GUARDED_BY(mu_);
+  uint64_t next_send_id_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace ferry::server
