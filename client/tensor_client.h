@@ -1,0 +1,127 @@
+#pragma once
+// libferry's tensor API: tagged Send/Recv (rendezvous: the bytes land straight in the
+// receiver's buffer), KV-block batches with notifications, cancellation from any thread.
+//
+//   auto tensors = ferry::TensorClient::Connect("/tmp/ferryd-node-a.sock");
+//   auto buf = client->Alloc(4 << 20);                       // ferry::Client, fill it
+//   auto meta = ferry::MakeMeta(ferry::v1::DTYPE_FLOAT32, {1024, 1024}, "grad/step-3");
+//   tensors->Send(buf->id(), 0, meta, "node-b");
+//   // on node-b:
+//   auto got = tensors->Recv("node-a", "grad/step-3");       // got->data(), got->meta
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "client/ferry_client.h"
+#include "ferry/v1/tensor.grpc.pb.h"
+#include "grpcpp/client_context.h"
+
+namespace ferry {
+
+// Cancels a call in progress from another thread (or the next call it is given to, if
+// cancelled before it started). The agent then cancels the transfer and tells the peer.
+class CallCanceller {
+ public:
+  void Cancel();
+  bool cancelled() const;
+
+ private:
+  friend class CallScope;
+  mutable absl::Mutex mu_;
+  grpc::ClientContext* ctx_ ABSL_GUARDED_BY(mu_) = nullptr;
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+struct CallOptions {
+  // The agent's deadline for the whole call (waiting for the peer included).
+  absl::Duration timeout = absl::Seconds(60);
+  std::shared_ptr<CallCanceller> canceller;  // optional
+};
+
+struct RecvOptions {
+  uint64_t buffer = 0;  // a named local buffer to land in; 0: the agent allocates one
+  uint64_t offset = 0;
+  ferry::v1::TensorMeta expect;  // optional dtype / shape the sender must match
+};
+
+// A received tensor and the mapped buffer it landed in.
+struct ReceivedTensor {
+  ferry::v1::TensorMeta meta;
+  std::unique_ptr<Buffer> buffer;  // null for a zero-byte tensor without a landing buffer
+  uint64_t offset = 0;
+  uint64_t bytes = 0;
+  bool allocated = false;  // the agent allocated `buffer`: free it with Client::Free
+  const char* data() const { return buffer ? buffer->data() + offset : nullptr; }
+};
+
+struct BlockSpec {
+  uint64_t local_offset = 0;
+  uint64_t remote_offset = 0;
+  uint64_t length = 0;
+};
+
+// A stream of notifications (see TensorClient::OpenNotifications).
+class NotificationStream {
+ public:
+  ~NotificationStream();
+  // The next notification; nullopt when the stream ended (timeout or max_count).
+  absl::StatusOr<std::optional<ferry::v1::Notification>> Next();
+  // Ends the stream from another thread.
+  void Cancel();
+
+ private:
+  friend class TensorClient;
+  grpc::ClientContext ctx_;
+  std::unique_ptr<grpc::ClientReader<ferry::v1::Notification>> reader_;
+  bool done_ = false;
+};
+
+ferry::v1::TensorMeta MakeMeta(ferry::v1::DType dtype, std::vector<int64_t> shape, std::string tag,
+                               std::vector<int64_t> strides = {}, std::string device = "host");
+
+class TensorClient {
+ public:
+  static absl::StatusOr<std::unique_ptr<TensorClient>> Connect(
+      const std::string& target, absl::Duration timeout = absl::Seconds(5));
+
+  // Sends the tensor at `offset` in local buffer `buffer`; returns once it has landed in the
+  // receiver's buffer. meta.tag is the tag.
+  absl::StatusOr<ferry::v1::SendResponse> Send(uint64_t buffer, uint64_t offset,
+                                               const ferry::v1::TensorMeta& meta,
+                                               const std::string& peer,
+                                               const CallOptions& options = {});
+  absl::StatusOr<ReceivedTensor> Recv(const std::string& peer, const std::string& tag,
+                                      const RecvOptions& recv = {},
+                                      const CallOptions& options = {});
+  // Writes the blocks, then notifies the peer with `notification` (empty: no notification).
+  absl::StatusOr<ferry::v1::WriteBlocksResponse> WriteBlocks(
+      uint64_t local_buffer, const std::string& peer, const std::string& remote_buffer,
+      const std::vector<BlockSpec>& blocks, const std::string& notification,
+      const CallOptions& options = {});
+  // Takes notification `name` (from `from_node` if not empty). A notification of a batch
+  // that failed comes back as that error.
+  absl::StatusOr<ferry::v1::Notification> WaitNotification(const std::string& name,
+                                                           const std::string& from_node = "",
+                                                           const CallOptions& options = {});
+  // Notifications whose name starts with `prefix`, until `timeout` (zero: until cancelled)
+  // or `max_count` (0: unlimited).
+  std::unique_ptr<NotificationStream> OpenNotifications(const std::string& prefix,
+                                                        absl::Duration timeout,
+                                                        uint32_t max_count = 0);
+  absl::StatusOr<ferry::v1::CancelResponse> Cancel(const std::string& peer, const std::string& tag);
+  absl::StatusOr<ferry::v1::ListPendingResponse> ListPending();
+
+ private:
+  explicit TensorClient(std::unique_ptr<ferry::v1::Tensors::Stub> stub) : stub_(std::move(stub)) {}
+  std::unique_ptr<ferry::v1::Tensors::Stub> stub_;
+};
+
+}  // namespace ferry

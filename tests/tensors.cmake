@@ -1,0 +1,16 @@
+# Tensors: tagged Send/Recv, KV-block notifications (C++), the Python package (pytest) and
+# the two examples, all against real agents.
+ferry_test(tensor_integration_test LABELS integration LIBS ferry_launch ferry_tensor_client)
+
+if(TARGET ferry_python)
+  # The Python side finds the package in the build tree and the agent through $FERRYD.
+  set(FERRY_PY_ENV "PYTHONPATH=${FERRY_PYTHONPATH}" "FERRYD=$<TARGET_FILE:ferryd>")
+  add_test(NAME python_tensors
+           COMMAND ${FERRY_PYTHON} -m pytest -q -p no:cacheprovider ${CMAKE_CURRENT_SOURCE_DIR}/python)
+  add_test(NAME example_grad_exchange
+           COMMAND ${FERRY_PYTHON} ${PROJECT_SOURCE_DIR}/examples/grad_exchange.py)
+  add_test(NAME example_kv_stream
+           COMMAND ${FERRY_PYTHON} ${PROJECT_SOURCE_DIR}/examples/kv_stream.py)
+  set_tests_properties(python_tensors example_grad_exchange example_kv_stream PROPERTIES
+                       LABELS integration TIMEOUT 300 ENVIRONMENT "${FERRY_PY_ENV}")
+endif()
