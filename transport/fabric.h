@@ -97,6 +97,13 @@ class PendingConnection {
   virtual absl::StatusOr<std::shared_ptr<Endpoint>> Finish(const std::string& reply) = 0;
 };
 
+// A DMA-BUF that exports memory (GPU memory through cuMemGetHandleForAddressRange): the
+// bytes [offset, offset+length) of `fd`.
+struct DmabufHandle {
+  int fd = -1;
+  uint64_t offset = 0;
+};
+
 // One provider instance on this node: owns the registrations and accepts peers.
 class Fabric {
  public:
@@ -109,6 +116,13 @@ class Fabric {
   // Registers [data, data+length). The region must not outlive the fabric.
   virtual absl::StatusOr<std::unique_ptr<MemoryRegion>> Register(void* data, uint64_t length,
                                                                  uint32_t access) = 0;
+  // Registers memory exported as a DMA-BUF, addressed locally and by peers at `data` (its
+  // virtual address). The fd may be closed after the call. UNIMPLEMENTED for providers that
+  // cannot (tcp: it only moves host memory it can map).
+  virtual absl::StatusOr<std::unique_ptr<MemoryRegion>> RegisterDmabuf(
+      void* data, uint64_t length, const DmabufHandle& dmabuf, uint32_t access) {
+    return absl::UnimplementedError(provider() + ": DMA-BUF registration is not supported");
+  }
 
   // Initiator: starts a connection to the peer whose Hello advertised `peer_address` for
   // this provider.

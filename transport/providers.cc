@@ -4,6 +4,8 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "transport/verbs/rdma_core_api.h"
+#include "transport/verbs/verbs_fabric.h"
 
 namespace ferry::fabric {
 
@@ -20,7 +22,12 @@ absl::StatusOr<std::vector<std::unique_ptr<Fabric>>> CreateFabrics(
         made = tcp.status();
       }
     } else if (name == "verbs") {
-      made = absl::UnimplementedError("verbs: not built into this ferryd yet");
+      auto verbs = verbs::VerbsFabric::Create(options.verbs, verbs::RdmaCoreApi());
+      if (verbs.ok()) {
+        made = std::unique_ptr<Fabric>(std::move(*verbs));
+      } else {
+        made = verbs.status();
+      }
     } else {
       made = absl::InvalidArgumentError(absl::StrCat("unknown provider '", name, "'"));
     }

@@ -9,6 +9,7 @@
 #include "absl/status/statusor.h"
 #include "transport/fabric.h"
 #include "transport/tcp/tcp_fabric.h"
+#include "transport/verbs/verbs_options.h"
 
 namespace ferry::fabric {
 
@@ -16,6 +17,7 @@ struct ProviderOptions {
   // Preference order, e.g. {"verbs", "tcp"}.
   std::vector<std::string> providers;
   tcp::TcpOptions tcp;
+  verbs::VerbsOptions verbs;
 };
 
 // Builds every listed provider that can run here, in preference order. A provider that

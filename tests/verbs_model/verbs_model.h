@@ -1,0 +1,169 @@
+#pragma once
+// A software model of an HCA behind the verbs seam, for tests only (never linked into
+// ferryd). It uses rdma-core's own structs and enforces what a real HCA enforces:
+//
+// - the RC QP state machine: RESET -> INIT -> RTR -> RTS with the attribute masks each step
+//   requires (missing or foreign bits: EINVAL); posting sends outside RTS fails (EINVAL),
+//   posting on a QP in ERR is accepted and flushed;
+// - send/receive queue depth (ENOMEM) and CQ capacity (overruns are counted, the CQE lost);
+//   send queue slots come back only when a signalled completion is polled, as in libmlx5;
+// - lkey / rkey, bounds and access flags: violations complete with IBV_WC_LOC_PROT_ERR /
+//   IBV_WC_REM_ACCESS_ERR, move the requester QP to ERR and flush the rest with
+//   IBV_WC_WR_FLUSH_ERR (the responder's memory is untouched);
+// - the wire: two QPs reach each other only if each names the other's QPN, the address
+//   matches the peer port (LID on InfiniBand, GID on RoCE), and the start PSNs agree; else
+//   IBV_WC_RETRY_EXC_ERR, as a real fabric would time out;
+// - in-order execution and completion per QP; WRITE-with-immediate consumes a posted
+//   receive (none: RNR, retried forever when rnr_retry is 7, else IBV_WC_RNR_RETRY_EXC_ERR);
+//   READ; messages above the port's max_msg_sz fail with IBV_WC_LOC_LEN_ERR.
+//
+// Data moves on one model thread. Fault injection: fail the next N calls of a kind, force a
+// QP into ERR, pause the data mover.
+
+#include <infiniband/verbs.h>
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "transport/verbs/verbs_api.h"
+
+namespace ferry::verbs::model {
+
+struct PortConfig {
+  uint8_t link_layer = IBV_LINK_LAYER_INFINIBAND;
+  ibv_port_state state = IBV_PORT_ACTIVE;
+  uint16_t lid = 1;
+  ibv_mtu active_mtu = IBV_MTU_4096;
+  uint32_t max_msg_sz = 1u << 30;
+  // The GID table; an entry with an all-zero GID is an empty slot (ENODATA).
+  std::vector<ibv_gid_entry> gids;
+};
+
+struct DeviceConfig {
+  std::string name = "mlx5_0";
+  std::vector<PortConfig> ports = {PortConfig{}};
+  int max_qp_wr = 32768;
+  int max_cqe = 1 << 22;
+  int max_sge = 30;
+  int max_qp_rd_atom = 16;
+  int max_qp_init_rd_atom = 16;
+  uint32_t max_inline_data = 256;
+};
+
+// An InfiniBand device with one active port at `lid`.
+DeviceConfig InfinibandDevice(const std::string& name, uint16_t lid);
+// A RoCE device with one active Ethernet port whose GID table holds, like a real one: a
+// link-local RoCE v1 and v2 pair, then the IPv4-mapped address as RoCE v1 (index 2) and v2
+// (index 3).
+DeviceConfig RoceDevice(const std::string& name, const std::string& ipv4);
+ibv_gid Ipv4MappedGid(const std::string& ipv4);
+
+enum class Call {
+  kGetDeviceList, kOpenDevice, kAllocPd, kRegMr, kRegDmabufMr, kCreateCq, kCreateQp,
+  kModifyQp, kPostSend, kPostRecv, kPollCq,
+};
+
+class VerbsModel : public VerbsApi {
+ public:
+  explicit VerbsModel(std::vector<DeviceConfig> devices);
+  ~VerbsModel() override;
+
+  // --- the seam ---
+  ibv_device** GetDeviceList(int* num_devices) override;
+  void FreeDeviceList(ibv_device** list) override;
+  const char* GetDeviceName(ibv_device* device) override;
+  ibv_context* OpenDevice(ibv_device* device) override;
+  int CloseDevice(ibv_context* context) override;
+  int QueryDevice(ibv_context* context, ibv_device_attr* attr) override;
+  int QueryPort(ibv_context* context, uint8_t port, ibv_port_attr* attr) override;
+  int QueryGidEx(ibv_context* context, uint32_t port, uint32_t index,
+                 ibv_gid_entry* entry) override;
+  ibv_pd* AllocPd(ibv_context* context) override;
+  int DeallocPd(ibv_pd* pd) override;
+  ibv_mr* RegMr(ibv_pd* pd, void* addr, size_t length, int access) override;
+  ibv_mr* RegDmabufMr(ibv_pd* pd, uint64_t offset, size_t length, uint64_t iova, int fd,
+                      int access) override;
+  int DeregMr(ibv_mr* mr) override;
+  ibv_cq* CreateCq(ibv_context* context, int cqe) override;
+  int DestroyCq(ibv_cq* cq) override;
+  ibv_qp* CreateQp(ibv_pd* pd, ibv_qp_init_attr* init) override;
+  int ModifyQp(ibv_qp* qp, ibv_qp_attr* attr, int attr_mask) override;
+  int DestroyQp(ibv_qp* qp) override;
+  int PostSend(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) override;
+  int PostRecv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) override;
+  int PollCq(ibv_cq* cq, int num, ibv_wc* wc) override;
+
+  // --- fault injection ---
+  // The next `times` calls of `call` fail with `err` (GetDeviceList: NULL with errno `err`).
+  void FailNext(Call call, int err, int times = 1);
+  // Moves a QP to ERR now, as a link failure would: outstanding WRs flush.
+  void ForceError(uint32_t qpn);
+  // While paused the data mover executes nothing; posted WRs wait.
+  void SetPaused(bool paused);
+
+  // --- inspection ---
+  // The state of a QP; IBV_QPS_UNKNOWN when there is none.
+  ibv_qp_state QpState(uint32_t qpn);
+  // The attributes a QP was last moved with (the union of every modify).
+  ibv_qp_attr QpAttributes(uint32_t qpn);
+  // Contexts, PDs, MRs, CQs and QPs not yet released.
+  int LiveObjects();
+  uint64_t CqOverruns();
+  // Waits until the data mover has nothing runnable.
+  void WaitIdle();
+
+ private:
+  struct Device;
+  struct Context;
+  struct Pd;
+  struct Mr;
+  struct Cq;
+  struct Qp;
+  struct SendWr;
+
+  bool TakeFault(Call call, int* err) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  Qp* FindQp(uint32_t qpn) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  Qp* QpOf(ibv_qp* qp) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void PushCqe(Cq* cq, const ibv_wc& wc, Qp* send_qp, uint64_t send_index)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ToError(Qp* qp) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Flush(Qp* qp) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  int ModifyLocked(Qp* qp, const ibv_qp_attr& attr, int mask) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Executes the head WR of `qp`. False when it must wait (RNR with infinite retry).
+  bool Execute(Qp* qp) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Complete(Qp* qp, const SendWr& wr, ibv_wc_status status)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Host memory for [addr, addr+len) of an MR, or null when out of bounds.
+  char* Translate(const Mr& mr, uint64_t addr, uint64_t len);
+  bool Runnable(Qp* qp) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool AnyRunnable() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void Mover();
+
+  absl::Mutex mu_;
+  std::vector<std::unique_ptr<Device>> devices_;
+  std::map<ibv_context*, std::unique_ptr<Context>> contexts_ ABSL_GUARDED_BY(mu_);
+  std::map<ibv_pd*, std::unique_ptr<Pd>> pds_ ABSL_GUARDED_BY(mu_);
+  std::map<ibv_mr*, std::unique_ptr<Mr>> mrs_ ABSL_GUARDED_BY(mu_);
+  std::map<uint32_t, Mr*> mrs_by_key_ ABSL_GUARDED_BY(mu_);
+  std::map<ibv_cq*, std::unique_ptr<Cq>> cqs_ ABSL_GUARDED_BY(mu_);
+  std::map<uint32_t, std::unique_ptr<Qp>> qps_ ABSL_GUARDED_BY(mu_);  // by QPN
+  std::map<std::pair<Call, int>, int> faults_ ABSL_GUARDED_BY(mu_);   // (call, err) -> times
+  uint32_t next_qpn_ ABSL_GUARDED_BY(mu_) = 0x1000;
+  uint32_t next_key_ ABSL_GUARDED_BY(mu_) = 0x2a00;
+  uint32_t next_handle_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t cq_overruns_ ABSL_GUARDED_BY(mu_) = 0;
+  bool paused_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool busy_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread mover_;
+};
+
+}  // namespace ferry::verbs::model

@@ -1,0 +1,213 @@
+#include "transport/verbs/verbs_device.h"
+
+#include <cerrno>
+#include <cstring>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "base/status_macros.h"
+#include "transport/verbs/handshake.h"
+
+namespace ferry::verbs {
+namespace {
+
+absl::Status CallError(int rc, const std::string& call) {
+  int err = rc > 0 ? rc : errno;
+  return absl::ErrnoToStatus(err, call);
+}
+
+bool IsIpv4Mapped(const ibv_gid& gid) {
+  static const uint8_t kPrefix[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+  return std::memcmp(gid.raw, kPrefix, sizeof(kPrefix)) == 0;
+}
+
+bool IsZero(const ibv_gid& gid) {
+  static const ibv_gid kZero = {};
+  return std::memcmp(gid.raw, kZero.raw, 16) == 0;
+}
+
+// RoCE: the GID entry that names our port for RoCE v2 (UDP/IP encapsulation, routable).
+// Auto pick prefers an IPv4-mapped address (what most RoCE fabrics route, and NCCL's default
+// address family), then any other RoCE v2 entry.
+absl::Status PickGid(VerbsApi& api, ibv_context* ctx, const ibv_port_attr& attr, int wanted,
+                     PortInfo& port) {
+  if (wanted >= 0) {
+    ibv_gid_entry entry = {};
+    if (int rc = api.QueryGidEx(ctx, port.port, wanted, &entry); rc != 0) {
+      return CallError(rc, absl::StrFormat("ibv_query_gid_ex(%s port %d, index %d)", port.device,
+                                           port.port, wanted));
+    }
+    if (port.is_roce() && entry.gid_type != IBV_GID_TYPE_ROCE_V2) {
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "verbs: %s port %d GID index %d (%s) is not RoCE v2 (type %d)", port.device, port.port,
+          wanted, GidToString(entry.gid), entry.gid_type));
+    }
+    port.gid_index = wanted;
+    port.gid = entry.gid;
+    return absl::OkStatus();
+  }
+  int best = -1, fallback = -1;
+  ibv_gid best_gid = {}, fallback_gid = {};
+  for (int i = 0; i < attr.gid_tbl_len; ++i) {
+    ibv_gid_entry entry = {};
+    // Empty slots answer ENODATA; they are simply skipped.
+    if (api.QueryGidEx(ctx, port.port, i, &entry) != 0 || IsZero(entry.gid)) continue;
+    if (!port.is_roce()) {
+      port.gid_index = i;
+      port.gid = entry.gid;
+      return absl::OkStatus();
+    }
+    if (entry.gid_type != IBV_GID_TYPE_ROCE_V2) continue;
+    if (IsIpv4Mapped(entry.gid) && best < 0) {
+      best = i;
+      best_gid = entry.gid;
+    } else if (fallback < 0) {
+      fallback = i;
+      fallback_gid = entry.gid;
+    }
+  }
+  if (best < 0) {
+    best = fallback;
+    best_gid = fallback_gid;
+  }
+  if (best < 0) {
+    if (!port.is_roce()) return absl::OkStatus();  // InfiniBand works by LID alone
+    return absl::FailedPreconditionError(absl::StrFormat(
+        "verbs: %s port %d has no RoCE v2 GID (%d entries); is an IP address configured on its "
+        "netdev?", port.device, port.port, attr.gid_tbl_len));
+  }
+  port.gid_index = best;
+  port.gid = best_gid;
+  return absl::OkStatus();
+}
+
+// Fills `port` from the device and the chosen port. NOT_FOUND / FAILED_PRECONDITION when the
+// device has no usable port.
+absl::Status DescribePort(VerbsApi& api, ibv_context* ctx, const VerbsOptions& options,
+                          PortInfo& port) {
+  ibv_device_attr dev = {};
+  if (int rc = api.QueryDevice(ctx, &dev); rc != 0) {
+    return CallError(rc, absl::StrCat("ibv_query_device(", port.device, ")"));
+  }
+  port.max_qp_wr = dev.max_qp_wr;
+  port.max_cqe = dev.max_cqe;
+  port.max_sge = dev.max_sge;
+  port.max_qp_rd_atom = dev.max_qp_rd_atom;
+  port.max_qp_init_rd_atom = dev.max_qp_init_rd_atom;
+  std::vector<std::string> seen;
+  for (uint32_t p = 1; p <= dev.phys_port_cnt; ++p) {
+    if (options.port != 0 && p != options.port) continue;
+    ibv_port_attr attr = {};
+    if (int rc = api.QueryPort(ctx, static_cast<uint8_t>(p), &attr); rc != 0) {
+      return CallError(rc, absl::StrFormat("ibv_query_port(%s, %d)", port.device, p));
+    }
+    if (attr.state != IBV_PORT_ACTIVE) {
+      seen.push_back(absl::StrFormat("port %d is %s", p, ibv_port_state_str(attr.state)));
+      continue;
+    }
+    port.port = static_cast<uint8_t>(p);
+    port.link_layer = attr.link_layer == IBV_LINK_LAYER_ETHERNET ? IBV_LINK_LAYER_ETHERNET
+                                                                  : IBV_LINK_LAYER_INFINIBAND;
+    port.lid = attr.lid;
+    port.active_mtu = attr.active_mtu;
+    port.max_msg_sz = attr.max_msg_sz;
+    return PickGid(api, ctx, attr, options.gid_index, port);
+  }
+  if (options.port != 0 && seen.empty()) {
+    return absl::NotFoundError(absl::StrFormat("verbs: %s has no port %d (it has %d)", port.device,
+                                               options.port, dev.phys_port_cnt));
+  }
+  return absl::FailedPreconditionError(absl::StrFormat(
+      "verbs: %s has no active port (%s)", port.device, absl::StrJoin(seen, ", ")));
+}
+
+}  // namespace
+
+std::string ErrnoName(int err) {
+  const char* name = strerrorname_np(err);
+  return name != nullptr ? name : absl::StrCat("errno ", err);
+}
+
+absl::StatusOr<std::shared_ptr<VerbsDevice>> VerbsDevice::Open(std::shared_ptr<VerbsApi> api,
+                                                               const VerbsOptions& options) {
+  int count = 0;
+  errno = 0;
+  ibv_device** list = api->GetDeviceList(&count);
+  if (list == nullptr) {
+    // Without kernel RDMA support rdma-core answers NULL with ENOSYS, not an empty list.
+    int err = errno;
+    return absl::UnavailableError(absl::StrCat("ibv_get_device_list: no RDMA devices (",
+                                               ErrnoName(err), ")"));
+  }
+  std::unique_ptr<ibv_device*, std::function<void(ibv_device**)>> owned(
+      list, [&api](ibv_device** l) { api->FreeDeviceList(l); });
+  if (count == 0) return absl::UnavailableError("ibv_get_device_list: no RDMA devices (0 found)");
+
+  std::vector<std::string> why;
+  std::vector<std::string> names;
+  for (int i = 0; i < count; ++i) {
+    std::string name = api->GetDeviceName(list[i]);
+    names.push_back(name);
+    if (!options.device.empty() && name != options.device) continue;
+    ContextPtr context(api->OpenDevice(list[i]), ContextDeleter{api.get()});
+    if (!context) {
+      absl::Status s = CallError(-1, absl::StrCat("ibv_open_device(", name, ")"));
+      if (!options.device.empty()) return s;
+      why.push_back(std::string(s.message()));
+      continue;
+    }
+    PortInfo port;
+    port.device = name;
+    absl::Status s = DescribePort(*api, context.get(), options, port);
+    if (!s.ok()) {
+      if (!options.device.empty()) return s;
+      why.push_back(std::string(s.message()));
+      continue;
+    }
+    std::shared_ptr<VerbsDevice> device(new VerbsDevice(api, std::move(context), port));
+    device->pd_ = PdPtr(api->AllocPd(device->context()), PdDeleter{api.get()});
+    if (!device->pd_) return CallError(-1, absl::StrCat("ibv_alloc_pd(", name, ")"));
+    int cqe = static_cast<int>(std::min<uint64_t>(options.cq_depth, port.max_cqe > 0 ? port.max_cqe : options.cq_depth));
+    device->cq_ = CqPtr(api->CreateCq(device->context(), cqe), CqDeleter{api.get()});
+    if (!device->cq_) {
+      return CallError(-1, absl::StrFormat("ibv_create_cq(%s, %d entries)", name, cqe));
+    }
+    device->cq_capacity_ = static_cast<uint32_t>(device->cq_->cqe);
+    device->poller_ = std::make_unique<CompletionPoller>(api.get(), device->cq(), name);
+    return device;
+  }
+  if (!options.device.empty()) {
+    return absl::NotFoundError(absl::StrCat("verbs: no RDMA device '", options.device,
+                                            "' (found: ", absl::StrJoin(names, ", "), ")"));
+  }
+  return absl::FailedPreconditionError(
+      absl::StrCat("verbs: no usable RDMA port: ", absl::StrJoin(why, "; ")));
+}
+
+VerbsDevice::VerbsDevice(std::shared_ptr<VerbsApi> api, ContextPtr context, PortInfo port)
+    : api_(std::move(api)), context_(std::move(context)), port_(std::move(port)) {}
+
+VerbsDevice::~VerbsDevice() {
+  // Members go in reverse order anyway; the poller is spelled out because it is a thread.
+  poller_.reset();
+}
+
+absl::Status VerbsDevice::ReserveCqEntries(uint32_t n) {
+  absl::MutexLock lock(&mu_);
+  if (cq_reserved_ + static_cast<uint64_t>(n) > cq_capacity_) {
+    return absl::ResourceExhaustedError(absl::StrFormat(
+        "verbs: the CQ of %s has %d of %d entries promised to other QPs; a new QP needs %d",
+        port_.device, cq_reserved_, cq_capacity_, n));
+  }
+  cq_reserved_ += n;
+  return absl::OkStatus();
+}
+
+void VerbsDevice::ReleaseCqEntries(uint32_t n) {
+  absl::MutexLock lock(&mu_);
+  cq_reserved_ -= std::min(n, cq_reserved_);
+}
+
+}  // namespace ferry::verbs

@@ -1,0 +1,152 @@
+#include "transport/verbs/verbs_fabric.h"
+
+#include <random>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_format.h"
+#include "base/status_macros.h"
+#include "transport/verbs/handshake.h"
+#include "transport/verbs/initiator_qp.h"
+#include "transport/verbs/verbs_endpoint.h"
+#include "transport/verbs/verbs_region.h"
+
+namespace ferry::verbs {
+namespace {
+
+std::string AddressOf(const PortInfo& port) {
+  if (port.is_roce()) {
+    return absl::StrFormat("%s:%d/roce/%s", port.device, port.port, GidToString(port.gid));
+  }
+  return absl::StrFormat("%s:%d/ib/lid=0x%x", port.device, port.port, port.lid);
+}
+
+uint64_t RandomId() {
+  std::random_device rd;
+  return (static_cast<uint64_t>(rd()) << 32) | rd() | 1;
+}
+
+class VerbsPendingConnection : public fabric::PendingConnection {
+ public:
+  VerbsPendingConnection(std::shared_ptr<InitiatorQp> qp, std::string request,
+                         std::string peer_address, std::shared_ptr<RetiredQps> retired)
+      : qp_(std::move(qp)),
+        request_(std::move(request)),
+        peer_address_(std::move(peer_address)),
+        retired_(std::move(retired)) {}
+
+  const std::string& request() const override { return request_; }
+
+  absl::StatusOr<std::shared_ptr<fabric::Endpoint>> Finish(const std::string& reply) override {
+    if (!qp_) return absl::FailedPreconditionError("verbs: Finish() called twice");
+    ASSIGN_OR_RETURN(QpAddress remote, ParseQpAddress(reply));
+    RETURN_IF_ERROR(qp_->Connect(remote));
+    return std::shared_ptr<fabric::Endpoint>(
+        new VerbsEndpoint(std::move(qp_), peer_address_, retired_));
+  }
+
+ private:
+  std::shared_ptr<InitiatorQp> qp_;
+  const std::string request_;
+  const std::string peer_address_;
+  const std::shared_ptr<RetiredQps> retired_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<VerbsFabric>> VerbsFabric::Create(const VerbsOptions& options,
+                                                                 std::shared_ptr<VerbsApi> api) {
+  if (options.signal_every == 0) return absl::InvalidArgumentError("verbs: signal_every must be >= 1");
+  if (options.retry_cnt > 7 || options.rnr_retry > 7 || options.timeout > 31) {
+    return absl::InvalidArgumentError("verbs: retry_cnt and rnr_retry are 0..7, timeout 0..31");
+  }
+  ASSIGN_OR_RETURN(std::shared_ptr<VerbsDevice> device, VerbsDevice::Open(std::move(api), options));
+  return std::unique_ptr<VerbsFabric>(new VerbsFabric(std::move(device), options));
+}
+
+VerbsFabric::VerbsFabric(std::shared_ptr<VerbsDevice> device, const VerbsOptions& options)
+    : device_(std::move(device)),
+      options_(options),
+      fabric_id_(RandomId()),
+      address_(AddressOf(device_->port())),
+      immediates_(std::make_shared<ImmediateDispatch>()),
+      retired_(std::make_shared<RetiredQps>()) {}
+
+VerbsFabric::~VerbsFabric() {
+  std::vector<std::shared_ptr<TargetQp>> targets;
+  {
+    absl::MutexLock lock(&mu_);
+    targets.swap(targets_);
+  }
+  for (auto& t : targets) t->Close();
+}
+
+absl::StatusOr<std::unique_ptr<fabric::MemoryRegion>> VerbsFabric::Register(void* data,
+                                                                            uint64_t length,
+                                                                            uint32_t access) {
+  return RegisterHost(device_, data, length, access);
+}
+
+absl::StatusOr<std::unique_ptr<fabric::MemoryRegion>> VerbsFabric::RegisterDmabuf(
+    void* data, uint64_t length, const fabric::DmabufHandle& dmabuf, uint32_t access) {
+  return verbs::RegisterDmabuf(device_, data, length, dmabuf, access);
+}
+
+absl::StatusOr<std::unique_ptr<fabric::PendingConnection>> VerbsFabric::BeginConnect(
+    const std::string& peer_address) {
+  // A RoCE port cannot reach an InfiniBand one: say so before creating anything.
+  const bool peer_roce = absl::StrContains(peer_address, "/roce/");
+  const bool peer_ib = absl::StrContains(peer_address, "/ib/");
+  if ((peer_roce && !port().is_roce()) || (peer_ib && port().is_roce())) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "verbs: peer ", peer_address, " and our ", address_, " are on different link layers"));
+  }
+  ASSIGN_OR_RETURN(std::shared_ptr<InitiatorQp> qp, InitiatorQp::Create(device_, options_));
+  QpAddress local = qp->LocalAddress();
+  local.fabric_id = fabric_id_;
+  local.retired_qpns = retired_->Take(peer_address);
+  return std::unique_ptr<fabric::PendingConnection>(new VerbsPendingConnection(
+      std::move(qp), SerializeQpAddress(local), peer_address, retired_));
+}
+
+absl::StatusOr<std::string> VerbsFabric::AcceptConnect(const std::string& request) {
+  ASSIGN_OR_RETURN(QpAddress remote, ParseQpAddress(request));
+  // Free the QPs this initiator has given up, and any that died, before adding one.
+  std::vector<std::shared_ptr<TargetQp>> reaped;
+  {
+    absl::MutexLock lock(&mu_);
+    std::erase_if(targets_, [&](const std::shared_ptr<TargetQp>& t) {
+      bool retired = t->initiator() == remote.fabric_id &&
+                     std::find(remote.retired_qpns.begin(), remote.retired_qpns.end(),
+                               t->qpn()) != remote.retired_qpns.end();
+      if (retired || t->dead()) reaped.push_back(t);
+      return retired || t->dead();
+    });
+  }
+  for (auto& t : reaped) t->Close();
+  ASSIGN_OR_RETURN(std::shared_ptr<TargetQp> target,
+                   TargetQp::Create(device_, options_, remote.fabric_id, immediates_));
+  if (absl::Status s = target->Accept(remote); !s.ok()) {
+    target->Close();
+    return s;
+  }
+  QpAddress local = target->LocalAddress();
+  local.fabric_id = fabric_id_;
+  {
+    absl::MutexLock lock(&mu_);
+    targets_.push_back(target);
+  }
+  return SerializeQpAddress(local);
+}
+
+void VerbsFabric::SetImmediateHandler(ImmediateHandler handler) {
+  immediates_->Set(std::move(handler));
+}
+
+size_t VerbsFabric::accepted_connections() const {
+  absl::MutexLock lock(&mu_);
+  size_t alive = 0;
+  for (const auto& t : targets_) alive += !t->dead();
+  return alive;
+}
+
+}  // namespace ferry::verbs
