@@ -113,7 +113,7 @@ absl::Status ParsePolicySection(const Context& ctx, const YAML::Node& node, Poli
 absl::Status ParseInto(const Context& ctx, const YAML::Node& root, Config& c) {
   if (!root || root.IsNull()) return absl::OkStatus();  // empty file: all defaults
   RETURN_IF_ERROR(CheckKeys(ctx, root, "",
-                            {"node", "listen", "peers", "host_pool", "providers", "tcp", "limits",
+                            {"node", "listen", "peers", "host_pool", "providers", "tcp", "verbs", "limits",
                              "log", "topology", "nics", "policy"}));
   if (auto n = root["node"]) {
     ASSIGN_OR_RETURN(c.node, ReadString(ctx, n, "node"));
@@ -171,6 +171,52 @@ absl::Status ParseInto(const Context& ctx, const YAML::Node& root, Config& c) {
     if (auto n = tcp["listen"]) {
       ASSIGN_OR_RETURN(c.tcp_listen, ReadString(ctx, n, "tcp.listen"));
       RETURN_IF_ERROR(CheckAddress(ctx, n, "tcp.listen", c.tcp_listen));
+    }
+  }
+  if (auto verbs = root["verbs"]) {
+    RETURN_IF_ERROR(CheckKeys(ctx, verbs, "verbs",
+                              {"device", "port", "gid_index", "timeout", "retry_cnt", "rnr_retry",
+                               "send_queue_depth", "signal_every", "inline_threshold"}));
+    VerbsSettings& v = c.verbs;
+    if (auto n = verbs["device"]) {
+      ASSIGN_OR_RETURN(v.device, ReadString(ctx, n, "verbs.device"));
+    }
+    if (auto n = verbs["port"]) {
+      ASSIGN_OR_RETURN(v.port, ReadCount(ctx, n, "verbs.port", 0, 255));
+    }
+    if (auto n = verbs["gid_index"]) {
+      // -1 (auto) is the one value below zero, hence not ReadCount.
+      int index = 0;
+      if (!n.IsScalar() || !absl::SimpleAtoi(n.as<std::string>(), &index)) {
+        return ctx.Error(n, "verbs.gid_index", "expected a whole number (-1 = auto)");
+      }
+      if (index < -1 || index > 255) {
+        return ctx.Error(n, "verbs.gid_index", absl::StrCat(index, " is outside -1..255"));
+      }
+      v.gid_index = index;
+    }
+    if (auto n = verbs["timeout"]) {
+      ASSIGN_OR_RETURN(v.timeout, ReadCount(ctx, n, "verbs.timeout", 0, 31));
+    }
+    if (auto n = verbs["retry_cnt"]) {
+      ASSIGN_OR_RETURN(v.retry_cnt, ReadCount(ctx, n, "verbs.retry_cnt", 0, 7));
+    }
+    if (auto n = verbs["rnr_retry"]) {
+      ASSIGN_OR_RETURN(v.rnr_retry, ReadCount(ctx, n, "verbs.rnr_retry", 0, 7));
+    }
+    if (auto n = verbs["send_queue_depth"]) {
+      ASSIGN_OR_RETURN(v.send_queue_depth, ReadCount(ctx, n, "verbs.send_queue_depth", 1, 1u << 16));
+    }
+    if (auto n = verbs["signal_every"]) {
+      ASSIGN_OR_RETURN(v.signal_every, ReadCount(ctx, n, "verbs.signal_every", 1, 1u << 16));
+    }
+    if (auto n = verbs["inline_threshold"]) {
+      ASSIGN_OR_RETURN(v.inline_threshold, ReadCount(ctx, n, "verbs.inline_threshold", 0, 1024));
+    }
+    if (v.signal_every > v.send_queue_depth) {
+      return ctx.Error(verbs, "verbs.signal_every", absl::StrCat(
+          v.signal_every, " exceeds send_queue_depth ", v.send_queue_depth,
+          ": the send queue would fill before a completion frees it"));
     }
   }
   if (auto limits = root["limits"]) {

@@ -20,6 +20,19 @@ struct NicFilter {
   std::vector<std::string> deny;
 };
 
+// The verbs provider (rdma-core). Defaults suit one RC connection per peer on a current HCA.
+struct VerbsSettings {
+  std::string device;             // "" = the first RDMA device with an active port
+  uint32_t port = 0;              // 0 = the device's first active port
+  int gid_index = -1;             // RoCE GID table index; -1 = pick a RoCE v2 entry
+  uint32_t timeout = 14;          // ack timeout exponent: 4.096 us * 2^timeout
+  uint32_t retry_cnt = 7;         // transport retries (0..7)
+  uint32_t rnr_retry = 7;         // receiver-not-ready retries (0..7; 7 = forever)
+  uint32_t send_queue_depth = 1024;
+  uint32_t signal_every = 64;     // completion every Nth WR
+  uint32_t inline_threshold = 64; // bytes copied into the WR instead of DMA-read
+};
+
 struct Config {
   // This agent's name among its peers; defaults to the host name.
   std::string node;
@@ -38,6 +51,7 @@ struct Config {
   // tcp provider.
   uint32_t tcp_connections = 4;
   std::string tcp_listen;        // "" = the peer_listen host, any free port
+  VerbsSettings verbs;
   // Request limits.
   uint64_t max_op_bytes = 1ull << 30;
   uint32_t max_ops_per_submit = 65536;

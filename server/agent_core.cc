@@ -40,6 +40,15 @@ absl::StatusOr<std::unique_ptr<AgentCore>> AgentCore::Create(const config::Confi
   providers.providers = config.providers;
   providers.tcp.listen_address = TcpListenAddress(config);
   providers.tcp.connections = config.tcp_connections;
+  providers.verbs.device = config.verbs.device;
+  providers.verbs.port = config.verbs.port;
+  providers.verbs.gid_index = config.verbs.gid_index;
+  providers.verbs.timeout = config.verbs.timeout;
+  providers.verbs.retry_cnt = config.verbs.retry_cnt;
+  providers.verbs.rnr_retry = config.verbs.rnr_retry;
+  providers.verbs.send_queue_depth = config.verbs.send_queue_depth;
+  providers.verbs.signal_every = config.verbs.signal_every;
+  providers.verbs.inline_threshold = config.verbs.inline_threshold;
   std::vector<std::string> skipped;
   ASSIGN_OR_RETURN(core->fabrics_, fabric::CreateFabrics(providers, &skipped));
   for (const auto& why : skipped) spdlog::info("{}", why);

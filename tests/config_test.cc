@@ -60,6 +60,36 @@ policy: {gdr: always, gdr_max_path: pxb, fallback: fail, staging_chunk: 1MiB, st
   EXPECT_EQ(c->policy.staging_depth, 8u);
 }
 
+TEST(ConfigTest, VerbsSectionIsParsedAndChecked) {
+  auto c = ParseConfig(R"(
+verbs: {device: mlx5_1, port: 2, gid_index: 3, timeout: 18, retry_cnt: 6, rnr_retry: 5,
+        send_queue_depth: 256, signal_every: 32, inline_threshold: 0}
+)", "test.yaml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->verbs.device, "mlx5_1");
+  EXPECT_EQ(c->verbs.port, 2u);
+  EXPECT_EQ(c->verbs.gid_index, 3);
+  EXPECT_EQ(c->verbs.timeout, 18u);
+  EXPECT_EQ(c->verbs.retry_cnt, 6u);
+  EXPECT_EQ(c->verbs.rnr_retry, 5u);
+  EXPECT_EQ(c->verbs.send_queue_depth, 256u);
+  EXPECT_EQ(c->verbs.signal_every, 32u);
+  EXPECT_EQ(c->verbs.inline_threshold, 0u);
+  auto d = ParseConfig("", "empty.yaml");
+  ASSERT_TRUE(d.ok());
+  EXPECT_EQ(d->verbs.device, "");
+  EXPECT_EQ(d->verbs.gid_index, -1);
+
+  EXPECT_THAT(ErrorOf("verbs:\n  gid: 3\n"), HasSubstr("test.yaml:2: key 'verbs.gid': unknown key"));
+  EXPECT_THAT(ErrorOf("verbs:\n  gid_index: -2\n"),
+              HasSubstr("test.yaml:2: key 'verbs.gid_index': -2 is outside -1..255"));
+  EXPECT_THAT(ErrorOf("verbs:\n  retry_cnt: 8\n"),
+              HasSubstr("key 'verbs.retry_cnt': 8 is outside 0..7"));
+  EXPECT_THAT(ErrorOf("verbs:\n  timeout: x\n"), HasSubstr("key 'verbs.timeout': expected a whole number"));
+  EXPECT_THAT(ErrorOf("verbs: {send_queue_depth: 16, signal_every: 64}\n"),
+              HasSubstr("key 'verbs.signal_every': 64 exceeds send_queue_depth 16"));
+}
+
 TEST(ConfigTest, ExampleFileDocumentsValidKeys) {
   auto c = LoadConfigFile(FERRY_SOURCE_DIR "/config/ferry.example.yaml");
   ASSERT_TRUE(c.ok()) << c.status();
