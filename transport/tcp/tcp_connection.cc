@@ -2,6 +2,7 @@
 
 #include <sys/socket.h>
 
+#include <cstring>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -42,7 +43,7 @@ void TcpConnection::Fail(const absl::Status& why) {
     failed_ = true;
     shutdown(fd_.get(), SHUT_RDWR);  // wakes both threads
     for (auto& r : queue_) failed.push_back(std::move(r));
-    for (auto& [id, r] : outstanding_) failed.push_back(std::move(r));
+    for (auto& r : outstanding_) failed.push_back(std::move(r));
     queue_.clear();
     outstanding_.clear();
   }
@@ -50,26 +51,47 @@ void TcpConnection::Fail(const absl::Status& why) {
 }
 
 void TcpConnection::SendLoop() {
+  // Several queued requests leave in one sendmsg: headers and payloads interleaved, the
+  // payloads still straight from their regions.
+  constexpr size_t kMaxBatch = 32;
+  constexpr uint64_t kMaxBatchBytes = 1 << 20;
+  std::vector<RequestHeader> headers;
+  std::vector<iovec> iov;
+  headers.reserve(kMaxBatch);
+  iov.reserve(2 * kMaxBatch);
   while (true) {
-    RequestHeader header;
-    char* local;
+    headers.clear();
+    iov.clear();
     {
       absl::MutexLock lock(&mu_);
       mu_.Await(absl::Condition(
           +[](TcpConnection* c) ABSL_NO_THREAD_SAFETY_ANALYSIS { return c->failed_ || !c->queue_.empty(); },
           this));
       if (failed_) return;
-      Request request = std::move(queue_.front());
-      queue_.pop_front();
-      request.header.id = next_id_++;
-      header = request.header;
-      local = request.local;
-      // Outstanding before the bytes leave, so the answer always finds it.
-      outstanding_.emplace(header.id, std::move(request));
+      uint64_t bytes = 0;
+      while (!queue_.empty() && headers.size() < kMaxBatch && bytes < kMaxBatchBytes) {
+        Request request = std::move(queue_.front());
+        queue_.pop_front();
+        request.header.id = next_id_++;
+        headers.push_back(request.header);
+        if (request.header.op != WireOp::kRead) {
+          iov.push_back({request.local, request.header.length});
+          bytes += request.header.length;
+        } else {
+          iov.push_back({nullptr, 0});
+        }
+        // Outstanding before the bytes leave, so the answer always finds it.
+        outstanding_.push_back(std::move(request));
+      }
     }
-    bool has_payload = header.op != WireOp::kRead;
-    iovec iov[2] = {{&header, sizeof(header)}, {local, has_payload ? header.length : 0}};
-    absl::Status s = SendAll(fd_.get(), iov, has_payload ? 2 : 1);
+    // Interleave: header i then payload i (empty for READ).
+    std::vector<iovec> wire;
+    wire.reserve(2 * headers.size());
+    for (size_t i = 0; i < headers.size(); ++i) {
+      wire.push_back({&headers[i], sizeof(RequestHeader)});
+      if (iov[i].iov_len > 0) wire.push_back(iov[i]);
+    }
+    absl::Status s = SendAll(fd_.get(), wire.data(), static_cast<int>(wire.size()));
     if (!s.ok()) {
       Fail(absl::UnavailableError(absl::StrCat("tcp: send to ", peer_, ": ", s.message())));
       return;
@@ -94,40 +116,73 @@ absl::Status TcpConnection::Refused(Refusal refusal, const RequestHeader& h) con
 }
 
 void TcpConnection::RecvLoop() {
+  // The target answers in request order, so the kind of each coming answer is known: a run
+  // of WRITE acks is read in one recv, while a READ answer's payload goes straight into its
+  // destination region (never through this buffer).
+  constexpr size_t kMaxAcks = 64;
+  std::vector<ResponseHeader> acks(kMaxAcks);
+  size_t have = 0;  // bytes of acks[] already received
   while (true) {
-    ResponseHeader resp;
-    absl::Status s = RecvAll(fd_.get(), &resp, sizeof(resp));
-    if (s.ok() && resp.magic != kResponseMagic) s = absl::DataLossError("bad response header");
-    Request request;
-    if (s.ok()) {
+    size_t writes_ahead = 0;
+    {
       absl::MutexLock lock(&mu_);
-      auto it = outstanding_.find(resp.id);
-      if (it == outstanding_.end()) {
-        s = absl::DataLossError(absl::StrCat("answer for unknown request ", resp.id));
-      } else {
-        request = std::move(it->second);
-        outstanding_.erase(it);
+      for (const Request& r : outstanding_) {
+        if (r.header.op == WireOp::kRead || writes_ahead == kMaxAcks) break;
+        ++writes_ahead;
       }
     }
+    // Expect at least one answer; at most the WRITE acks we know are coming.
+    size_t want = std::max<size_t>(writes_ahead, 1) * sizeof(ResponseHeader);
+    char* buf = reinterpret_cast<char*>(acks.data());
+    absl::Status s = absl::OkStatus();
+    while (s.ok() && have < sizeof(ResponseHeader)) {
+      ssize_t n = recv(fd_.get(), buf + have, want - have, 0);
+      if (n > 0) {
+        have += static_cast<size_t>(n);
+      } else if (n == 0) {
+        s = absl::UnavailableError("recv(): connection closed by peer");
+      } else if (errno != EINTR) {
+        s = absl::ErrnoToStatus(errno, "recv()");
+      }
+    }
+    size_t complete = have / sizeof(ResponseHeader);
+    for (size_t i = 0; s.ok() && i < complete; ++i) s = Answer(acks[i]);
     if (!s.ok()) {
       Fail(absl::UnavailableError(absl::StrCat("tcp: connection to ", peer_, ": ", s.message())));
       return;
     }
-    absl::Status result = absl::OkStatus();
-    if (resp.refusal != Refusal::kNone) {
-      result = Refused(resp.refusal, request.header);
-    } else if (request.header.op == WireOp::kRead) {
-      // READ payload goes straight into the destination region.
-      absl::Status r = RecvAll(fd_.get(), request.local, resp.length);
-      if (!r.ok()) {
-        result = absl::UnavailableError(absl::StrCat("tcp: READ from ", peer_, ": ", r.message()));
-        std::move(request.done)(result);
-        Fail(result);
-        return;
-      }
-    }
-    std::move(request.done)(result);
+    // Keep a partial header for the next round.
+    size_t rest = have - complete * sizeof(ResponseHeader);
+    std::memmove(buf, buf + complete * sizeof(ResponseHeader), rest);
+    have = rest;
   }
+}
+
+absl::Status TcpConnection::Answer(const ResponseHeader& resp) {
+  if (resp.magic != kResponseMagic) return absl::DataLossError("bad response header");
+  Request request;
+  {
+    absl::MutexLock lock(&mu_);
+    if (outstanding_.empty() || outstanding_.front().header.id != resp.id) {
+      return absl::DataLossError(absl::StrCat("answer for unexpected request ", resp.id));
+    }
+    request = std::move(outstanding_.front());
+    outstanding_.pop_front();
+  }
+  absl::Status result = absl::OkStatus();
+  if (resp.refusal != Refusal::kNone) {
+    result = Refused(resp.refusal, request.header);
+  } else if (request.header.op == WireOp::kRead) {
+    // READ payload goes straight into the destination region.
+    absl::Status r = RecvAll(fd_.get(), request.local, resp.length);
+    if (!r.ok()) {
+      result = absl::UnavailableError(absl::StrCat("tcp: READ from ", peer_, ": ", r.message()));
+      std::move(request.done)(result);
+      return result;
+    }
+  }
+  std::move(request.done)(result);
+  return absl::OkStatus();
 }
 
 }  // namespace ferry::tcp

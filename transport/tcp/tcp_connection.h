@@ -7,7 +7,6 @@
 #include <thread>
 
 #include "absl/base/thread_annotations.h"
-#include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
 #include "base/unique_fd.h"
 #include "transport/fabric.h"
@@ -36,6 +35,9 @@ class TcpConnection {
  private:
   void SendLoop();
   void RecvLoop();
+  // Completes the oldest outstanding request with its answer (reading a READ's payload).
+  // Errors mean the stream is unusable.
+  absl::Status Answer(const ResponseHeader& resp);
   absl::Status Refused(Refusal refusal, const RequestHeader& header) const;
 
   UniqueFd fd_;
@@ -45,7 +47,8 @@ class TcpConnection {
   mutable absl::Mutex mu_;
   bool failed_ ABSL_GUARDED_BY(mu_) = false;
   std::deque<Request> queue_ ABSL_GUARDED_BY(mu_);
-  absl::flat_hash_map<uint64_t, Request> outstanding_ ABSL_GUARDED_BY(mu_);
+  // Sent and not yet answered, in id order: the target answers in that order.
+  std::deque<Request> outstanding_ ABSL_GUARDED_BY(mu_);
 
   std::thread sender_;
   std::thread receiver_;

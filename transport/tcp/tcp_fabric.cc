@@ -164,11 +164,24 @@ void TcpFabric::AcceptLoop() {
 }
 
 void TcpFabric::Serve(int fd) {
-  while (ServeOne(fd)) {
+  // Acks of writes wait here while more requests are already readable, and leave in one
+  // send: a KV batch of thousands of small writes then costs a fraction of the syscalls.
+  std::vector<ResponseHeader> acks;
+  acks.reserve(kMaxCoalescedAcks);
+  while (true) {
+    if (!acks.empty()) {
+      char probe;
+      bool more = recv(fd, &probe, 1, MSG_PEEK | MSG_DONTWAIT) > 0;
+      if (!more || acks.size() >= kMaxCoalescedAcks) {
+        if (!SendAll(fd, acks.data(), acks.size() * sizeof(ResponseHeader)).ok()) return;
+        acks.clear();
+      }
+    }
+    if (!ServeOne(fd, acks)) return;
   }
 }
 
-bool TcpFabric::ServeOne(int fd) {
+bool TcpFabric::ServeOne(int fd, std::vector<ResponseHeader>& acks) {
   RequestHeader req;
   if (!RecvAll(fd, &req, sizeof(req)).ok()) return false;
   if (req.magic != kRequestMagic) {
@@ -180,7 +193,8 @@ bool TcpFabric::ServeOne(int fd) {
   if (!is_write && req.op != WireOp::kRead) {
     resp.refusal = Refusal::kBadOp;
     // The payload length of an unknown op cannot be trusted: answer, then close.
-    SendAll(fd, &resp, sizeof(resp)).IgnoreError();
+    acks.push_back(resp);
+    SendAll(fd, acks.data(), acks.size() * sizeof(ResponseHeader)).IgnoreError();
     return false;
   }
   std::optional<RegionTable::Access> access;
@@ -191,12 +205,17 @@ bool TcpFabric::ServeOne(int fd) {
     if (!s.ok()) return false;
     access.reset();
     if (req.op == WireOp::kWriteImm && resp.refusal == Refusal::kNone) Notify(req.imm);
-    return SendAll(fd, &resp, sizeof(resp)).ok();
+    acks.push_back(resp);
+    return true;
   }
-  if (!access) return SendAll(fd, &resp, sizeof(resp)).ok();
-  resp.length = req.length;
-  iovec iov[2] = {{&resp, sizeof(resp)}, {access->data(), req.length}};
-  return SendAll(fd, iov, 2).ok();
+  // A READ answer goes out at once, behind the acks that were waiting.
+  if (access) resp.length = req.length;
+  acks.push_back(resp);
+  iovec iov[2] = {{acks.data(), acks.size() * sizeof(ResponseHeader)},
+                  {access ? access->data() : nullptr, resp.length}};
+  bool sent = SendAll(fd, iov, access ? 2 : 1).ok();
+  acks.clear();
+  return sent;
 }
 
 }  // namespace ferry::tcp

@@ -14,6 +14,7 @@
 #include "base/unique_fd.h"
 #include "transport/fabric.h"
 #include "transport/tcp/region_table.h"
+#include "transport/tcp/wire.h"
 
 namespace ferry::tcp {
 
@@ -48,8 +49,10 @@ class TcpFabric : public fabric::Fabric {
   void AcceptLoop();
   // Serves one incoming connection until it closes: the target side of every op.
   void Serve(int fd);
-  // Returns false when the connection must close.
-  bool ServeOne(int fd);
+  // Serves one request; write acks are appended to `acks` for Serve to send. Returns false
+  // when the connection must close.
+  bool ServeOne(int fd, std::vector<ResponseHeader>& acks);
+  static constexpr size_t kMaxCoalescedAcks = 64;
   void Notify(uint32_t imm);
 
   struct Incoming {
