@@ -1,0 +1,369 @@
+"""ferry: tensors between machines, one call away.
+
+    import ferry, numpy as np
+    c = ferry.Client()                       # $FERRY_SOCKET, else /tmp/ferryd-<host>.sock
+    x = c.empty((1024, 1024), "float32")     # a numpy array in agent shared memory
+    x[:] = 1.0
+    c.send(x, "node-b", "grad/0")            # lands straight in node-b's buffer
+    # on node-b
+    y = c.recv("node-a", "grad/0")           # numpy view of the landing buffer (no copy)
+    t = c.recv("node-a", "grad/1", like="torch")
+
+Tensors that live in an agent buffer (Client.alloc / Client.empty) are sent without a copy;
+any other numpy array or torch tensor is first copied into a temporary agent buffer.
+Received tensors are zero-copy views of the buffer they landed in; the buffer is freed when
+the last view is collected. Every blocking call has a `timeout` (seconds) and an `_async`
+twin returning a ferry.Future whose cancel() cancels the transfer at the agent (the peer
+learns). Errors raise ferry.Error subclasses carrying the gRPC status code and message.
+"""
+
+import collections
+import concurrent.futures
+import os
+import socket as _socket
+import threading
+import weakref
+
+from . import _ferry
+from . import launch
+from .errors import (AlreadyExists, Cancelled, DeadlineExceeded, Error, FailedPrecondition,
+                     InvalidArgument, NotFound, OutOfRange, ResourceExhausted, Unavailable)
+
+__all__ = ["Client", "Buffer", "Future", "Notification", "DTYPES", "Error", "Cancelled",
+           "InvalidArgument", "DeadlineExceeded", "NotFound", "AlreadyExists",
+           "ResourceExhausted", "FailedPrecondition", "OutOfRange", "Unavailable", "launch"]
+
+DTYPES = ("float32", "float16", "bfloat16", "int8", "uint8", "int32", "int64",
+          "float8_e4m3fn", "float8_e5m2", "float64", "int16", "bool")
+
+# numpy has no bfloat16 / float8: their bytes are viewed as unsigned integers of the same size.
+_NUMPY_VIEW = {"bfloat16": "uint16", "float8_e4m3fn": "uint8", "float8_e5m2": "uint8"}
+
+Notification = collections.namedtuple("Notification", "name from_node bytes blocks sequence")
+
+
+def _np():
+    import numpy
+    return numpy
+
+
+def _torch():
+    import torch
+    return torch
+
+
+def _is_torch(x):
+    return type(x).__module__.startswith("torch") and hasattr(x, "data_ptr")
+
+
+def _torch_dtypes():
+    torch = _torch()
+    table = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16",
+             torch.float64: "float64", torch.int8: "int8", torch.uint8: "uint8",
+             torch.int16: "int16", torch.int32: "int32", torch.int64: "int64",
+             torch.bool: "bool"}
+    for name in ("float8_e4m3fn", "float8_e5m2"):  # newer torch only
+        if hasattr(torch, name):
+            table[getattr(torch, name)] = name
+    return table
+
+
+def dtype_name(dtype):
+    """ferry's name for a numpy dtype, torch dtype or string; InvalidArgument if unknown."""
+    if isinstance(dtype, str):
+        return _ferry.dtype_name(dtype)
+    if type(dtype).__module__.startswith("torch"):
+        name = _torch_dtypes().get(dtype)
+        if name is None:
+            raise InvalidArgument(f"dtype: unknown dtype '{dtype}'")
+        return name
+    return _ferry.dtype_name(_np().dtype(dtype).name)
+
+
+class Buffer:
+    """An agent buffer mapped into this process (host shared memory)."""
+
+    def __init__(self, raw):
+        self._raw = raw
+
+    id = property(lambda self: self._raw.id)
+    name = property(lambda self: self._raw.name)
+    size = property(lambda self: self._raw.size)
+    device = property(lambda self: self._raw.device)
+    address = property(lambda self: self._raw.address)
+
+    def __len__(self):
+        return self._raw.size
+
+    def __buffer__(self, flags):  # Python 3.12+; older versions use memoryview(buf.raw)
+        return memoryview(self._raw)
+
+    @property
+    def raw(self):
+        """The compiled buffer object (buffer protocol, DLPack)."""
+        return self._raw
+
+    def free(self):
+        """Frees the agent buffer now (views become invalid)."""
+        self._raw.free()
+
+    def numpy(self, dtype="uint8", shape=None, offset=0, strides=None):
+        """A zero-copy numpy view. `strides` in elements; bfloat16/float8 view as uint16/uint8."""
+        np = _np()
+        name = dtype_name(dtype)
+        itemsize = _ferry.dtype_size(name)
+        if shape is None:
+            shape = ((self.size - offset) // itemsize,)
+        shape = tuple(int(d) for d in shape)
+        span = _ferry.span_bytes(name, list(shape), list(strides or ()))
+        if offset + span > self.size:
+            raise OutOfRange(f"tensor: {list(shape)} {name} at offset {offset} needs {span} "
+                             f"bytes; buffer {self.id} has {self.size}")
+        np_dtype = np.dtype(_NUMPY_VIEW.get(name, name))
+        base = np.frombuffer(self._raw, dtype=np.uint8, count=span, offset=offset).view(np_dtype)
+        if not strides:
+            return base.reshape(shape)
+        return np.lib.stride_tricks.as_strided(
+            base, shape=shape, strides=tuple(s * itemsize for s in strides))
+
+    def torch(self, dtype="uint8", shape=None, offset=0, strides=None):
+        """A zero-copy torch tensor through DLPack ("cuda:N" buffers give CUDA tensors)."""
+        torch = _torch()
+        name = dtype_name(dtype)
+        if shape is None:
+            shape = ((self.size - offset) // _ferry.dtype_size(name),)
+        capsule = self._raw.dlpack(name, [int(d) for d in shape], [int(s) for s in strides or ()],
+                                   offset)
+        t = torch.utils.dlpack.from_dlpack(capsule)
+        # DLPack (as torch 1.13 reads it) has no bool or float8: they travel as uint8.
+        if name == "bool":
+            t = t.view(torch.bool)
+        elif name.startswith("float8") and hasattr(torch, name):
+            t = t.view(getattr(torch, name))
+        return t
+
+
+class Future:
+    """The result of an _async call. cancel() cancels the call at the agent, even running."""
+
+    def __init__(self, executor, fn, canceller):
+        self._canceller = canceller
+        self._future = executor.submit(fn)
+
+    def result(self, timeout=None):
+        return self._future.result(timeout)
+
+    def exception(self, timeout=None):
+        return self._future.exception(timeout)
+
+    def done(self):
+        return self._future.done()
+
+    def add_done_callback(self, fn):
+        self._future.add_done_callback(lambda _: fn(self))
+
+    def cancel(self):
+        """Cancels the call; True unless it had already finished."""
+        if self._future.done():
+            return False
+        self._canceller.cancel()
+        self._future.cancel()
+        return True
+
+
+class Client:
+    """A connection to this node's agent."""
+
+    def __init__(self, target=None, timeout=5.0):
+        target = (target or os.environ.get("FERRY_SOCKET")
+                  or f"/tmp/ferryd-{_socket.gethostname()}.sock")
+        self._s = _ferry.Session(target, timeout)
+        self._lock = threading.Lock()
+        self._buffers = weakref.WeakValueDictionary()  # id -> _ferry.Buffer: a tensor's home
+        self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=32,
+                                                               thread_name_prefix="ferry")
+
+    def close(self):
+        self._executor.shutdown(wait=True)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    # --- buffers ---------------------------------------------------------------------------
+
+    def info(self):
+        return self._s.info()
+
+    @property
+    def node(self):
+        return self._s.info()["node"]
+
+    def alloc(self, size, name="", device="host"):
+        """A new agent buffer; named buffers can be written by peers (receive targets, KV
+        caches). Freed when the Buffer (and every view of it) is collected, or by free()."""
+        if device not in ("host", "cpu", ""):
+            raise FailedPrecondition(f"device: '{device}' buffers are not available yet (host only)")
+        buf = Buffer(self._s.alloc(int(size), name or ""))
+        self._remember(buf)
+        return buf
+
+    def empty(self, shape, dtype="float32", name="", like="numpy"):
+        """An uninitialised tensor in a fresh agent buffer, ready to send without a copy."""
+        name_ = dtype_name(dtype)
+        shape = tuple(int(d) for d in shape)
+        nbytes = max(_ferry.span_bytes(name_, list(shape), []), 1)
+        buf = self.alloc(nbytes, name)
+        return buf.torch(name_, shape) if like == "torch" else buf.numpy(name_, shape)
+
+    def _remember(self, buf):
+        # The compiled object, not the wrapper: numpy / torch views keep only it alive.
+        with self._lock:
+            self._buffers[buf.id] = buf.raw
+
+    def _describe(self, x, dtype=None):
+        """(dtype name, shape, strides in elements or [], address, device) of a tensor."""
+        if _is_torch(x):
+            name = dtype_name(dtype) if dtype else dtype_name(x.dtype)
+            shape = list(x.shape)
+            strides = [] if x.is_contiguous() else list(x.stride())
+            device = "host" if x.device.type == "cpu" else f"{x.device.type}:{x.device.index or 0}"
+            return name, shape, strides, x.data_ptr(), device
+        np = _np()
+        x = np.asarray(x)
+        if dtype:
+            name = dtype_name(dtype)
+            if _ferry.dtype_size(name) != x.dtype.itemsize:
+                raise InvalidArgument(f"dtype: {name} does not match the array's "
+                                      f"{x.dtype.itemsize}-byte elements")
+        else:
+            name = dtype_name(x.dtype.name) if x.dtype.name in DTYPES else None
+            if name is None:
+                raise InvalidArgument(f"dtype: unknown dtype '{x.dtype.name}' (known: "
+                                      f"{', '.join(DTYPES)})")
+        shape = list(x.shape)
+        if x.flags.c_contiguous:
+            strides = []
+        else:
+            if any(s < 0 or s % x.dtype.itemsize for s in x.strides):
+                raise InvalidArgument("strides: negative or unaligned strides; copy the array")
+            strides = [s // x.dtype.itemsize for s in x.strides]
+        return name, shape, strides, x.__array_interface__["data"][0], "host"
+
+    def _locate(self, address, span):
+        """(_ferry.Buffer, offset) holding [address, address+span), or None."""
+        with self._lock:
+            buffers = list(self._buffers.values())
+        for b in buffers:
+            if b.device == "host" and b.address <= address and address + span <= b.address + b.size:
+                return b, address - b.address
+        return None
+
+    # --- tensors ---------------------------------------------------------------------------
+
+    def send(self, tensor, peer, tag, timeout=60.0, dtype=None, _canceller=None):
+        """Sends a numpy array or torch tensor; returns once it landed at `peer`.
+        `dtype` overrides the element type (e.g. "bfloat16" for a numpy uint16 array)."""
+        name, shape, strides, address, device = self._describe(tensor, dtype)
+        span = _ferry.span_bytes(name, shape, strides)
+        home = self._locate(address, span) if device == "host" else None
+        if home is None:
+            # Not in agent memory: one copy into a temporary buffer, then a zero-copy send.
+            staging = self.alloc(max(span, 1))
+            if _is_torch(tensor):
+                staging.torch(name, shape).copy_(tensor)
+            else:
+                np = _np()
+                np.copyto(staging.numpy(name, shape), np.asarray(tensor).view(
+                    _NUMPY_VIEW.get(name, name)) if dtype else np.asarray(tensor))
+            home, strides, device = (staging, 0), [], "host"
+        buf, offset = home
+        return self._s.send(buf.id, offset, name, shape, strides, device, peer, tag,
+                            float(timeout), _canceller)
+
+    def recv(self, peer, tag, out=None, dtype=None, shape=None, timeout=60.0, like="numpy",
+             _canceller=None):
+        """Receives tensor `tag` from `peer`. With `out` (a tensor in a *named* agent buffer,
+        contiguous) it lands there and the sender's dtype and shape must match `out`;
+        otherwise the agent allocates the landing buffer and this returns a zero-copy view
+        (numpy, or torch with like="torch"). `dtype` / `shape` add expectations."""
+        if out is not None:
+            name, out_shape, strides, address, device = self._describe(out)
+            span = _ferry.span_bytes(name, out_shape, strides)
+            home = self._locate(address, span) if device == "host" else None
+            if home is None or strides:
+                raise FailedPrecondition("out: must be a contiguous tensor in a named ferry "
+                                         "buffer (Client.alloc(size, name=...))")
+            buf, offset = home
+            self._s.recv(peer, tag, buf.id, offset, dtype_name(dtype) if dtype else name,
+                         list(shape) if shape is not None else out_shape, float(timeout),
+                         _canceller)
+            return out
+        r = self._s.recv(peer, tag, 0, 0, dtype_name(dtype) if dtype else "",
+                         list(shape) if shape is not None else None, float(timeout), _canceller)
+        meta = r["meta"]
+        if r["buffer"] is None:  # zero elements
+            if like == "torch":
+                torch = _torch()
+                return torch.empty(meta["shape"], dtype={v: k for k, v in _torch_dtypes().items()}[meta["dtype"]])
+            return _np().empty(meta["shape"], dtype=_NUMPY_VIEW.get(meta["dtype"], meta["dtype"]))
+        buf = Buffer(r["buffer"])
+        view = buf.torch if like == "torch" else buf.numpy
+        return view(meta["dtype"], meta["shape"], r["offset"], list(meta["strides"]) or None)
+
+    def write_blocks(self, buffer, peer, remote_buffer, blocks, notify="", timeout=60.0,
+                     _canceller=None):
+        """Writes (local_offset, remote_offset, length) blocks of `buffer` into the peer's
+        named buffer, then notifies `notify` there once every block landed."""
+        buffer_id = buffer if isinstance(buffer, int) else buffer.id
+        np = _np()
+        arr = np.asarray(blocks, dtype=np.uint64)
+        if arr.ndim == 1 and arr.size == 0:
+            arr = arr.reshape(0, 3)
+        return self._s.write_blocks(buffer_id, peer, remote_buffer, arr, notify, float(timeout),
+                                    _canceller)
+
+    def wait_notification(self, name, from_node="", timeout=60.0, _canceller=None):
+        """Takes notification `name` (waiting up to `timeout`). A batch that failed raises."""
+        return Notification(**self._s.wait_notification(name, from_node, float(timeout),
+                                                         _canceller))
+
+    def notifications(self, prefix="", timeout=None, max_count=0):
+        """Yields notifications whose name starts with `prefix` until `timeout` seconds
+        (None: until the generator is closed) or `max_count` of them."""
+        stream = self._s.open_notifications(prefix, float(timeout or 0), int(max_count))
+        try:
+            while True:
+                n = stream.next()
+                if n is None:
+                    return
+                yield Notification(**n)
+        finally:
+            stream.cancel()
+
+    def cancel(self, peer, tag):
+        """Cancels this agent's pending send to / receive from (peer, tag)."""
+        return self._s.cancel(peer, tag)
+
+    def pending(self):
+        return self._s.pending()
+
+    # --- futures ---------------------------------------------------------------------------
+
+    def _async(self, fn, *args, **kwargs):
+        canceller = _ferry.Canceller()
+        return Future(self._executor, lambda: fn(*args, _canceller=canceller, **kwargs), canceller)
+
+    def send_async(self, tensor, peer, tag, **kwargs):
+        return self._async(self.send, tensor, peer, tag, **kwargs)
+
+    def recv_async(self, peer, tag, **kwargs):
+        return self._async(self.recv, peer, tag, **kwargs)
+
+    def write_blocks_async(self, buffer, peer, remote_buffer, blocks, **kwargs):
+        return self._async(self.write_blocks, buffer, peer, remote_buffer, blocks, **kwargs)
+
+    def wait_notification_async(self, name, **kwargs):
+        return self._async(self.wait_notification, name, **kwargs)

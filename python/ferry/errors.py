@@ -1,0 +1,80 @@
+"""ferry's exceptions: every failed call raises an Error carrying the gRPC status.
+
+    try:
+        client.recv("node-a", "grad/0", timeout=1.0)
+    except ferry.DeadlineExceeded as e:
+        print(e.code, e.code_name, e.message)   # 4 DEADLINE_EXCEEDED "receive of ..."
+"""
+
+# google.rpc.Code, as gRPC and absl::Status number them.
+CODE_NAMES = {
+    0: "OK", 1: "CANCELLED", 2: "UNKNOWN", 3: "INVALID_ARGUMENT", 4: "DEADLINE_EXCEEDED",
+    5: "NOT_FOUND", 6: "ALREADY_EXISTS", 7: "PERMISSION_DENIED", 8: "RESOURCE_EXHAUSTED",
+    9: "FAILED_PRECONDITION", 10: "ABORTED", 11: "OUT_OF_RANGE", 12: "UNIMPLEMENTED",
+    13: "INTERNAL", 14: "UNAVAILABLE", 15: "DATA_LOSS", 16: "UNAUTHENTICATED",
+}
+
+
+class Error(Exception):
+    """A call failed. `code` is the gRPC status code (int), `code_name` its name."""
+
+    code = 2
+
+    def __init__(self, message, code=None):
+        super().__init__(message)
+        if code is not None:
+            self.code = code
+        self.message = message
+
+    @property
+    def code_name(self):
+        return CODE_NAMES.get(self.code, str(self.code))
+
+    def __str__(self):
+        return f"{self.code_name}: {self.message}"
+
+
+class Cancelled(Error):
+    code = 1
+
+
+class InvalidArgument(Error, ValueError):
+    code = 3
+
+
+class DeadlineExceeded(Error, TimeoutError):
+    code = 4
+
+
+class NotFound(Error):
+    code = 5
+
+
+class AlreadyExists(Error):
+    code = 6
+
+
+class ResourceExhausted(Error):
+    code = 8
+
+
+class FailedPrecondition(Error):
+    code = 9
+
+
+class OutOfRange(Error):
+    code = 11
+
+
+class Unavailable(Error):
+    code = 14
+
+
+_BY_CODE = {cls.code: cls for cls in (Cancelled, InvalidArgument, DeadlineExceeded, NotFound,
+                                      AlreadyExists, ResourceExhausted, FailedPrecondition,
+                                      OutOfRange, Unavailable)}
+
+
+def from_status(code, message):
+    """The exception for a status (used by the compiled module)."""
+    return _BY_CODE.get(code, Error)(message, code)

@@ -1,0 +1,96 @@
+"""Starts real ferryd agents for examples and tests, and always stops them.
+
+    with ferry.launch.agents(["rank0", "rank1"]) as nodes:
+        c0 = ferry.Client(nodes["rank0"].socket)
+
+Each agent gets a generated config (its node name, a socket and a free loopback port, every
+other agent as a peer) in a temporary folder. The ferryd binary is $FERRYD, else `ferryd`
+on PATH.
+"""
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+
+
+class Agent:
+    def __init__(self, node, folder, port):
+        self.node = node
+        self.socket = os.path.join(folder, f"{node}.sock")
+        self.peer_address = f"127.0.0.1:{port}"
+        self.config = os.path.join(folder, f"{node}.yaml")
+        self.log = os.path.join(folder, f"{node}.log")
+        self.process = None
+
+    def log_text(self):
+        try:
+            with open(self.log) as f:
+                return f.read()
+        except OSError:
+            return ""
+
+
+def _free_port():
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _ferryd():
+    path = os.environ.get("FERRYD") or shutil.which("ferryd")
+    if not path:
+        raise FileNotFoundError("ferryd not found: set $FERRYD to the agent binary")
+    return path
+
+
+def _stop(agent, grace=5.0):
+    p = agent.process
+    if p is None or p.poll() is not None:
+        return
+    p.send_signal(signal.SIGTERM)
+    try:
+        p.wait(timeout=grace)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.wait()
+
+
+@contextlib.contextmanager
+def agents(nodes, host_pool="1GiB", timeout=15.0):
+    """Yields {node: Agent} with every agent serving; stops them all on the way out."""
+    folder = tempfile.mkdtemp(prefix="ferry-py-")
+    started = {}
+    try:
+        ports = {n: _free_port() for n in nodes}
+        for n in nodes:
+            a = Agent(n, folder, ports[n])
+            with open(a.config, "w") as f:
+                f.write(f"node: {n}\nlisten:\n  local: {a.socket}\n  peer: {a.peer_address}\n")
+                others = [m for m in nodes if m != n]
+                if others:
+                    f.write("peers:\n")
+                    for m in others:
+                        f.write(f"  {m}: 127.0.0.1:{ports[m]}\n")
+                f.write(f"host_pool:\n  size: {host_pool}\n")
+            with open(a.log, "w") as log:
+                a.process = subprocess.Popen([_ferryd(), "--config", a.config], stdout=log,
+                                             stderr=subprocess.STDOUT, start_new_session=True)
+            started[n] = a
+        deadline = time.monotonic() + timeout
+        for a in started.values():
+            while not os.path.exists(a.socket):
+                if a.process.poll() is not None:
+                    raise RuntimeError(f"ferryd {a.node} exited at start:\n{a.log_text()}")
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"ferryd {a.node} did not start; log: {a.log}")
+                time.sleep(0.02)
+        yield started
+    finally:
+        for a in started.values():
+            _stop(a)
+        shutil.rmtree(folder, ignore_errors=True)
