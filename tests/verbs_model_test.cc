@@ -1,1 +1,476 @@
+// The software verbs model on its own, driven through the seam the way a provider would:
+// it must refuse what an HCA refuses, so that the provider tests on it mean something.
+
+#include "tests/verbs_model/verbs_model.h"
+
+#include <arpa/inet.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <vector>
+
+#include "absl/time/clock.h"
 #include "gtest/gtest.h"
+
+namespace ferry::verbs::model {
+namespace {
+
+class VerbsModelTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    int n = 0;
+    ibv_device** list = model_.GetDeviceList(&n);
+    ASSERT_EQ(n, 2);
+    ctx_a_ = model_.OpenDevice(list[0]);
+    ctx_b_ = model_.OpenDevice(list[1]);
+    model_.FreeDeviceList(list);
+    pd_a_ = model_.AllocPd(ctx_a_);
+    pd_b_ = model_.AllocPd(ctx_b_);
+    cq_a_ = model_.CreateCq(ctx_a_, 64);
+    cq_b_ = model_.CreateCq(ctx_b_, 64);
+    ASSERT_TRUE(pd_a_ && pd_b_ && cq_a_ && cq_b_);
+  }
+  void TearDown() override {
+    for (ibv_qp* qp : qps_) EXPECT_EQ(model_.DestroyQp(qp), 0);
+    for (ibv_mr* mr : mrs_) EXPECT_EQ(model_.DeregMr(mr), 0);
+    EXPECT_EQ(model_.DestroyCq(cq_a_), 0);
+    EXPECT_EQ(model_.DestroyCq(cq_b_), 0);
+    EXPECT_EQ(model_.DeallocPd(pd_a_), 0);
+    EXPECT_EQ(model_.DeallocPd(pd_b_), 0);
+    EXPECT_EQ(model_.CloseDevice(ctx_a_), 0);
+    EXPECT_EQ(model_.CloseDevice(ctx_b_), 0);
+    EXPECT_EQ(model_.LiveObjects(), 0);
+  }
+
+  ibv_qp* Qp(ibv_pd* pd, ibv_cq* cq, uint32_t send = 8, uint32_t recv = 8) {
+    ibv_qp_init_attr init = {};
+    init.send_cq = init.recv_cq = cq;
+    init.qp_type = IBV_QPT_RC;
+    init.cap = {send, recv, 1, 1, 64};
+    ibv_qp* qp = model_.CreateQp(pd, &init);
+    EXPECT_NE(qp, nullptr);
+    qps_.push_back(qp);
+    return qp;
+  }
+  ibv_mr* Mr(ibv_pd* pd, std::vector<char>& mem, int access) {
+    ibv_mr* mr = model_.RegMr(pd, mem.data(), mem.size(), access);
+    EXPECT_NE(mr, nullptr);
+    mrs_.push_back(mr);
+    return mr;
+  }
+  // RESET -> RTS towards `peer` at `lid`, with the PSNs both sides agree on.
+  int Connect(ibv_qp* qp, uint32_t peer, uint16_t lid, uint32_t sq_psn, uint32_t rq_psn,
+              uint8_t rnr_retry = 7) {
+    ibv_qp_attr a = {};
+    a.qp_state = IBV_QPS_INIT;
+    a.port_num = 1;
+    a.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+    if (int rc = model_.ModifyQp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+                                             IBV_QP_ACCESS_FLAGS)) return rc;
+    a = {};
+    a.qp_state = IBV_QPS_RTR;
+    a.path_mtu = IBV_MTU_4096;
+    a.dest_qp_num = peer;
+    a.rq_psn = rq_psn;
+    a.max_dest_rd_atomic = 4;
+    a.min_rnr_timer = 12;
+    a.ah_attr.dlid = lid;
+    a.ah_attr.port_num = 1;
+    if (int rc = model_.ModifyQp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU |
+                                             IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+                                             IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER)) {
+      return rc;
+    }
+    a = {};
+    a.qp_state = IBV_QPS_RTS;
+    a.sq_psn = sq_psn;
+    a.timeout = 14;
+    a.retry_cnt = 7;
+    a.rnr_retry = rnr_retry;
+    a.max_rd_atomic = 4;
+    return model_.ModifyQp(qp, &a, IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT |
+                                       IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC);
+  }
+  // A connected pair: a on LID 1 -> b on LID 2.
+  void Pair(ibv_qp** a, ibv_qp** b, uint8_t rnr_retry = 7) {
+    *a = Qp(pd_a_, cq_a_);
+    *b = Qp(pd_b_, cq_b_);
+    ASSERT_EQ(Connect(*a, (*b)->qp_num, 2, 100, 200, rnr_retry), 0);
+    ASSERT_EQ(Connect(*b, (*a)->qp_num, 1, 200, 100, rnr_retry), 0);
+  }
+  int Post(ibv_qp* qp, ibv_wr_opcode op, void* local, uint32_t len, uint32_t lkey,
+           uint64_t remote, uint32_t rkey, uint64_t wr_id, bool signaled = true) {
+    ibv_sge sge = {reinterpret_cast<uint64_t>(local), len, lkey};
+    ibv_send_wr wr = {};
+    wr.wr_id = wr_id;
+    wr.sg_list = &sge;
+    wr.num_sge = 1;
+    wr.opcode = op;
+    wr.send_flags = signaled ? IBV_SEND_SIGNALED : 0;
+    wr.imm_data = htonl(0xabcd);
+    wr.wr.rdma.remote_addr = remote;
+    wr.wr.rdma.rkey = rkey;
+    ibv_send_wr* bad = nullptr;
+    return model_.PostSend(qp, &wr, &bad);
+  }
+  std::vector<ibv_wc> Poll(ibv_cq* cq, size_t want) {
+    std::vector<ibv_wc> out;
+    absl::Time deadline = absl::Now() + absl::Seconds(10);
+    while (out.size() < want && absl::Now() < deadline) {
+      ibv_wc wc[16];
+      int n = model_.PollCq(cq, 16, wc);
+      out.insert(out.end(), wc, wc + n);
+      if (n == 0) absl::SleepFor(absl::Microseconds(100));
+    }
+    return out;
+  }
+
+  VerbsModel model_{{[] {
+                       auto d = InfinibandDevice("mlx5_0", 1);
+                       d.ports[0].max_msg_sz = 1 << 20;
+                       return d;
+                     }(),
+                     InfinibandDevice("mlx5_1", 2)}};
+  ibv_context *ctx_a_ = nullptr, *ctx_b_ = nullptr;
+  ibv_pd *pd_a_ = nullptr, *pd_b_ = nullptr;
+  ibv_cq *cq_a_ = nullptr, *cq_b_ = nullptr;
+  std::vector<ibv_qp*> qps_;
+  std::vector<ibv_mr*> mrs_;
+};
+
+TEST(VerbsModelDevicesTest, NoDevicesIsNullWithEnosysLikeAKernelWithoutRdma) {
+  VerbsModel none({});
+  int n = -1;
+  errno = 0;
+  EXPECT_EQ(none.GetDeviceList(&n), nullptr);
+  EXPECT_EQ(errno, ENOSYS);
+}
+
+TEST_F(VerbsModelTest, QueriesDescribeThePortAndGidTable) {
+  ibv_port_attr port = {};
+  ASSERT_EQ(model_.QueryPort(ctx_b_, 1, &port), 0);
+  EXPECT_EQ(port.state, IBV_PORT_ACTIVE);
+  EXPECT_EQ(port.lid, 2);
+  EXPECT_EQ(port.link_layer, IBV_LINK_LAYER_INFINIBAND);
+  EXPECT_EQ(model_.QueryPort(ctx_b_, 2, &port), EINVAL);
+  VerbsModel roce({RoceDevice("rxe0", "10.0.0.7")});
+  int n = 0;
+  ibv_device** list = roce.GetDeviceList(&n);
+  ibv_context* ctx = roce.OpenDevice(list[0]);
+  roce.FreeDeviceList(list);
+  ibv_gid_entry entry = {};
+  ASSERT_EQ(roce.QueryGidEx(ctx, 1, 3, &entry), 0);
+  EXPECT_EQ(entry.gid_type, IBV_GID_TYPE_ROCE_V2);
+  EXPECT_EQ(std::memcmp(entry.gid.raw, Ipv4MappedGid("10.0.0.7").raw, 16), 0);
+  EXPECT_EQ(roce.QueryGidEx(ctx, 1, 9, &entry), EINVAL);
+  EXPECT_EQ(roce.CloseDevice(ctx), 0);
+}
+
+TEST_F(VerbsModelTest, TransitionsNeedTheirAttributeMasks) {
+  ibv_qp* qp = Qp(pd_a_, cq_a_);
+  ibv_qp_attr a = {};
+  a.qp_state = IBV_QPS_INIT;
+  a.port_num = 1;
+  // Missing IBV_QP_ACCESS_FLAGS.
+  EXPECT_EQ(model_.ModifyQp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT), EINVAL);
+  // RESET -> RTR skips INIT.
+  a.qp_state = IBV_QPS_RTR;
+  EXPECT_EQ(model_.ModifyQp(qp, &a, IBV_QP_STATE), EINVAL);
+  EXPECT_EQ(model_.QpState(qp->qp_num), IBV_QPS_RESET);
+  a.qp_state = IBV_QPS_INIT;
+  a.port_num = 3;  // no such port
+  EXPECT_EQ(model_.ModifyQp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+                                        IBV_QP_ACCESS_FLAGS), EINVAL);
+  a.port_num = 1;
+  ASSERT_EQ(model_.ModifyQp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+                                        IBV_QP_ACCESS_FLAGS), 0);
+  // INIT -> RTR without a LID on InfiniBand, then without the RNR timer.
+  a = {};
+  a.qp_state = IBV_QPS_RTR;
+  a.path_mtu = IBV_MTU_1024;
+  a.dest_qp_num = 0x99;
+  int mask = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+             IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
+  EXPECT_EQ(model_.ModifyQp(qp, &a, mask), EINVAL);
+  a.ah_attr.dlid = 2;
+  EXPECT_EQ(model_.ModifyQp(qp, &a, mask & ~IBV_QP_MIN_RNR_TIMER), EINVAL);
+  // A bit that does not belong to this transition.
+  EXPECT_EQ(model_.ModifyQp(qp, &a, mask | IBV_QP_SQ_PSN), EINVAL);
+  ASSERT_EQ(model_.ModifyQp(qp, &a, mask), 0);
+  EXPECT_EQ(model_.QpState(qp->qp_num), IBV_QPS_RTR);
+  // Posting a send before RTS fails.
+  std::vector<char> mem(64);
+  ibv_mr* mr = Mr(pd_a_, mem, IBV_ACCESS_LOCAL_WRITE);
+  EXPECT_EQ(Post(qp, IBV_WR_RDMA_WRITE, mem.data(), 8, mr->lkey, 0, 0, 1), EINVAL);
+}
+
+TEST_F(VerbsModelTest, RoceNeedsAGrhAndAnMtuThePortHas) {
+  VerbsModel roce({RoceDevice("rxe0", "10.0.0.7")});
+  int n = 0;
+  ibv_device** list = roce.GetDeviceList(&n);
+  ibv_context* ctx = roce.OpenDevice(list[0]);
+  roce.FreeDeviceList(list);
+  ibv_pd* pd = roce.AllocPd(ctx);
+  ibv_cq* cq = roce.CreateCq(ctx, 16);
+  ibv_qp_init_attr init = {};
+  init.send_cq = init.recv_cq = cq;
+  init.qp_type = IBV_QPT_RC;
+  init.cap = {4, 4, 1, 1, 0};
+  ibv_qp* qp = roce.CreateQp(pd, &init);
+  ibv_qp_attr a = {};
+  a.qp_state = IBV_QPS_INIT;
+  a.port_num = 1;
+  ASSERT_EQ(roce.ModifyQp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+                                      IBV_QP_ACCESS_FLAGS), 0);
+  a = {};
+  a.qp_state = IBV_QPS_RTR;
+  a.path_mtu = IBV_MTU_1024;
+  a.dest_qp_num = 0x99;
+  a.ah_attr.dlid = 7;  // a LID means nothing on Ethernet
+  a.ah_attr.port_num = 1;
+  int mask = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+             IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
+  EXPECT_EQ(roce.ModifyQp(qp, &a, mask), EINVAL);
+  a.ah_attr.is_global = 1;
+  a.ah_attr.grh.sgid_index = 3;
+  a.path_mtu = IBV_MTU_4096;  // above the port's 1024
+  EXPECT_EQ(roce.ModifyQp(qp, &a, mask), EINVAL);
+  a.path_mtu = IBV_MTU_1024;
+  EXPECT_EQ(roce.ModifyQp(qp, &a, mask), 0);
+  EXPECT_EQ(roce.DestroyQp(qp), 0);
+  EXPECT_EQ(roce.DestroyCq(cq), 0);
+  EXPECT_EQ(roce.DeallocPd(pd), 0);
+  EXPECT_EQ(roce.CloseDevice(ctx), 0);
+}
+
+TEST_F(VerbsModelTest, WriteReadAndWriteWithImmediateMoveBytes) {
+  ibv_qp *a, *b;
+  Pair(&a, &b);
+  std::vector<char> src(4096, 'w'), back(4096, 0), dst(4096, 0);
+  ibv_mr* src_mr = Mr(pd_a_, src, IBV_ACCESS_LOCAL_WRITE);
+  ibv_mr* back_mr = Mr(pd_a_, back, IBV_ACCESS_LOCAL_WRITE);
+  ibv_mr* dst_mr = Mr(pd_b_, dst, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+                                      IBV_ACCESS_REMOTE_READ);
+  uint64_t base = reinterpret_cast<uint64_t>(dst.data());
+  ASSERT_EQ(Post(a, IBV_WR_RDMA_WRITE, src.data(), 4096, src_mr->lkey, base, dst_mr->rkey, 1), 0);
+  ASSERT_EQ(Post(a, IBV_WR_RDMA_READ, back.data(), 100, back_mr->lkey, base + 10, dst_mr->rkey, 2), 0);
+  auto wcs = Poll(cq_a_, 2);
+  ASSERT_EQ(wcs.size(), 2u);
+  EXPECT_EQ(wcs[0].wr_id, 1u);
+  EXPECT_EQ(wcs[0].opcode, IBV_WC_RDMA_WRITE);
+  EXPECT_EQ(wcs[1].status, IBV_WC_SUCCESS);
+  EXPECT_EQ(wcs[1].opcode, IBV_WC_RDMA_READ);
+  EXPECT_EQ(wcs[1].byte_len, 100u);
+  EXPECT_EQ(std::count(dst.begin(), dst.end(), 'w'), 4096);
+  EXPECT_EQ(std::count(back.begin(), back.begin() + 100, 'w'), 100);
+
+  ibv_recv_wr recv = {};
+  recv.wr_id = 77;
+  ibv_recv_wr* bad = nullptr;
+  ASSERT_EQ(model_.PostRecv(b, &recv, &bad), 0);
+  ASSERT_EQ(Post(a, IBV_WR_RDMA_WRITE_WITH_IMM, src.data(), 8, src_mr->lkey, base, dst_mr->rkey, 3), 0);
+  auto rwc = Poll(cq_b_, 1);
+  ASSERT_EQ(rwc.size(), 1u);
+  EXPECT_EQ(rwc[0].wr_id, 77u);
+  EXPECT_EQ(rwc[0].opcode, IBV_WC_RECV_RDMA_WITH_IMM);
+  EXPECT_EQ(ntohl(rwc[0].imm_data), 0xabcdu);
+  EXPECT_EQ(rwc[0].byte_len, 8u);
+  EXPECT_EQ(rwc[0].qp_num, b->qp_num);
+  EXPECT_EQ(Poll(cq_a_, 1).size(), 1u);
+}
+
+TEST_F(VerbsModelTest, BadRkeyIsRemoteAccessErrorThenEverythingFlushes) {
+  ibv_qp *a, *b;
+  Pair(&a, &b);
+  std::vector<char> src(64, 'x'), dst(64, 0), read_only(64, 0);
+  ibv_mr* src_mr = Mr(pd_a_, src, IBV_ACCESS_LOCAL_WRITE);
+  ibv_mr* dst_mr = Mr(pd_b_, dst, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  ibv_mr* ro_mr = Mr(pd_b_, read_only, IBV_ACCESS_REMOTE_READ);
+  uint64_t base = reinterpret_cast<uint64_t>(dst.data());
+  model_.SetPaused(true);
+  ASSERT_EQ(Post(a, IBV_WR_RDMA_WRITE, src.data(), 64, src_mr->lkey, base, dst_mr->rkey, 1, false), 0);
+  // Unsignalled, and the key of a region peers may not write.
+  ASSERT_EQ(Post(a, IBV_WR_RDMA_WRITE, src.data(), 64, src_mr->lkey,
+                 reinterpret_cast<uint64_t>(read_only.data()), ro_mr->rkey, 2, false), 0);
+  ASSERT_EQ(Post(a, IBV_WR_RDMA_WRITE, src.data(), 64, src_mr->lkey, base, dst_mr->rkey, 3, false), 0);
+  model_.SetPaused(false);
+  auto wcs = Poll(cq_a_, 2);
+  ASSERT_EQ(wcs.size(), 2u);
+  // The first WR succeeded silently; the refused one and the flushed one complete anyway.
+  EXPECT_EQ(wcs[0].wr_id, 2u);
+  EXPECT_EQ(wcs[0].status, IBV_WC_REM_ACCESS_ERR);
+  EXPECT_EQ(wcs[1].wr_id, 3u);
+  EXPECT_EQ(wcs[1].status, IBV_WC_WR_FLUSH_ERR);
+  EXPECT_EQ(model_.QpState(a->qp_num), IBV_QPS_ERR);
+  EXPECT_EQ(std::count(read_only.begin(), read_only.end(), 0), 64);
+  // Posting on a QP in ERR is accepted and flushed.
+  ASSERT_EQ(Post(a, IBV_WR_RDMA_WRITE, src.data(), 64, src_mr->lkey, base, dst_mr->rkey, 4), 0);
+  auto more = Poll(cq_a_, 1);
+  ASSERT_EQ(more.size(), 1u);
+  EXPECT_EQ(more[0].status, IBV_WC_WR_FLUSH_ERR);
+}
+
+TEST_F(VerbsModelTest, BadLkeyAndOversizeAreLocalErrors) {
+  ibv_qp *a, *b;
+  Pair(&a, &b);
+  std::vector<char> src(256, 'x'), dst(256, 0);
+  ibv_mr* src_mr = Mr(pd_a_, src, IBV_ACCESS_LOCAL_WRITE);
+  ibv_mr* dst_mr = Mr(pd_b_, dst, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  uint64_t base = reinterpret_cast<uint64_t>(dst.data());
+  // Beyond the local MR.
+  ASSERT_EQ(Post(a, IBV_WR_RDMA_WRITE, src.data() + 200, 100, src_mr->lkey, base, dst_mr->rkey, 1), 0);
+  auto wcs = Poll(cq_a_, 1);
+  ASSERT_EQ(wcs.size(), 1u);
+  EXPECT_EQ(wcs[0].status, IBV_WC_LOC_PROT_ERR);
+  EXPECT_EQ(std::count(dst.begin(), dst.end(), 0), 256);
+
+  // Above the port's max_msg_sz (1 MiB on mlx5_0 here).
+  std::vector<char> big(2 << 20), far(2 << 20);
+  ibv_mr* big_mr = Mr(pd_a_, big, IBV_ACCESS_LOCAL_WRITE);
+  ibv_mr* far_mr = Mr(pd_b_, far, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  ibv_qp *c, *d;
+  Pair(&c, &d);
+  ASSERT_EQ(Post(c, IBV_WR_RDMA_WRITE, big.data(), big.size(), big_mr->lkey,
+                 reinterpret_cast<uint64_t>(far.data()), far_mr->rkey, 1), 0);
+  auto len = Poll(cq_a_, 1);
+  ASSERT_EQ(len.size(), 1u);
+  EXPECT_EQ(len[0].status, IBV_WC_LOC_LEN_ERR);
+}
+
+TEST_F(VerbsModelTest, SendQueueSlotsReturnOnlyWhenASignalledCompletionIsPolled) {
+  ibv_qp* a = Qp(pd_a_, cq_a_, /*send=*/4);
+  ibv_qp* b = Qp(pd_b_, cq_b_);
+  ASSERT_EQ(Connect(a, b->qp_num, 2, 1, 2), 0);
+  ASSERT_EQ(Connect(b, a->qp_num, 1, 2, 1), 0);
+  std::vector<char> src(64), dst(64);
+  ibv_mr* src_mr = Mr(pd_a_, src, IBV_ACCESS_LOCAL_WRITE);
+  ibv_mr* dst_mr = Mr(pd_b_, dst, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  uint64_t base = reinterpret_cast<uint64_t>(dst.data());
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_EQ(Post(a, IBV_WR_RDMA_WRITE, src.data(), 8, src_mr->lkey, base, dst_mr->rkey, i, i == 3), 0);
+  }
+  EXPECT_EQ(Post(a, IBV_WR_RDMA_WRITE, src.data(), 8, src_mr->lkey, base, dst_mr->rkey, 9), ENOMEM);
+  model_.WaitIdle();
+  // Executed, but nobody polled yet: still full.
+  EXPECT_EQ(Post(a, IBV_WR_RDMA_WRITE, src.data(), 8, src_mr->lkey, base, dst_mr->rkey, 9), ENOMEM);
+  ASSERT_EQ(Poll(cq_a_, 1).size(), 1u);
+  EXPECT_EQ(Post(a, IBV_WR_RDMA_WRITE, src.data(), 8, src_mr->lkey, base, dst_mr->rkey, 9), 0);
+  EXPECT_EQ(Poll(cq_a_, 1).size(), 1u);
+}
+
+TEST_F(VerbsModelTest, ImmediateWithoutAReceiveIsRnr) {
+  ibv_qp *a, *b;
+  Pair(&a, &b, /*rnr_retry=*/0);
+  std::vector<char> src(8), dst(8);
+  ibv_mr* src_mr = Mr(pd_a_, src, IBV_ACCESS_LOCAL_WRITE);
+  ibv_mr* dst_mr = Mr(pd_b_, dst, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  ASSERT_EQ(Post(a, IBV_WR_RDMA_WRITE_WITH_IMM, src.data(), 8, src_mr->lkey,
+                 reinterpret_cast<uint64_t>(dst.data()), dst_mr->rkey, 1), 0);
+  auto wcs = Poll(cq_a_, 1);
+  ASSERT_EQ(wcs.size(), 1u);
+  EXPECT_EQ(wcs[0].status, IBV_WC_RNR_RETRY_EXC_ERR);
+}
+
+TEST_F(VerbsModelTest, WrongPsnOrLidNeverConnects) {
+  ibv_qp* a = Qp(pd_a_, cq_a_);
+  ibv_qp* b = Qp(pd_b_, cq_b_);
+  ASSERT_EQ(Connect(a, b->qp_num, 2, 100, 200), 0);
+  ASSERT_EQ(Connect(b, a->qp_num, 1, 200, 101), 0);  // expects PSN 101, a starts at 100
+  ibv_qp* c = Qp(pd_a_, cq_a_);
+  ibv_qp* d = Qp(pd_b_, cq_b_);
+  ASSERT_EQ(Connect(c, d->qp_num, 1, 5, 5), 0);  // d lives on LID 2
+  ASSERT_EQ(Connect(d, c->qp_num, 1, 5, 5), 0);
+  std::vector<char> src(8), dst(8);
+  ibv_mr* src_mr = Mr(pd_a_, src, IBV_ACCESS_LOCAL_WRITE);
+  ibv_mr* dst_mr = Mr(pd_b_, dst, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  for (ibv_qp* qp : {a, c}) {
+    ASSERT_EQ(Post(qp, IBV_WR_RDMA_WRITE, src.data(), 8, src_mr->lkey,
+                   reinterpret_cast<uint64_t>(dst.data()), dst_mr->rkey, 1), 0);
+  }
+  auto wcs = Poll(cq_a_, 2);
+  ASSERT_EQ(wcs.size(), 2u);
+  for (const auto& wc : wcs) EXPECT_EQ(wc.status, IBV_WC_RETRY_EXC_ERR);
+}
+
+TEST_F(VerbsModelTest, CqOverrunIsCounted) {
+  ibv_cq* tiny = model_.CreateCq(ctx_a_, 1);
+  ibv_qp_init_attr init = {};
+  init.send_cq = init.recv_cq = tiny;
+  init.qp_type = IBV_QPT_RC;
+  init.cap = {4, 4, 1, 1, 0};
+  ibv_qp* a = model_.CreateQp(pd_a_, &init);
+  ibv_qp* b = Qp(pd_b_, cq_b_);
+  ASSERT_EQ(Connect(a, b->qp_num, 2, 1, 2), 0);
+  ASSERT_EQ(Connect(b, a->qp_num, 1, 2, 1), 0);
+  std::vector<char> src(8), dst(8);
+  ibv_mr* src_mr = Mr(pd_a_, src, IBV_ACCESS_LOCAL_WRITE);
+  ibv_mr* dst_mr = Mr(pd_b_, dst, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_EQ(Post(a, IBV_WR_RDMA_WRITE, src.data(), 8, src_mr->lkey,
+                   reinterpret_cast<uint64_t>(dst.data()), dst_mr->rkey, i), 0);
+  }
+  model_.WaitIdle();
+  EXPECT_EQ(model_.CqOverruns(), 1u);
+  EXPECT_EQ(model_.DestroyCq(tiny), EBUSY);  // a QP still uses it
+  EXPECT_EQ(model_.DestroyQp(a), 0);
+  EXPECT_EQ(model_.DestroyCq(tiny), 0);
+}
+
+TEST_F(VerbsModelTest, RegistrationRulesAndFaults) {
+  std::vector<char> mem(64);
+  // Remote write without local write is refused, as by every HCA.
+  errno = 0;
+  EXPECT_EQ(model_.RegMr(pd_a_, mem.data(), mem.size(), IBV_ACCESS_REMOTE_WRITE), nullptr);
+  EXPECT_EQ(errno, EINVAL);
+  model_.FailNext(Call::kRegMr, ENOMEM);
+  EXPECT_EQ(model_.RegMr(pd_a_, mem.data(), mem.size(), IBV_ACCESS_LOCAL_WRITE), nullptr);
+  EXPECT_EQ(errno, ENOMEM);
+  ibv_mr* mr = Mr(pd_a_, mem, IBV_ACCESS_LOCAL_WRITE);
+  EXPECT_NE(mr, nullptr);
+  EXPECT_EQ(model_.DeallocPd(pd_a_), EBUSY);  // an MR still lives in it
+  EXPECT_EQ(model_.CloseDevice(ctx_a_), EBUSY);
+}
+
+TEST_F(VerbsModelTest, DmabufRegistrationReachesTheFdsPages) {
+  int fd = memfd_create("dmabuf", MFD_CLOEXEC);
+  ASSERT_GE(fd, 0);
+  ASSERT_EQ(ftruncate(fd, 8192), 0);
+  const uint64_t iova = 0x7f0000000000ull;  // where a GPU buffer would be addressed
+  ibv_mr* mr = model_.RegDmabufMr(pd_b_, 4096, 4096, iova,
+                                  fd, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  ASSERT_NE(mr, nullptr);
+  mrs_.push_back(mr);
+  EXPECT_EQ(reinterpret_cast<uint64_t>(mr->addr), iova);
+  ibv_qp *a, *b;
+  Pair(&a, &b);
+  std::vector<char> src(16, 'd');
+  ibv_mr* src_mr = Mr(pd_a_, src, IBV_ACCESS_LOCAL_WRITE);
+  ASSERT_EQ(Post(a, IBV_WR_RDMA_WRITE, src.data(), 16, src_mr->lkey, iova + 100, mr->rkey, 1), 0);
+  ASSERT_EQ(Poll(cq_a_, 1).at(0).status, IBV_WC_SUCCESS);
+  char back[16];
+  ASSERT_EQ(pread(fd, back, 16, 4096 + 100), 16);
+  EXPECT_EQ(std::memcmp(back, src.data(), 16), 0);
+  close(fd);
+  errno = 0;
+  EXPECT_EQ(model_.RegDmabufMr(pd_b_, 0, 4096, iova, -1, IBV_ACCESS_LOCAL_WRITE), nullptr);
+  EXPECT_EQ(errno, EBADF);
+}
+
+TEST_F(VerbsModelTest, ForcedErrorFlushesReceives) {
+  ibv_qp *a, *b;
+  Pair(&a, &b);
+  ibv_recv_wr recv = {};
+  recv.wr_id = 5;
+  ibv_recv_wr* bad = nullptr;
+  ASSERT_EQ(model_.PostRecv(b, &recv, &bad), 0);
+  model_.ForceError(b->qp_num);
+  auto wcs = Poll(cq_b_, 1);
+  ASSERT_EQ(wcs.size(), 1u);
+  EXPECT_EQ(wcs[0].wr_id, 5u);
+  EXPECT_EQ(wcs[0].status, IBV_WC_WR_FLUSH_ERR);
+  EXPECT_EQ(model_.QpState(b->qp_num), IBV_QPS_ERR);
+}
+
+}  // namespace
+}  // namespace ferry::verbs::model

@@ -111,6 +111,8 @@ struct VerbsModel::Qp {
   std::deque<uint64_t> rq;  // receive wr_ids
   uint64_t posted = 0;      // send WRs ever posted
   uint64_t reclaimed = 0;   // send queue slots given back by polled completions
+  uint64_t signaled = 0;
+  uint64_t inlined = 0;
   const PortConfig& port(const Device& device) const {
     return device.config.ports[std::max<int>(attr.port_num, 1) - 1];
   }
@@ -699,6 +701,8 @@ int VerbsModel::PostSend(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) {
     s.rkey = w->wr.rdma.rkey;
     s.imm = w->imm_data;
     s.index = q->posted++;
+    q->signaled += (w->send_flags & IBV_SEND_SIGNALED) != 0;
+    q->inlined += (w->send_flags & IBV_SEND_INLINE) != 0;
     if (w->send_flags & IBV_SEND_INLINE) {
       // Inline data is copied at post time, with no lkey check: the buffer is free at once.
       for (int i = 0; i < w->num_sge; ++i) {
@@ -915,6 +919,13 @@ ibv_qp_attr VerbsModel::QpAttributes(uint32_t qpn) {
   absl::MutexLock lock(&mu_);
   Qp* q = FindQp(qpn);
   return q == nullptr ? ibv_qp_attr{} : q->attr;
+}
+
+VerbsModel::SendCounts VerbsModel::SendStats(uint32_t qpn) {
+  absl::MutexLock lock(&mu_);
+  Qp* q = FindQp(qpn);
+  if (q == nullptr) return {};
+  return {q->posted, q->signaled, q->inlined};
 }
 
 int VerbsModel::LiveObjects() {

@@ -114,6 +114,13 @@ class VerbsModel : public VerbsApi {
   ibv_qp_state QpState(uint32_t qpn);
   // The attributes a QP was last moved with (the union of every modify).
   ibv_qp_attr QpAttributes(uint32_t qpn);
+  // Send WRs a QP was given: all, signalled, inline.
+  struct SendCounts {
+    uint64_t posted = 0;
+    uint64_t signaled = 0;
+    uint64_t inlined = 0;
+  };
+  SendCounts SendStats(uint32_t qpn);
   // Contexts, PDs, MRs, CQs and QPs not yet released.
   int LiveObjects();
   uint64_t CqOverruns();

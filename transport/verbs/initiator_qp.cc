@@ -71,6 +71,8 @@ InitiatorQp::InitiatorQp(std::shared_ptr<VerbsDevice> device, const VerbsOptions
       psn_(RandomPsn()),
       sq_depth_(sq_depth),
       inline_limit_(inline_limit),
+      // A full send queue of unsignalled WRs would never drain.
+      signal_every_(std::clamp<uint32_t>(options.signal_every, 1, sq_depth)),
       max_wr_bytes_(std::min<uint64_t>(
           {options.max_message_bytes ? options.max_message_bytes : UINT64_MAX,
            device_->port().max_msg_sz ? device_->port().max_msg_sz : kMaxSgeBytes, kMaxSgeBytes})) {
@@ -181,19 +183,26 @@ void InitiatorQp::Pump(Finished& finished, const Op* current, absl::Status* curr
     const size_t n = std::min({pending_.size(), sq_depth_ - posted_.size(), kMaxChain});
     ibv_sge sge[kMaxChain];
     ibv_send_wr swr[kMaxChain];
+    const bool more_waiting = pending_.size() > n;
+    uint32_t chain_signals = 0;
     for (size_t i = 0; i < n; ++i) {
-      const Wr& w = pending_[i];
+      Wr& w = pending_[i];
       sge[i] = {w.local_addr, w.length, w.lkey};
       swr[i] = {};
       swr[i].wr_id = w.seq;
       swr[i].sg_list = &sge[i];
       swr[i].num_sge = 1;
       swr[i].opcode = w.opcode;
-      // Signal every Nth WR so the send queue is reclaimed, and the last of the chain so
-      // nothing posted waits for a completion that no later WR would bring.
-      if (++since_signal_ >= options_.signal_every || i + 1 == n) {
+      // Signal every Nth WR so the send queue is reclaimed, and the last of the chain when no
+      // later WR is known or no signalled one is in flight: nothing posted may wait for a
+      // completion that never comes.
+      const bool last = i + 1 == n;
+      w.signaled = ++since_signal_ >= signal_every_ ||
+                   (last && (!more_waiting || signaled_outstanding_ + chain_signals == 0));
+      if (w.signaled) {
         swr[i].send_flags |= IBV_SEND_SIGNALED;
         since_signal_ = 0;
+        ++chain_signals;
       }
       if (w.opcode != IBV_WR_RDMA_READ && w.length <= inline_limit_) {
         swr[i].send_flags |= IBV_SEND_INLINE;
@@ -208,6 +217,7 @@ void InitiatorQp::Pump(Finished& finished, const Op* current, absl::Status* curr
     int rc = device_->api().PostSend(qp_.get(), swr, &bad);
     size_t accepted = rc == 0 ? n : (bad != nullptr ? static_cast<size_t>(bad - swr) : 0);
     for (size_t i = 0; i < accepted; ++i) {
+      signaled_outstanding_ += pending_.front().signaled;
       posted_.push_back(std::move(pending_.front()));
       pending_.pop_front();
     }
@@ -241,6 +251,12 @@ void InitiatorQp::Retire(Wr& wr, const absl::Status& status, Finished& finished)
   wr.op.reset();
 }
 
+void InitiatorQp::RetireFront(const absl::Status& status, Finished& finished) {
+  signaled_outstanding_ -= posted_.front().signaled;
+  Retire(posted_.front(), status, finished);
+  posted_.pop_front();
+}
+
 void InitiatorQp::Break(absl::Status reason) {
   if (broken_.ok()) broken_ = std::move(reason);
 }
@@ -262,23 +278,16 @@ void InitiatorQp::OnCompletion(const ibv_wc& wc) {
     absl::Status status = WcStatusToStatus(wc);
     if (status.ok()) {
       // A signalled completion: it and every earlier WR of this QP are done.
-      while (!posted_.empty() && posted_.front().seq <= wc.wr_id) {
-        Retire(posted_.front(), status, finished);
-        posted_.pop_front();
-      }
+      while (!posted_.empty() && posted_.front().seq <= wc.wr_id) RetireFront(status, finished);
     } else {
       Break(absl::UnavailableError(absl::StrFormat(
           "verbs: QP 0x%x (to QP 0x%x) entered the error state: %s", qpn_, remote_qpn_,
           status.message())));
       // Earlier WRs succeeded (completion is in order); this one failed; the rest flush.
       while (!posted_.empty() && posted_.front().seq < wc.wr_id) {
-        Retire(posted_.front(), absl::OkStatus(), finished);
-        posted_.pop_front();
+        RetireFront(absl::OkStatus(), finished);
       }
-      if (!posted_.empty() && posted_.front().seq == wc.wr_id) {
-        Retire(posted_.front(), status, finished);
-        posted_.pop_front();
-      }
+      if (!posted_.empty() && posted_.front().seq == wc.wr_id) RetireFront(status, finished);
       FailPending(finished);
     }
     Pump(finished, nullptr, nullptr);
@@ -316,10 +325,7 @@ void InitiatorQp::Close() {
                    posted_.size(), absl::FormatDuration(kFlushWait));
     }
     // Whatever the HCA did not flush by now never reaches us (poller thread, dead device).
-    while (!posted_.empty()) {
-      Retire(posted_.front(), broken_, finished);
-      posted_.pop_front();
-    }
+    while (!posted_.empty()) RetireFront(broken_, finished);
   }
   Run(finished);
   device_->poller().Remove(qpn_);

@@ -3,8 +3,9 @@
 // immediate / READ on, and the bookkeeping that gives every op exactly one completion.
 //
 // Ops are split into WRs of at most the port's message size. WRs wait in `pending_` while
-// the send queue is full and are posted in chains; within a chain every Nth WR and the last
-// one are signalled. A signalled completion retires every earlier WR of the QP (an RC QP
+// the send queue is full and are posted in chains; every Nth WR is signalled, and so is the
+// last of a chain unless more WRs wait and a signalled one is already in flight (whose
+// completion will post them). Under light load each op is signalled; under load one in N. A signalled completion retires every earlier WR of the QP (an RC QP
 // completes in order), which frees their send queue slots. When the QP enters the error
 // state the HCA flushes every posted WR with an error completion (signalled or not), so
 // each op still completes exactly once.
@@ -63,6 +64,7 @@ class InitiatorQp : public CompletionSink, public std::enable_shared_from_this<I
     uint64_t remote_addr = 0;
     uint32_t rkey = 0;
     uint32_t imm = 0;
+    bool signaled = false;
   };
   // Completions to run once the lock is released.
   using Finished = std::vector<std::pair<fabric::Completion, absl::Status>>;
@@ -77,6 +79,9 @@ class InitiatorQp : public CompletionSink, public std::enable_shared_from_this<I
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Retire(Wr& wr, const absl::Status& status, Finished& finished)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Retires the oldest posted WR.
+  void RetireFront(const absl::Status& status, Finished& finished)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Break(absl::Status reason) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Fails every op still waiting for the send queue with the reason the QP broke.
   void FailPending(Finished& finished) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -90,6 +95,7 @@ class InitiatorQp : public CompletionSink, public std::enable_shared_from_this<I
   const uint32_t psn_;
   const uint32_t sq_depth_;
   const uint32_t inline_limit_;
+  const uint32_t signal_every_;
   const uint64_t max_wr_bytes_;
 
   mutable absl::Mutex mu_;
@@ -97,6 +103,7 @@ class InitiatorQp : public CompletionSink, public std::enable_shared_from_this<I
   std::deque<Wr> posted_ ABSL_GUARDED_BY(mu_);
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
   uint32_t since_signal_ ABSL_GUARDED_BY(mu_) = 0;
+  uint32_t signaled_outstanding_ ABSL_GUARDED_BY(mu_) = 0;  // signalled WRs in posted_
   bool connected_ ABSL_GUARDED_BY(mu_) = false;
   bool closing_ ABSL_GUARDED_BY(mu_) = false;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;

@@ -2,6 +2,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -167,15 +168,15 @@ absl::StatusOr<std::shared_ptr<VerbsDevice>> VerbsDevice::Open(std::shared_ptr<V
       continue;
     }
     std::shared_ptr<VerbsDevice> device(new VerbsDevice(api, std::move(context), port));
-    device->pd_ = PdPtr(api->AllocPd(device->context()), PdDeleter{api.get()});
-    if (!device->pd_) return CallError(-1, absl::StrCat("ibv_alloc_pd(", name, ")"));
+    device->res_->pd = PdPtr(api->AllocPd(device->context()), PdDeleter{api.get()});
+    if (!device->res_->pd) return CallError(-1, absl::StrCat("ibv_alloc_pd(", name, ")"));
     int cqe = static_cast<int>(std::min<uint64_t>(options.cq_depth, port.max_cqe > 0 ? port.max_cqe : options.cq_depth));
-    device->cq_ = CqPtr(api->CreateCq(device->context(), cqe), CqDeleter{api.get()});
-    if (!device->cq_) {
+    device->res_->cq = CqPtr(api->CreateCq(device->context(), cqe), CqDeleter{api.get()});
+    if (!device->res_->cq) {
       return CallError(-1, absl::StrFormat("ibv_create_cq(%s, %d entries)", name, cqe));
     }
-    device->cq_capacity_ = static_cast<uint32_t>(device->cq_->cqe);
-    device->poller_ = std::make_unique<CompletionPoller>(api.get(), device->cq(), name);
+    device->cq_capacity_ = static_cast<uint32_t>(device->cq()->cqe);
+    device->res_->poller = std::make_unique<CompletionPoller>(api.get(), device->cq(), name);
     return device;
   }
   if (!options.device.empty()) {
@@ -187,11 +188,15 @@ absl::StatusOr<std::shared_ptr<VerbsDevice>> VerbsDevice::Open(std::shared_ptr<V
 }
 
 VerbsDevice::VerbsDevice(std::shared_ptr<VerbsApi> api, ContextPtr context, PortInfo port)
-    : api_(std::move(api)), context_(std::move(context)), port_(std::move(port)) {}
+    : res_(new Resources{std::move(api), std::move(context)}), port_(std::move(port)) {}
 
 VerbsDevice::~VerbsDevice() {
-  // Members go in reverse order anyway; the poller is spelled out because it is a thread.
-  poller_.reset();
+  if (res_->poller && res_->poller->OnPollerThread()) {
+    // The last reference went inside a completion callback: the poller cannot join itself,
+    // and the CQ must outlive its polling. Another thread tears down, in order, once the
+    // poller thread has returned from the callback.
+    std::thread([res = std::move(res_)]() mutable { res.reset(); }).detach();
+  }
 }
 
 absl::Status VerbsDevice::ReserveCqEntries(uint32_t n) {

@@ -24,12 +24,12 @@ class VerbsDevice {
                                                            const VerbsOptions& options);
   ~VerbsDevice();
 
-  VerbsApi& api() const { return *api_; }
+  VerbsApi& api() const { return *res_->api; }
   const PortInfo& port() const { return port_; }
-  ibv_context* context() const { return context_.get(); }
-  ibv_pd* pd() const { return pd_.get(); }
-  ibv_cq* cq() const { return cq_.get(); }
-  CompletionPoller& poller() const { return *poller_; }
+  ibv_context* context() const { return res_->context.get(); }
+  ibv_pd* pd() const { return res_->pd.get(); }
+  ibv_cq* cq() const { return res_->cq.get(); }
+  CompletionPoller& poller() const { return *res_->poller; }
 
   // Every QP reserves room in the shared CQ for all its WRs (each may complete, flushed, at
   // once); RESOURCE_EXHAUSTED when the CQ cannot take another QP of this size.
@@ -40,13 +40,18 @@ class VerbsDevice {
   VerbsDevice(std::shared_ptr<VerbsApi> api, ContextPtr context, PortInfo port);
 
   // Declared in creation order: the poller stops before the CQ goes, the CQ and PD before the
-  // context closes.
-  const std::shared_ptr<VerbsApi> api_;
-  ContextPtr context_;
+  // context closes, and the binding outlives them all.
+  struct Resources {
+    std::shared_ptr<VerbsApi> api;
+    ContextPtr context;
+    PdPtr pd;
+    CqPtr cq;
+    std::unique_ptr<CompletionPoller> poller;
+    ~Resources() { poller.reset(); }
+  };
+
+  std::unique_ptr<Resources> res_;
   PortInfo port_;
-  PdPtr pd_;
-  CqPtr cq_;
-  std::unique_ptr<CompletionPoller> poller_;
 
   absl::Mutex mu_;
   uint32_t cq_capacity_ = 0;
