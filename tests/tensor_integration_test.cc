@@ -49,12 +49,20 @@ class TensorIntegrationTest : public ::testing::Test {
     const std::string extra = "host_pool:\n  size: 1GiB\n";
     a_ = new Node();
     b_ = new Node();
-    auto sa = AgentProcess::Start(
-        {"node-a", *dir_, *pa, {{"node-b", absl::StrFormat("127.0.0.1:%d", *pb)}}, extra});
+    auto spec = [&](const std::string& node, uint16_t port, const std::string& peer,
+                    uint16_t peer_port) {
+      AgentSpec s;
+      s.node = node;
+      s.dir = *dir_;
+      s.peer_port = port;
+      s.peers[peer] = absl::StrFormat("127.0.0.1:%d", peer_port);
+      s.extra_yaml = extra;
+      return s;
+    };
+    auto sa = AgentProcess::Start(spec("node-a", *pa, "node-b", *pb));
     ASSERT_TRUE(sa.ok()) << sa.status();
     a_->agent = std::move(*sa);
-    auto sb = AgentProcess::Start(
-        {"node-b", *dir_, *pb, {{"node-a", absl::StrFormat("127.0.0.1:%d", *pa)}}, extra});
+    auto sb = AgentProcess::Start(spec("node-b", *pb, "node-a", *pa));
     ASSERT_TRUE(sb.ok()) << sb.status();
     b_->agent = std::move(*sb);
     for (Node* n : {a_, b_}) {
@@ -415,6 +423,12 @@ TEST_F(TensorIntegrationTest, BadInputIsRefusedAndCorruptsNothing) {
   EXPECT_THAT(s.status().message(), HasSubstr("meta.strides"));
   s = a_->tensors->Send((*src)->id(), 0, MakeMeta(v1::DTYPE_FLOAT32, {-2}, "neg"), "node-b");
   EXPECT_THAT(s.status().message(), HasSubstr("meta.shape[0]"));
+  // A device the buffer is not on, or that does not parse.
+  s = a_->tensors->Send((*src)->id(), 0, MakeMeta(v1::DTYPE_FLOAT32, {4}, "dev", {}, "cuda:0"), "node-b");
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(s.status().message(), HasSubstr("meta.device: 'cuda:0' but buffer"));
+  s = a_->tensors->Send((*src)->id(), 0, MakeMeta(v1::DTYPE_FLOAT32, {4}, "dev", {}, "tpu"), "node-b");
+  EXPECT_THAT(s.status().message(), HasSubstr("meta.device"));
   // Unknown peer, missing tag.
   s = a_->tensors->Send((*src)->id(), 0, MakeMeta(v1::DTYPE_FLOAT32, {4}, "x"), "node-z");
   EXPECT_EQ(s.status().code(), absl::StatusCode::kNotFound);

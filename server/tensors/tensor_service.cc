@@ -21,6 +21,12 @@ CancelledFn ClientGone(grpc::ServerContext* ctx) {
   return [ctx] { return ctx->IsCancelled(); };
 }
 
+// How the client maps the landing buffer, as AgentService describes any buffer (host
+// shared memory, or a GPU buffer's CUDA IPC handle).
+void DescribeLanding(AgentCore& core, const Buffer& buffer, ferry::v1::BufferInfo* info) {
+  buffer.Describe(info);
+}
+
 }  // namespace
 
 grpc::Status TensorService::Send(grpc::ServerContext* ctx, const ferry::v1::SendRequest* req,
@@ -38,13 +44,8 @@ grpc::Status TensorService::Recv(grpc::ServerContext* ctx, const ferry::v1::Recv
   *resp = *std::move(r);
   if (resp->has_buffer()) {
     // The client maps the landing buffer like any other.
-    auto* shm = resp->mutable_buffer()->mutable_shm();
     auto buffer = core_->buffers().Get(resp->buffer().id(), "buffer");
-    if (buffer.ok()) {
-      shm->set_path(core_->pool().path());
-      shm->set_offset((*buffer)->pool_offset());
-      shm->set_length((*buffer)->size());
-    }
+    if (buffer.ok()) DescribeLanding(*core_, **buffer, resp->mutable_buffer());
   }
   if (ctx->IsCancelled() && resp->allocated()) {
     // Nobody will get the response, so nobody would free the buffer.

@@ -133,13 +133,21 @@ absl::StatusOr<ferry::v1::SendResponse> TensorState::Send(const ferry::v1::SendR
                                                           absl::Time deadline,
                                                           const CancelledFn& client_gone) {
   const absl::Time start = absl::Now();
-  const ferry::v1::TensorMeta& meta = req.meta();
+  ferry::v1::TensorMeta meta = req.meta();
   RETURN_IF_ERROR(CheckName(req.peer(), "peer"));
   RETURN_IF_ERROR(CheckName(meta.tag(), "meta.tag"));
   ASSIGN_OR_RETURN(uint64_t bytes, tensors::TensorSpanBytes(meta, "meta"));
-  RETURN_IF_ERROR(tensors::ParseDevice(meta.device(), "meta.device").status());
   ASSIGN_OR_RETURN(ferry::v1::TensorPeer::Stub * stub, Stub(req.peer()));
   ASSIGN_OR_RETURN(std::shared_ptr<Buffer> buffer, buffers_->Get(req.buffer(), "buffer"));
+  // The buffer says where the bytes live ("host" now, "cuda:N" with GPU pools); a client
+  // that claims otherwise is told rather than trusted.
+  ASSIGN_OR_RETURN(int claimed, tensors::ParseDevice(meta.device(), "meta.device"));
+  ASSIGN_OR_RETURN(int actual, tensors::ParseDevice(buffer->device(), "buffer device"));
+  if (!meta.device().empty() && claimed != actual) {
+    return absl::InvalidArgumentError(absl::StrCat("meta.device: '", meta.device(), "' but buffer ",
+                                                   req.buffer(), " is on ", buffer->device()));
+  }
+  meta.set_device(buffer->device());
   if (!Fits(req.offset(), bytes, buffer->size())) {
     return absl::OutOfRangeError(absl::StrCat(
         "meta.shape: the tensor ", tensors::DescribeTensor(meta), " needs ", bytes,
