@@ -26,7 +26,18 @@ Buffer::~Buffer() {
 }
 
 absl::StatusOr<std::unique_ptr<Buffer>> Buffer::Map(const ferry::v1::BufferInfo& info) {
-  const auto& shm = info.shm();
+  ferry::v1::ShmMapping shm = info.shm();
+  if (info.has_gpu()) {
+    if (info.gpu().kind() != "shm") {
+      return absl::UnimplementedError(absl::StrCat(
+          "buffer ", info.id(), " on ", info.device(), " is mapped by ", info.gpu().kind(),
+          ", which this libferry cannot open"));
+    }
+    // A simulated GPU: its memory is shared host memory, mapped like a host buffer.
+    shm.set_path(info.gpu().path());
+    shm.set_offset(info.gpu().offset());
+    shm.set_length(info.gpu().length());
+  }
   UniqueFd fd(open(shm.path().c_str(), O_RDWR | O_CLOEXEC));
   if (!fd.valid()) {
     return absl::ErrnoToStatus(errno, absl::StrCat("open(", shm.path(), ") to map buffer ", info.id()));
@@ -65,10 +76,12 @@ absl::StatusOr<ferry::v1::GetInfoResponse> Client::GetInfo() {
   return resp;
 }
 
-absl::StatusOr<std::unique_ptr<Buffer>> Client::Alloc(uint64_t size, const std::string& name) {
+absl::StatusOr<std::unique_ptr<Buffer>> Client::Alloc(uint64_t size, const std::string& name,
+                                                      const std::string& device) {
   ferry::v1::AllocBufferRequest req;
   req.set_size(size);
   req.set_name(name);
+  req.set_device(device);
   ferry::v1::AllocBufferResponse resp;
   auto ctx = Context();
   grpc::Status s = stub_->AllocBuffer(ctx.get(), req, &resp);
@@ -161,6 +174,29 @@ absl::Status Client::Write(const Buffer& local, uint64_t local_offset, const std
                            const std::string& remote_buffer, uint64_t remote_offset, uint64_t length) {
   auto result = Run({{ferry::v1::WRITE, local.id(), local_offset, peer, remote_buffer, remote_offset, length}});
   return result.ok() ? TransferStatus(*result) : result.status();
+}
+
+absl::StatusOr<ferry::v1::PolicyState> Client::GetPolicy() {
+  ferry::v1::PolicyState resp;
+  auto ctx = Context();
+  grpc::Status s = stub_->GetPolicy(ctx.get(), {}, &resp);
+  if (!s.ok()) return FromGrpcStatus(s);
+  return resp;
+}
+
+absl::StatusOr<ferry::v1::PolicyState> Client::SetPolicy(
+    const std::vector<std::pair<std::string, std::string>>& settings) {
+  ferry::v1::SetPolicyRequest req;
+  for (const auto& [key, value] : settings) {
+    auto* s = req.add_settings();
+    s->set_key(key);
+    s->set_value(value);
+  }
+  ferry::v1::PolicyState resp;
+  auto ctx = Context();
+  grpc::Status s = stub_->SetPolicy(ctx.get(), req, &resp);
+  if (!s.ok()) return FromGrpcStatus(s);
+  return resp;
 }
 
 absl::Status Client::Read(const Buffer& local, uint64_t local_offset, const std::string& peer,

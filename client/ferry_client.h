@@ -29,6 +29,7 @@ class Buffer {
 
   uint64_t id() const { return info_.id(); }
   const std::string& name() const { return info_.name(); }
+  const std::string& device() const { return info_.device(); }
   uint64_t size() const { return info_.size(); }
   char* data() const { return data_; }
   const ferry::v1::BufferInfo& info() const { return info_; }
@@ -65,7 +66,9 @@ class Client {
                                                          absl::Duration timeout = absl::Seconds(5));
 
   absl::StatusOr<ferry::v1::GetInfoResponse> GetInfo();
-  absl::StatusOr<std::unique_ptr<Buffer>> Alloc(uint64_t size, const std::string& name = "");
+  // `device`: "host" (default) or "cuda:N" for GPU N's pool.
+  absl::StatusOr<std::unique_ptr<Buffer>> Alloc(uint64_t size, const std::string& name = "",
+                                                const std::string& device = "host");
   absl::Status Free(uint64_t id);
   absl::StatusOr<std::vector<ferry::v1::BufferInfo>> ListBuffers();
   absl::StatusOr<uint64_t> StatRemoteBuffer(const std::string& node, const std::string& name);
@@ -90,6 +93,11 @@ class Client {
                      const std::string& remote_buffer, uint64_t remote_offset, uint64_t length);
   absl::Status Read(const Buffer& local, uint64_t local_offset, const std::string& peer,
                     const std::string& remote_buffer, uint64_t remote_offset, uint64_t length);
+
+  // The GDR / staging policy, and changing it at run time (key=value settings).
+  absl::StatusOr<ferry::v1::PolicyState> GetPolicy();
+  absl::StatusOr<ferry::v1::PolicyState> SetPolicy(
+      const std::vector<std::pair<std::string, std::string>>& settings);
 
   ferry::v1::Agent::Stub& stub() { return *stub_; }
 

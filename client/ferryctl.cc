@@ -38,10 +38,14 @@ constexpr const char* kUsageText = R"(usage: ferryctl [--socket PATH] COMMAND [A
 Agent commands (the local ferryd, at --socket, $FERRY_SOCKET or /tmp/ferryd-<host>.sock):
   info [--json]                         node, version, providers, pool use, peers
   buffers [--json]                      the agent's buffers
-  alloc SIZE [--name NAME] [--json]     allocate a host buffer (SIZE like 64MiB)
+  alloc SIZE [--name NAME] [--device D] [--json]
+                                        allocate a buffer (SIZE like 64MiB; D host or cuda:N)
   free ID                               free a buffer
   put FILE --to NODE:BUFFER [--offset N]  write a file into a (remote) named buffer
   get NODE:BUFFER FILE                  read a (remote) named buffer into a file
+  policy get [--json]                   the GDR / staging policy in force
+  policy set KEY=VALUE ...              change it now (gdr, gdr_max_path, fallback,
+                                        staging_chunk, staging_depth)
 
 Offline commands (no agent needed):
   topo [--topology FILE] [--config FILE] [--json]
@@ -53,7 +57,7 @@ Exit codes: 0 ok, 1 refused or failed, 2 usage, 3 no agent.
 struct Args {
   std::vector<std::string> words;   // positional
   bool json = false;
-  std::string name, to;
+  std::string name, to, device = "host";
   uint64_t offset = 0;
 };
 
@@ -116,6 +120,47 @@ int Info(Client& c, const Args& a) {
               FormatByteSize(info->host_pool_bytes()).c_str(), peers.empty() ? "-" : peers.c_str(),
               static_cast<unsigned long long>(info->transfers_active()),
               static_cast<unsigned long long>(info->transfers_done()));
+  std::printf("policy      generation %llu\n", static_cast<unsigned long long>(info->policy_generation()));
+  for (const auto& g : info->gpus()) {
+    std::printf("gpu %-7d %s %s, pool %s used of %s, fragmentation %.2f\n", g.index(),
+                g.backend().c_str(), g.pci().empty() ? "-" : g.pci().c_str(),
+                FormatByteSize(g.pool_used_bytes()).c_str(), FormatByteSize(g.pool_bytes()).c_str(),
+                g.pool_fragmentation());
+  }
+  for (const auto& b : info->bounce_pools()) {
+    std::printf("bounce %-4s %u x %s, %u in use (peak %u), %s\n", b.name().c_str(), b.chunks(),
+                FormatByteSize(b.chunk_bytes()).c_str(), b.chunks_in_use(), b.peak_chunks_in_use(),
+                b.placement().c_str());
+  }
+  return kOk;
+}
+
+int Policy(Client& c, const Args& a) {
+  if (a.words.empty()) return Usage("policy needs get or set");
+  absl::StatusOr<ferry::v1::PolicyState> state;
+  if (a.words[0] == "get" && a.words.size() == 1) {
+    state = c.GetPolicy();
+  } else if (a.words[0] == "set" && a.words.size() > 1) {
+    std::vector<std::pair<std::string, std::string>> settings;
+    for (size_t i = 1; i < a.words.size(); ++i) {
+      size_t eq = a.words[i].find('=');
+      if (eq == std::string::npos || eq == 0) return Usage(absl::StrCat("'", a.words[i], "' is not KEY=VALUE"));
+      settings.emplace_back(a.words[i].substr(0, eq), a.words[i].substr(eq + 1));
+    }
+    state = c.SetPolicy(settings);
+  } else {
+    return Usage("policy get | policy set KEY=VALUE ...");
+  }
+  if (!state.ok()) return Fail(state.status());
+  if (a.json) {
+    std::cout << Json(*state) << "\n";
+  } else {
+    std::printf("generation     %llu\ngdr            %s\ngdr_max_path   %s\nfallback       %s\n"
+                "staging_chunk  %s\nstaging_depth  %u\n",
+                static_cast<unsigned long long>(state->generation()), state->gdr().c_str(),
+                state->gdr_max_path().c_str(), state->fallback().c_str(),
+                FormatByteSize(state->staging_chunk_bytes()).c_str(), state->staging_depth());
+  }
   return kOk;
 }
 
@@ -141,7 +186,7 @@ int Alloc(Client& c, const Args& a) {
   if (a.words.size() != 1) return Usage("alloc needs SIZE");
   auto size = ParseByteSize(a.words[0]);
   if (!size.ok()) return Usage(std::string(size.status().message()));
-  auto buffer = c.Alloc(*size, a.name);
+  auto buffer = c.Alloc(*size, a.name, a.device);
   if (!buffer.ok()) return Fail(buffer.status());
   if (a.json) {
     std::cout << Json((*buffer)->info()) << "\n";
@@ -266,6 +311,8 @@ int Main(int argc, char** argv) {
       a.json = true;
     } else if (w == "--name") {
       if (!value(&a.name)) return Usage("--name needs a value");
+    } else if (w == "--device") {
+      if (!value(&a.device)) return Usage("--device needs host or cuda:N");
     } else if (w == "--to") {
       if (!value(&a.to)) return Usage("--to needs NODE:BUFFER");
     } else if (w == "--offset") {
@@ -278,7 +325,8 @@ int Main(int argc, char** argv) {
   }
   using Handler = int (*)(Client&, const Args&);
   const std::pair<const char*, Handler> kCommands[] = {
-      {"info", Info}, {"buffers", Buffers}, {"alloc", Alloc}, {"free", Free}, {"put", Put}, {"get", Get}};
+      {"info", Info}, {"buffers", Buffers}, {"alloc", Alloc}, {"free", Free}, {"put", Put}, {"get", Get},
+      {"policy", Policy}};
   for (const auto& [name, handler] : kCommands) {
     if (command != name) continue;
     auto client = Client::Connect(socket, absl::Seconds(3));

@@ -114,7 +114,7 @@ absl::Status ParseInto(const Context& ctx, const YAML::Node& root, Config& c) {
   if (!root || root.IsNull()) return absl::OkStatus();  // empty file: all defaults
   RETURN_IF_ERROR(CheckKeys(ctx, root, "",
                             {"node", "listen", "peers", "host_pool", "providers", "tcp", "verbs", "limits",
-                             "log", "topology", "nics", "policy"}));
+                             "log", "topology", "nics", "policy", "gpu"}));
   if (auto n = root["node"]) {
     ASSIGN_OR_RETURN(c.node, ReadString(ctx, n, "node"));
     if (c.node.empty() || c.node.find_first_of(":/ \t") != std::string::npos) {
@@ -255,6 +255,30 @@ absl::Status ParseInto(const Context& ctx, const YAML::Node& root, Config& c) {
     }
   }
   if (auto n = root["policy"]) RETURN_IF_ERROR(ParsePolicySection(ctx, n, c.policy));
+  if (auto gpu = root["gpu"]) {
+    RETURN_IF_ERROR(CheckKeys(ctx, gpu, "gpu", {"backend", "count", "pool_size", "sim_copy_rate"}));
+    if (auto n = gpu["backend"]) {
+      ASSIGN_OR_RETURN(c.gpu_backend, ReadString(ctx, n, "gpu.backend"));
+      if (c.gpu_backend != "auto" && c.gpu_backend != "cuda" && c.gpu_backend != "sim" &&
+          c.gpu_backend != "none") {
+        return ctx.Error(n, "gpu.backend", absl::StrCat("'", c.gpu_backend, "' is not one of auto, cuda, sim, none"));
+      }
+    }
+    if (auto n = gpu["count"]) {
+      ASSIGN_OR_RETURN(c.gpu_sim_count, ReadCount(ctx, n, "gpu.count", 0, 64));
+    }
+    if (auto n = gpu["pool_size"]) {
+      ASSIGN_OR_RETURN(c.gpu_pool_bytes, ReadByteSize(ctx, n, "gpu.pool_size"));
+      if (c.gpu_pool_bytes < (1u << 20)) return ctx.Error(n, "gpu.pool_size", "must be at least 1 MiB");
+    }
+    if (auto n = gpu["sim_copy_rate"]) {
+      // Bytes per second, e.g. "2GiB" for 2 GiB/s.
+      ASSIGN_OR_RETURN(c.gpu_sim_copy_bytes_per_sec, ReadByteSize(ctx, n, "gpu.sim_copy_rate"));
+    }
+    if (c.gpu_backend != "sim" && c.gpu_sim_count > 0) {
+      return ctx.Error(gpu, "gpu.count", "only applies to gpu.backend: sim");
+    }
+  }
   return absl::OkStatus();
 }
 

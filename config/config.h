@@ -62,6 +62,11 @@ struct Config {
   std::string topology;
   NicFilter nics;
   Policy policy;
+  // GPUs: "auto" (CUDA GPUs if any), "cuda", "sim" (simulated: tests and CI), "none".
+  std::string gpu_backend = "auto";
+  uint32_t gpu_sim_count = 0;          // gpu.count, for sim
+  uint64_t gpu_pool_bytes = 1ull << 30;  // device pool slab per GPU
+  uint64_t gpu_sim_copy_bytes_per_sec = 0;  // 0: as fast as memcpy
 
   // Where the file came from ("" when built from defaults); used in messages and SIGHUP.
   std::string source_path;

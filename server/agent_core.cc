@@ -57,14 +57,26 @@ absl::StatusOr<std::unique_ptr<AgentCore>> AgentCore::Create(const config::Confi
     fabrics.push_back(f.get());
     spdlog::info("provider {} listening on {}", f->provider(), f->address());
   }
-  core->buffers_ = std::make_unique<BufferRegistry>(core->pool_.get(), fabrics);
+  RETURN_IF_ERROR(core->LoadGpus());
+  core->bounce_ = std::make_unique<BouncePools>(fabrics, core->gpus_.get());
+  core->buffers_ = std::make_unique<BufferRegistry>(core->pool_.get(), core->gpus_.get(), fabrics);
   core->peers_ = std::make_unique<PeerDirectory>(config.node, config.peer_listen, config.peers,
                                                  fabrics);
   EngineLimits limits;
   limits.max_op_bytes = config.max_op_bytes;
   limits.max_ops_per_submit = config.max_ops_per_submit;
   limits.default_timeout = absl::Milliseconds(config.default_timeout_ms);
-  core->engine_ = std::make_unique<TransferEngine>(core->buffers_.get(), core->peers_.get(), limits);
+  EngineDeps deps;
+  deps.buffers = core->buffers_.get();
+  deps.peers = core->peers_.get();
+  deps.policies = core->policies_.get();
+  deps.gpus = core->gpus_.get();
+  deps.bounce = core->bounce_.get();
+  AgentCore* raw = core.get();
+  deps.plan = [raw](const Buffer& b, const PolicySnapshot& snap, const std::string& provider) {
+    return raw->PlanLeg(b, snap, provider);
+  };
+  core->engine_ = std::make_unique<TransferEngine>(std::move(deps), limits);
   std::map<std::string, std::string> tensor_peers = config.peers;
   tensor_peers[config.node] = config.peer_listen;  // sending to oneself works like any peer
   core->tensors_ = std::make_unique<TensorState>(config.node, std::move(tensor_peers),
@@ -86,20 +98,40 @@ absl::Status AgentCore::LoadTopology() {
   } else {
     machine_ = *std::move(machine);
   }
-  ASSIGN_OR_RETURN(topology::TopologyPlan plan,
-                   topology::BuildPlan(machine_, config_.nics, config_.policy));
-  spdlog::info("topology {}: {} GPU(s), {} RDMA NIC(s), provider {}",
+  spdlog::info("topology {}: {} GPU(s), {} RDMA NIC(s)",
                config_.topology.empty() ? "of this machine" : config_.topology,
-               machine_.gpus.size(), machine_.nics.size(), plan.provider);
-  for (const auto& gpu : plan.gpus) spdlog::info("topology: {}", gpu.reason);
-  absl::MutexLock lock(&plan_mu_);
-  plan_ = std::move(plan);
+               machine_.gpus.size(), machine_.nics.size());
+  // The store builds (and logs) the plan of every policy generation, this first one too.
+  ASSIGN_OR_RETURN(policies_, PolicyStore::Create(&machine_, config_.nics, config_.policy));
   return absl::OkStatus();
 }
 
-topology::TopologyPlan AgentCore::plan() const {
-  absl::MutexLock lock(&plan_mu_);
-  return plan_;
+absl::Status AgentCore::LoadGpus() {
+  memory::GpuOptions options;
+  options.backend = config_.gpu_backend;
+  options.count = config_.gpu_sim_count;
+  options.sim_copy_bytes_per_sec = config_.gpu_sim_copy_bytes_per_sec;
+  // Simulated GPU i sits where the topology's GPU i is.
+  for (const auto& gpu : machine_.gpus) options.sim_pci.push_back(gpu.pci);
+  std::string why;
+  ASSIGN_OR_RETURN(auto devices, memory::CreateGpus(options, &why));
+  spdlog::info("{}", why);
+  for (const auto& d : devices) {
+    int match = -1;
+    for (size_t t = 0; t < machine_.gpus.size(); ++t) {
+      if (!d->pci().empty() && machine_.gpus[t].pci == d->pci()) match = static_cast<int>(t);
+    }
+    topology_gpu_.push_back(match);
+  }
+  ASSIGN_OR_RETURN(gpus_, GpuPools::Create(std::move(devices), config_.gpu_pool_bytes));
+  return absl::OkStatus();
+}
+
+LegPlan AgentCore::PlanLeg(const Buffer& buffer, const PolicySnapshot& snapshot,
+                           const std::string& provider) const {
+  int gpu = buffer.gpu();
+  int topology_gpu = gpu >= 0 && static_cast<size_t>(gpu) < topology_gpu_.size() ? topology_gpu_[gpu] : -1;
+  return server::PlanLeg(buffer, topology_gpu, machine_, snapshot, provider);
 }
 
 AgentCore::~AgentCore() {
@@ -110,6 +142,8 @@ AgentCore::~AgentCore() {
   engine_.reset();
   peers_.reset();
   buffers_.reset();
+  bounce_.reset();
+  gpus_.reset();
   fabrics_.clear();
   pool_.reset();
 }

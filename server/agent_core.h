@@ -11,7 +11,11 @@
 #include "absl/synchronization/mutex.h"
 #include "config/config.h"
 #include "server/buffer_registry.h"
+#include "server/engine/bounce_pools.h"
+#include "server/engine/leg_planner.h"
 #include "server/engine/transfer_engine.h"
+#include "server/gpu_pools.h"
+#include "server/policy_store.h"
 #include "server/peers/peer_directory.h"
 #include "server/tensors/tensor_state.h"
 #include "transport/fabric.h"
@@ -37,21 +41,31 @@ class AgentCore {
   TensorState& tensors() { return *tensors_; }
   // The PCIe topology found at start and the plan made from it under the current policy.
   const topology::Machine& machine() const { return machine_; }
-  topology::TopologyPlan plan() const;
+  topology::TopologyPlan plan() const { return policies_->Current()->plan; }
+  PolicyStore& policies() { return *policies_; }
+  GpuPools* gpus() { return gpus_.get(); }
+  BouncePools& bounce() { return *bounce_; }
+  // How this agent moves bytes in or out of `buffer` with `provider` under `snapshot`.
+  LegPlan PlanLeg(const Buffer& buffer, const PolicySnapshot& snapshot,
+                  const std::string& provider) const;
 
  private:
   explicit AgentCore(config::Config config);
   absl::Status LoadTopology();
+  absl::Status LoadGpus();
 
   const config::Config config_;
   const uint64_t incarnation_;
   topology::Machine machine_;
-  mutable absl::Mutex plan_mu_;
-  topology::TopologyPlan plan_ ABSL_GUARDED_BY(plan_mu_);
+  std::unique_ptr<PolicyStore> policies_;
+  // The GPU index in machine_.gpus for each of our GPUs (matched by PCI address), or -1.
+  std::vector<int> topology_gpu_;
   // Declaration order is teardown order reversed: the engine goes first (fails what is
   // running), then endpoints, buffers (revoking keys), the fabric, and the pool last.
   std::unique_ptr<memory::HostPool> pool_;
   std::vector<std::unique_ptr<fabric::Fabric>> fabrics_;
+  std::unique_ptr<GpuPools> gpus_;
+  std::unique_ptr<BouncePools> bounce_;
   std::unique_ptr<BufferRegistry> buffers_;
   std::unique_ptr<PeerDirectory> peers_;
   std::unique_ptr<TransferEngine> engine_;

@@ -9,14 +9,13 @@
 namespace ferry::server {
 namespace {
 
-void Describe(const Buffer& b, const memory::HostPool& pool, ferry::v1::BufferInfo* out) {
-  out->set_id(b.id());
-  out->set_name(b.name());
-  out->set_size(b.size());
-  out->set_device(b.device());
-  out->mutable_shm()->set_path(pool.path());
-  out->mutable_shm()->set_offset(b.pool_offset());
-  out->mutable_shm()->set_length(b.size());
+void FillPolicy(const PolicySnapshot& snap, ferry::v1::PolicyState* out) {
+  out->set_generation(snap.generation);
+  out->set_gdr(config::GdrModeName(snap.policy.gdr));
+  out->set_gdr_max_path(config::PathClassName(snap.policy.gdr_max_path));
+  out->set_fallback(config::FallbackName(snap.policy.fallback));
+  out->set_staging_chunk_bytes(snap.policy.staging_chunk_bytes);
+  out->set_staging_depth(snap.policy.staging_depth);
 }
 
 }  // namespace
@@ -32,18 +31,22 @@ grpc::Status AgentService::GetInfo(grpc::ServerContext*, const ferry::v1::GetInf
   for (const auto& name : core_->peers().Names()) resp->add_peers(name);
   resp->set_transfers_active(core_->engine().active());
   resp->set_transfers_done(core_->engine().finished());
+  auto snapshot = core_->policies().Current();
+  resp->set_policy_generation(snapshot->generation);
+  GpuPools* gpus = core_->gpus();
+  for (size_t g = 0; gpus != nullptr && g < gpus->count(); ++g) {
+    auto* info = resp->add_gpus();
+    gpus->Fill(static_cast<int>(g), info);
+  }
+  core_->bounce().Fill(resp);
   return grpc::Status::OK;
 }
 
 grpc::Status AgentService::AllocBuffer(grpc::ServerContext*, const ferry::v1::AllocBufferRequest* req,
                                        ferry::v1::AllocBufferResponse* resp) {
-  if (!req->device().empty() && req->device() != "host") {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        absl::StrCat("device: '", req->device(), "' is not available (host only)"));
-  }
-  auto buffer = core_->buffers().Allocate(req->size(), req->name());
+  auto buffer = core_->buffers().Allocate(req->size(), req->name(), req->device());
   if (!buffer.ok()) return ToGrpcStatus(buffer.status());
-  Describe(**buffer, core_->pool(), resp->mutable_buffer());
+  (*buffer)->Describe(resp->mutable_buffer());
   return grpc::Status::OK;
 }
 
@@ -54,7 +57,7 @@ grpc::Status AgentService::FreeBuffer(grpc::ServerContext*, const ferry::v1::Fre
 
 grpc::Status AgentService::ListBuffers(grpc::ServerContext*, const ferry::v1::ListBuffersRequest*,
                                        ferry::v1::ListBuffersResponse* resp) {
-  for (const auto& b : core_->buffers().List()) Describe(*b, core_->pool(), resp->add_buffers());
+  for (const auto& b : core_->buffers().List()) b->Describe(resp->add_buffers());
   return grpc::Status::OK;
 }
 
@@ -118,6 +121,28 @@ grpc::Status AgentService::GetTopology(grpc::ServerContext*, const ferry::v1::Ge
   topology::TopologyPlan plan = core_->plan();
   resp->set_text(topology::FormatPlanText(core_->machine(), plan));
   resp->set_json(topology::FormatPlanJson(core_->machine(), plan));
+  return grpc::Status::OK;
+}
+
+grpc::Status AgentService::GetPolicy(grpc::ServerContext*, const ferry::v1::GetPolicyRequest*,
+                                     ferry::v1::PolicyState* resp) {
+  FillPolicy(*core_->policies().Current(), resp);
+  return grpc::Status::OK;
+}
+
+grpc::Status AgentService::SetPolicy(grpc::ServerContext*, const ferry::v1::SetPolicyRequest* req,
+                                     ferry::v1::PolicyState* resp) {
+  std::vector<std::pair<std::string, std::string>> settings;
+  for (const auto& s : req->settings()) settings.emplace_back(s.key(), s.value());
+  if (settings.empty()) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "settings: nothing to set");
+  }
+  auto snapshot = core_->policies().Apply(settings);
+  if (!snapshot.ok()) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        absl::StrCat("settings: ", snapshot.status().message(), " (policy unchanged)"));
+  }
+  FillPolicy(**snapshot, resp);
   return grpc::Status::OK;
 }
 

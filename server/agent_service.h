@@ -31,6 +31,10 @@ class AgentService final : public ferry::v1::Agent::Service {
                      grpc::ServerWriter<ferry::v1::TransferProgress>*) override;
   grpc::Status GetTopology(grpc::ServerContext*, const ferry::v1::GetTopologyRequest*,
                            ferry::v1::GetTopologyResponse*) override;
+  grpc::Status GetPolicy(grpc::ServerContext*, const ferry::v1::GetPolicyRequest*,
+                         ferry::v1::PolicyState*) override;
+  grpc::Status SetPolicy(grpc::ServerContext*, const ferry::v1::SetPolicyRequest*,
+                         ferry::v1::PolicyState*) override;
 
  private:
   AgentCore* const core_;

@@ -2,14 +2,54 @@
 
 #include <algorithm>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 
 namespace ferry::server {
 
-const std::string& Buffer::device() const {
-  static const std::string kHost = "host";
-  return kHost;
+namespace {
+
+class HostMemory : public BufferMemory {
+ public:
+  HostMemory(std::unique_ptr<memory::HostBlock> block, std::string path)
+      : block_(std::move(block)), path_(std::move(path)) {}
+  char* data() const override { return block_->data(); }
+  uint64_t size() const override { return block_->size(); }
+  std::string device() const override { return "host"; }
+  int gpu() const override { return -1; }
+  std::string backend() const override { return "host"; }
+  void Describe(ferry::v1::BufferInfo* info) const override {
+    info->mutable_shm()->set_path(path_);
+    info->mutable_shm()->set_offset(block_->offset());
+    info->mutable_shm()->set_length(block_->size());
+  }
+
+ private:
+  std::unique_ptr<memory::HostBlock> block_;
+  std::string path_;
+};
+
+// "cuda:3" -> 3.
+absl::StatusOr<int> ParseGpuDevice(const std::string& device) {
+  int index = -1;
+  if (device.rfind("cuda:", 0) != 0 || !absl::SimpleAtoi(device.substr(5), &index) || index < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("device: '", device, "' is not \"host\" or \"cuda:N\""));
+  }
+  return index;
+}
+
+}  // namespace
+
+void Buffer::Describe(ferry::v1::BufferInfo* info) const {
+  info->set_id(id_);
+  info->set_name(name_);
+  info->set_size(size());
+  info->set_device(device());
+  info->set_backend(backend());
+  memory_->Describe(info);
+  for (const auto& r : registrations_) info->add_registrations(r);
 }
 
 const fabric::MemoryRegion* Buffer::region(const std::string& provider) const {
@@ -20,7 +60,8 @@ const fabric::MemoryRegion* Buffer::region(const std::string& provider) const {
 }
 
 absl::StatusOr<std::shared_ptr<Buffer>> BufferRegistry::Allocate(uint64_t size,
-                                                                 const std::string& name) {
+                                                                 const std::string& name,
+                                                                 const std::string& device) {
   if (size == 0) return absl::InvalidArgumentError("size: must be positive");
   if (!name.empty()) {
     if (name.size() > 256 || name.find_first_of(": \t\n") != std::string::npos) {
@@ -32,19 +73,44 @@ absl::StatusOr<std::shared_ptr<Buffer>> BufferRegistry::Allocate(uint64_t size,
       return absl::AlreadyExistsError(absl::StrCat("name: a buffer named '", name, "' exists"));
     }
   }
-  ASSIGN_OR_RETURN(auto block, pool_->Allocate(size));
   uint32_t access = name.empty() ? fabric::kLocal : (fabric::kRemoteWrite | fabric::kRemoteRead);
+  std::unique_ptr<BufferMemory> memory;
   Buffer::Regions regions;
-  for (fabric::Fabric* f : fabrics_) {
-    ASSIGN_OR_RETURN(auto region, f->Register(block->data(), size, access));
-    regions.emplace_back(f->provider(), std::move(region));
+  std::vector<std::string> registrations;
+  if (device.empty() || device == "host") {
+    ASSIGN_OR_RETURN(auto block, pool_->Allocate(size));
+    memory = std::make_unique<HostMemory>(std::move(block), pool_->path());
+    for (fabric::Fabric* f : fabrics_) {
+      ASSIGN_OR_RETURN(auto region, f->Register(memory->data(), size, access));
+      regions.emplace_back(f->provider(), std::move(region));
+    }
+  } else {
+    ASSIGN_OR_RETURN(int gpu, ParseGpuDevice(device));
+    if (gpus_ == nullptr || static_cast<size_t>(gpu) >= gpus_->count()) {
+      return absl::NotFoundError(absl::StrCat("device: this agent has no GPU ", device, " (it has ",
+                                              gpus_ ? gpus_->count() : 0, ")"));
+    }
+    ASSIGN_OR_RETURN(memory, gpus_->Allocate(gpu, size));
+    // A fabric that cannot register GPU memory leaves the buffer to staging; the reason
+    // stays with the buffer and shows in every transfer that stages it.
+    for (fabric::Fabric* f : fabrics_) {
+      std::string method;
+      auto region = gpus_->RegisterForGdr(gpu, *f, memory->data(), size, access, &method);
+      if (region.ok()) {
+        regions.emplace_back(f->provider(), std::move(*region));
+        registrations.push_back(method);
+      } else {
+        registrations.push_back(std::string(region.status().message()));
+      }
+    }
   }
   absl::MutexLock lock(&mu_);
   if (!name.empty() && by_name_.contains(name)) {
     return absl::AlreadyExistsError(absl::StrCat("name: a buffer named '", name, "' exists"));
   }
   uint64_t id = next_id_++;
-  auto buffer = std::make_shared<Buffer>(id, name, std::move(block), std::move(regions));
+  auto buffer = std::make_shared<Buffer>(id, name, std::move(memory), std::move(regions),
+                                         std::move(registrations));
   by_id_.emplace(id, buffer);
   if (!name.empty()) by_name_.emplace(name, id);
   return buffer;

@@ -1,6 +1,6 @@
 #pragma once
-// The agent's buffers: host pool memory, registered with the fabric, known by id and
-// (optionally) by name. Transfers hold a shared_ptr, so freeing a buffer in use waits for
+// The agent's buffers: host pool memory or GPU pool memory, registered with the fabrics
+// that can reach it, known by id and (optionally) by name. Transfers hold a shared_ptr, so freeing a buffer in use waits for
 // them: the memory and the fabric key live until the last transfer lets go.
 
 #include <cstdint>
@@ -13,6 +13,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "transport/fabric.h"
+#include "server/gpu_pools.h"
 #include "transport/memory/host_pool.h"
 
 namespace ferry::server {
@@ -21,37 +22,48 @@ class Buffer {
  public:
   using Regions = std::vector<std::pair<std::string, std::unique_ptr<fabric::MemoryRegion>>>;
 
-  Buffer(uint64_t id, std::string name, std::unique_ptr<memory::HostBlock> block, Regions regions)
-      : id_(id), name_(std::move(name)), block_(std::move(block)), regions_(std::move(regions)) {}
+  Buffer(uint64_t id, std::string name, std::unique_ptr<BufferMemory> memory, Regions regions,
+         std::vector<std::string> registrations)
+      : id_(id), name_(std::move(name)), memory_(std::move(memory)), regions_(std::move(regions)),
+        registrations_(std::move(registrations)) {}
 
   uint64_t id() const { return id_; }
   const std::string& name() const { return name_; }
-  uint64_t size() const { return block_->size(); }
-  uint64_t pool_offset() const { return block_->offset(); }
-  // The registration with `provider`'s fabric; nullptr if it has none.
+  uint64_t size() const { return memory_->size(); }
+  char* data() const { return memory_->data(); }
+  std::string device() const { return memory_->device(); }
+  int gpu() const { return memory_->gpu(); }
+  std::string backend() const { return memory_->backend(); }
+  // The registration with `provider`'s fabric; nullptr if it has none (a GPU buffer the
+  // fabric cannot reach directly).
   const fabric::MemoryRegion* region(const std::string& provider) const;
   // (provider, region) for every fabric the buffer is registered with.
   const Regions& regions() const { return regions_; }
-  const std::string& device() const;
+  // The mapping for clients plus how the buffer is registered.
+  void Describe(ferry::v1::BufferInfo* info) const;
 
  private:
   const uint64_t id_;
   const std::string name_;
   // Declared before regions_ so it is destroyed after them: every key is revoked (and
-  // remote accesses drained) before the memory goes back to the pool.
-  std::unique_ptr<memory::HostBlock> block_;
+  // remote accesses drained) before the memory goes back to its pool.
+  std::unique_ptr<BufferMemory> memory_;
   Regions regions_;
+  const std::vector<std::string> registrations_;
 };
 
 class BufferRegistry {
  public:
-  // Every buffer is registered with each of `fabrics`.
-  BufferRegistry(memory::HostPool* pool, std::vector<fabric::Fabric*> fabrics)
-      : pool_(pool), fabrics_(std::move(fabrics)) {}
+  // Host buffers are registered with each of `fabrics`; GPU buffers (from `gpus`, which
+  // may be null) with each fabric that can reach GPU memory directly.
+  BufferRegistry(memory::HostPool* pool, GpuPools* gpus, std::vector<fabric::Fabric*> fabrics)
+      : pool_(pool), gpus_(gpus), fabrics_(std::move(fabrics)) {}
 
-  // Named buffers are exported to peers (remote read and write); unnamed ones are not.
-  // ALREADY_EXISTS for a name in use, RESOURCE_EXHAUSTED when the pool is full.
-  absl::StatusOr<std::shared_ptr<Buffer>> Allocate(uint64_t size, const std::string& name);
+  // `device`: "" or "host", or "cuda:N". Named buffers are exported to peers (remote read
+  // and write); unnamed ones are not. ALREADY_EXISTS for a name in use, NOT_FOUND for a GPU
+  // this agent does not have, RESOURCE_EXHAUSTED when the pool is full.
+  absl::StatusOr<std::shared_ptr<Buffer>> Allocate(uint64_t size, const std::string& name,
+                                                   const std::string& device = "host");
   // NOT_FOUND for an unknown or already freed id.
   absl::Status Free(uint64_t id);
   // NOT_FOUND naming `field` ("ops[3].local_buffer") for an unknown or freed id.
@@ -62,6 +74,7 @@ class BufferRegistry {
 
  private:
   memory::HostPool* const pool_;
+  GpuPools* const gpus_;
   const std::vector<fabric::Fabric*> fabrics_;
   mutable absl::Mutex mu_;
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;

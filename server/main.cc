@@ -164,7 +164,20 @@ int Run(int argc, char** argv) {
     int sig = 0;
     sigwait(&signals, &sig);
     if (sig == SIGHUP) {
-      spdlog::info("SIGHUP: nothing to reload yet (policy reload arrives with GPU pools)");
+      // Only the policy is reloadable: the rest (sockets, pools, peers) needs a restart.
+      if (config.source_path.empty()) {
+        spdlog::warn("SIGHUP: started without --config, nothing to reload");
+        continue;
+      }
+      auto policy = config::LoadPolicyFromFile(config.source_path);
+      auto applied = policy.ok() ? (*core)->policies().Replace(*policy)
+                                 : absl::StatusOr<std::shared_ptr<const PolicySnapshot>>(policy.status());
+      if (!applied.ok()) {
+        spdlog::error("SIGHUP: policy not reloaded, the current one stays: {}", applied.status().ToString());
+      } else {
+        spdlog::info("SIGHUP: policy reloaded from {} (generation {})", config.source_path,
+                     (*applied)->generation);
+      }
       continue;
     }
     spdlog::info("signal {}: stopping", sig);

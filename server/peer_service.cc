@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/grpc_status.h"
 #include "server/agent_core.h"
+#include "server/engine/stage_receiver.h"
 #include "server/peers/protocol.h"
 #include "spdlog/spdlog.h"
 
@@ -53,6 +54,23 @@ grpc::Status PeerService::ResolveBuffer(grpc::ServerContext*,
     key->set_address(region->remote_address());
     key->set_key(region->key());
   }
+  // How we take writes into it, with the provider this peer will use (the first we both
+  // run: the writer picked it the same way).
+  auto snapshot = core_->policies().Current();
+  std::string provider = core_->fabrics().front()->provider();
+  for (const auto& f : core_->fabrics()) {
+    if ((*buffer)->region(f->provider()) != nullptr) {
+      provider = f->provider();
+      break;
+    }
+  }
+  LegPlan leg = core_->PlanLeg(**buffer, *snapshot, provider);
+  resp->set_mode(leg.mode);
+  resp->set_reason(leg.reason);
+  resp->set_nic(leg.nic);
+  resp->set_path(leg.path);
+  resp->set_backend(leg.backend);
+  resp->set_policy_generation(snapshot->generation);
   resp->set_device((*buffer)->device());
   resp->set_incarnation(core_->incarnation());
   return grpc::Status::OK;
@@ -63,6 +81,21 @@ grpc::Status PeerService::Health(grpc::ServerContext*, const ferry::v1::HealthRe
   resp->set_node(core_->config().node);
   resp->set_incarnation(core_->incarnation());
   return grpc::Status::OK;
+}
+
+grpc::Status PeerService::Stage(
+    grpc::ServerContext* ctx,
+    grpc::ServerReaderWriter<ferry::v1::StageReply, ferry::v1::StageRequest>* stream) {
+  StageReceiverDeps deps;
+  deps.buffers = &core_->buffers();
+  deps.gpus = core_->gpus();
+  deps.bounce = &core_->bounce();
+  deps.policies = &core_->policies();
+  AgentCore* core = core_;
+  deps.plan = [core](const Buffer& b, const PolicySnapshot& snap, const std::string& provider) {
+    return core->PlanLeg(b, snap, provider);
+  };
+  return ServeStage(ctx, stream, deps);
 }
 
 }  // namespace ferry::server

@@ -4,10 +4,24 @@
 
 namespace ferry::server {
 
-Transfer::Transfer(uint64_t id, std::vector<PlannedOp> ops, absl::Time deadline)
+Transfer::Transfer(uint64_t id, std::vector<PlannedOp> ops, absl::Time deadline,
+                   std::shared_ptr<const PolicySnapshot> policy)
     : id_(id), ops_(std::move(ops)), start_(absl::Now()), deadline_(deadline),
-      states_(ops_.size()) {
+      policy_(std::move(policy)), states_(ops_.size()) {
   for (const auto& op : ops_) bytes_total_ += op.length;
+}
+
+void Transfer::SetLegs(size_t index, std::vector<ferry::v1::Leg> legs) {
+  absl::MutexLock lock(&mu_);
+  auto* out = states_[index].result.mutable_legs();
+  out->Clear();
+  for (auto& leg : legs) *out->Add() = std::move(leg);
+}
+
+std::vector<ferry::v1::Leg> Transfer::LegsOf(size_t index) const {
+  absl::MutexLock lock(&mu_);
+  const auto& legs = states_[index].result.legs();
+  return std::vector<ferry::v1::Leg>(legs.begin(), legs.end());
 }
 
 void Transfer::MarkPosted(size_t index) {
@@ -31,6 +45,10 @@ bool Transfer::SettleLocked(size_t index, const absl::Status& status, const std:
   st.result.set_bytes(status.ok() ? ops_[index].length : 0);
   if (st.posted != absl::Time()) {
     st.result.set_duration_us(static_cast<uint64_t>(absl::ToInt64Microseconds(now - st.posted)));
+  }
+  for (auto& leg : *st.result.mutable_legs()) {
+    leg.set_bytes(st.result.bytes());
+    leg.set_duration_us(st.result.duration_us());
   }
   if (status.ok()) {
     bytes_done_ += ops_[index].length;
@@ -70,6 +88,7 @@ ferry::v1::TransferResult Transfer::Result(bool include_ops) const {
   absl::MutexLock lock(&mu_);
   ferry::v1::TransferResult r;
   r.set_transfer_id(id_);
+  r.set_policy_generation(policy_->generation);
   bool done = settled_ == ops_.size();
   r.set_state(!done ? ferry::v1::RUNNING
                     : first_error_.ok() ? ferry::v1::SUCCEEDED : ferry::v1::FAILED);

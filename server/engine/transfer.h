@@ -14,6 +14,7 @@
 #include "ferry/v1/agent.pb.h"
 #include "server/buffer_registry.h"
 #include "server/peers/peer_directory.h"
+#include "server/policy_store.h"
 
 namespace ferry::server {
 
@@ -29,11 +30,18 @@ struct PlannedOp {
 
 class Transfer {
  public:
-  Transfer(uint64_t id, std::vector<PlannedOp> ops, absl::Time deadline);
+  Transfer(uint64_t id, std::vector<PlannedOp> ops, absl::Time deadline,
+           std::shared_ptr<const PolicySnapshot> policy);
 
   uint64_t id() const { return id_; }
   absl::Time deadline() const { return deadline_; }
   const std::vector<PlannedOp>& ops() const { return ops_; }
+  // The policy the transfer runs under from Submit to the end, whatever changes meanwhile.
+  const PolicySnapshot& policy() const { return *policy_; }
+
+  // Records how op `index` moved, for its result.
+  void SetLegs(size_t index, std::vector<ferry::v1::Leg> legs);
+  std::vector<ferry::v1::Leg> LegsOf(size_t index) const;
 
   void MarkPosted(size_t index);
   // Settles op `index` (first call wins; later ones are ignored). Returns true when this
@@ -64,6 +72,7 @@ class Transfer {
   const std::vector<PlannedOp> ops_;
   const absl::Time start_;
   const absl::Time deadline_;
+  const std::shared_ptr<const PolicySnapshot> policy_;
   uint64_t bytes_total_ = 0;
 
   mutable absl::Mutex mu_;

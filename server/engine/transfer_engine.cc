@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/byte_size.h"
 #include "base/status_macros.h"
+#include "server/engine/stage_sender.h"
 #include "spdlog/spdlog.h"
 
 namespace ferry::server {
@@ -23,8 +24,8 @@ absl::Status RangeError(const std::string& field, uint64_t offset, uint64_t leng
 
 }  // namespace
 
-TransferEngine::TransferEngine(BufferRegistry* buffers, PeerDirectory* peers, EngineLimits limits)
-    : buffers_(buffers), peers_(peers), limits_(limits) {
+TransferEngine::TransferEngine(EngineDeps deps, EngineLimits limits)
+    : deps_(std::move(deps)), buffers_(deps_.buffers), peers_(deps_.peers), limits_(limits) {
   reaper_ = std::thread([this] { ReapExpired(); });
 }
 
@@ -37,6 +38,13 @@ TransferEngine::~TransferEngine() {
   }
   reaper_.join();
   for (auto& t : running) t->SettleAll(absl::UnavailableError("agent is shutting down"));
+  std::list<Worker> workers;
+  {
+    absl::MutexLock lock(&workers_mu_);
+    workers.swap(workers_);
+  }
+  for (auto& w : workers) w.sender->Cancel();
+  for (auto& w : workers) w.thread.join();
 }
 
 absl::StatusOr<std::vector<PlannedOp>> TransferEngine::Plan(const ferry::v1::SubmitRequest& request,
@@ -108,7 +116,7 @@ absl::StatusOr<uint64_t> TransferEngine::Submit(const ferry::v1::SubmitRequest& 
     absl::MutexLock lock(&mu_);
     if (stopping_) return absl::UnavailableError("agent is shutting down");
     uint64_t id = next_id_++;
-    transfer = std::make_shared<Transfer>(id, std::move(ops), deadline);
+    transfer = std::make_shared<Transfer>(id, std::move(ops), deadline, deps_.policies->Current());
     transfers_.emplace(id, transfer);
     active_.emplace(id, transfer);
   }
@@ -116,9 +124,45 @@ absl::StatusOr<uint64_t> TransferEngine::Submit(const ferry::v1::SubmitRequest& 
   return transfer->id();
 }
 
+namespace {
+
+ferry::v1::Leg MakeLeg(const std::string& side, const LegPlan& plan, const std::string& provider) {
+  ferry::v1::Leg leg;
+  leg.set_side(side);
+  leg.set_mode(plan.mode);
+  leg.set_device(plan.device);
+  leg.set_backend(plan.backend);
+  leg.set_nic(plan.nic);
+  leg.set_path(plan.path);
+  leg.set_provider(provider);
+  leg.set_reason(plan.reason);
+  return leg;
+}
+
+LegPlan RemoteLeg(const RemoteBuffer& remote) {
+  LegPlan leg;
+  leg.mode = remote.mode;
+  leg.device = remote.device;
+  leg.backend = remote.backend;
+  leg.nic = remote.nic;
+  leg.path = remote.path;
+  leg.reason = remote.reason;
+  return leg;
+}
+
+bool Direct(const std::string& mode) { return mode == "host" || mode == "gdr"; }
+
+}  // namespace
+
+void TransferEngine::Settle(const std::shared_ptr<Transfer>& transfer, size_t index,
+                            const absl::Status& status, const std::string& provider) {
+  if (transfer->Settle(index, status, provider)) OnFinished(transfer->id());
+}
+
 void TransferEngine::Post(const std::shared_ptr<Transfer>& transfer, absl::Time deadline) {
   // One endpoint per peer for the whole batch.
   std::map<std::string, absl::StatusOr<PeerEndpoint>> endpoints;
+  std::vector<StagedOp> staged;
   const auto& ops = transfer->ops();
   for (size_t i = 0; i < ops.size(); ++i) {
     const PlannedOp& op = ops[i];
@@ -128,30 +172,75 @@ void TransferEngine::Post(const std::shared_ptr<Transfer>& transfer, absl::Time 
                              peers_->Endpoint(op.remote->node, op.remote->incarnation, deadline)).first;
     }
     if (!it->second.ok()) {
-      if (transfer->Settle(i, it->second.status(), "")) OnFinished(transfer->id());
+      Settle(transfer, i, it->second.status(), "");
       continue;
     }
     const PeerEndpoint& peer = *it->second;
+    // Which way each side moves its bytes, under the policy this transfer runs with.
+    LegPlan local = deps_.plan(*op.local, transfer->policy(), peer.provider);
+    LegPlan remote = RemoteLeg(*op.remote);
+    transfer->SetLegs(i, {MakeLeg("local", local, peer.provider), MakeLeg("remote", remote, peer.provider)});
+    if (local.mode == "unavailable" || remote.mode == "unavailable") {
+      const LegPlan& refused = local.mode == "unavailable" ? local : remote;
+      Settle(transfer, i,
+             absl::FailedPreconditionError(absl::StrCat(local.mode == "unavailable" ? "" : "peer: ",
+                                                        refused.reason)),
+             peer.provider);
+      continue;
+    }
+    if (!Direct(local.mode) || !Direct(remote.mode)) {
+      staged.push_back({i, local, peer});
+      continue;
+    }
     const fabric::MemoryRegion* region = op.local->region(peer.provider);
     auto key = op.remote->keys.find(peer.provider);
     if (region == nullptr || key == op.remote->keys.end()) {
       absl::Status missing = absl::FailedPreconditionError(absl::StrCat(
           "buffer not registered with provider ", peer.provider, region ? " on the peer" : " here"));
-      if (transfer->Settle(i, missing, peer.provider)) OnFinished(transfer->id());
+      Settle(transfer, i, missing, peer.provider);
       continue;
     }
-    fabric::LocalSlice local{region, op.local_offset, op.length};
-    fabric::RemoteSlice remote{key->second.address + op.remote_offset, key->second.key};
+    fabric::LocalSlice local_slice{region, op.local_offset, op.length};
+    fabric::RemoteSlice remote_slice{key->second.address + op.remote_offset, key->second.key};
     // The completion holds the transfer (and so the buffers) until the fabric is done.
     fabric::Completion done = [this, transfer, i, provider = peer.provider](absl::Status s) {
-      if (transfer->Settle(i, s, provider)) OnFinished(transfer->id());
+      Settle(transfer, i, s, provider);
     };
     transfer->MarkPosted(i);
     absl::Status posted = op.type == ferry::v1::WRITE
-                              ? peer.endpoint->PostWrite(local, remote, std::move(done))
-                              : peer.endpoint->PostRead(local, remote, std::move(done));
-    if (!posted.ok() && transfer->Settle(i, posted, peer.provider)) OnFinished(transfer->id());
+                              ? peer.endpoint->PostWrite(local_slice, remote_slice, std::move(done))
+                              : peer.endpoint->PostRead(local_slice, remote_slice, std::move(done));
+    if (!posted.ok()) Settle(transfer, i, posted, peer.provider);
   }
+  if (!staged.empty()) StartStaging(transfer, std::move(staged));
+}
+
+void TransferEngine::StartStaging(const std::shared_ptr<Transfer>& transfer,
+                                  std::vector<StagedOp> ops) {
+  StageSender::Deps deps;
+  deps.gpus = deps_.gpus;
+  deps.bounce = deps_.bounce;
+  deps.peers = peers_;
+  deps.settle = [this, transfer](size_t index, const absl::Status& s, const std::string& provider) {
+    Settle(transfer, index, s, provider);
+  };
+  auto sender = std::make_shared<StageSender>(transfer, std::move(ops), std::move(deps));
+  auto done = std::make_shared<std::atomic<bool>>(false);
+  absl::MutexLock lock(&workers_mu_);
+  // Join the workers that have finished, so a long-lived agent does not collect threads.
+  for (auto w = workers_.begin(); w != workers_.end();) {
+    if (w->done->load()) {
+      w->thread.join();
+      w = workers_.erase(w);
+    } else {
+      ++w;
+    }
+  }
+  std::thread thread([sender, done] {
+    sender->Run();
+    done->store(true);
+  });
+  workers_.push_back({sender, std::move(thread), done});
 }
 
 void TransferEngine::OnFinished(uint64_t id) {

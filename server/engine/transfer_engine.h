@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <atomic>
+#include <functional>
 #include <thread>
 
 #include "absl/base/thread_annotations.h"
@@ -12,9 +14,15 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "ferry/v1/agent.pb.h"
+#include <list>
+
 #include "server/buffer_registry.h"
+#include "server/engine/bounce_pools.h"
+#include "server/engine/leg_planner.h"
 #include "server/engine/transfer.h"
+#include "server/gpu_pools.h"
 #include "server/peers/peer_directory.h"
+#include "server/policy_store.h"
 
 namespace ferry::server {
 
@@ -26,9 +34,23 @@ struct EngineLimits {
   size_t history = 4096;
 };
 
+class StageSender;
+struct StagedOp;
+
+// What the engine plans and moves with; all owned by the agent and outliving the engine.
+struct EngineDeps {
+  BufferRegistry* buffers = nullptr;
+  PeerDirectory* peers = nullptr;
+  PolicyStore* policies = nullptr;
+  GpuPools* gpus = nullptr;           // may be null: no GPUs
+  BouncePools* bounce = nullptr;
+  // How this agent moves bytes in or out of a buffer (PlanLeg with its topology).
+  std::function<LegPlan(const Buffer&, const PolicySnapshot&, const std::string& provider)> plan;
+};
+
 class TransferEngine {
  public:
-  TransferEngine(BufferRegistry* buffers, PeerDirectory* peers, EngineLimits limits);
+  TransferEngine(EngineDeps deps, EngineLimits limits);
   // Fails what is still running (UNAVAILABLE: agent stopping) and stops the reaper.
   ~TransferEngine();
 
@@ -48,9 +70,23 @@ class TransferEngine {
   void OnFinished(uint64_t id);
   void ReapExpired();
 
+  // Runs a transfer's staged ops on a thread of its own.
+  void StartStaging(const std::shared_ptr<Transfer>& transfer, std::vector<StagedOp> ops);
+  void Settle(const std::shared_ptr<Transfer>& transfer, size_t index, const absl::Status& status,
+              const std::string& provider);
+
+  const EngineDeps deps_;
   BufferRegistry* const buffers_;
   PeerDirectory* const peers_;
   const EngineLimits limits_;
+
+  struct Worker {
+    std::shared_ptr<StageSender> sender;
+    std::thread thread;
+    std::shared_ptr<std::atomic<bool>> done;
+  };
+  absl::Mutex workers_mu_;
+  std::list<Worker> workers_ ABSL_GUARDED_BY(workers_mu_);
 
   mutable absl::Mutex mu_;
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;

@@ -100,7 +100,18 @@ absl::StatusOr<RemoteBuffer> PeerDirectory::Resolve(const std::string& node,
   out.device = resp.device();
   out.incarnation = resp.incarnation();
   for (const auto& k : resp.keys()) out.keys[k.provider()] = {k.address(), k.key()};
+  if (!resp.mode().empty()) out.mode = resp.mode();
+  out.reason = resp.reason();
+  out.nic = resp.nic();
+  out.path = resp.path();
+  out.backend = resp.backend();
   return out;
+}
+
+absl::StatusOr<ferry::v1::Peer::Stub*> PeerDirectory::Stub(const std::string& node) {
+  absl::MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(Link* link, FindLink(node));
+  return link->stub.get();
 }
 
 absl::StatusOr<PeerEndpoint> PeerDirectory::Endpoint(const std::string& node, uint64_t incarnation,

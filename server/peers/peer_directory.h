@@ -26,9 +26,16 @@ struct RemoteBuffer {
   std::string name;
   uint64_t size = 0;
   std::string device;
-  // Byte 0 of the buffer, per provider it is registered with.
+  // Byte 0 of the buffer, per provider that can reach it directly.
   absl::flat_hash_map<std::string, fabric::RemoteSlice> keys;
   uint64_t incarnation = 0;
+  // How the peer takes writes into it: "host", "gdr", "staged" (the Stage call) or
+  // "unavailable", and why; the NIC and path class on the peer's side.
+  std::string mode = "host";
+  std::string reason;
+  std::string nic;
+  std::string path;
+  std::string backend;
 };
 
 // A connected endpoint and the provider that made it.
@@ -56,6 +63,9 @@ class PeerDirectory {
   // since `incarnation` (0: any).
   absl::StatusOr<PeerEndpoint> Endpoint(const std::string& node, uint64_t incarnation,
                                         absl::Time deadline);
+  // The Peer stub for `node` (Stage calls); NOT_FOUND for an unknown node.
+  absl::StatusOr<ferry::v1::Peer::Stub*> Stub(const std::string& node);
+  const std::string& self() const { return self_; }
   // Closes every endpoint (agent shutdown).
   void CloseAll();
 

@@ -1,0 +1,34 @@
+#pragma once
+// The target side of a staged write (the Peer Stage call): grants bounce chunks near the
+// GPU's NIC as credits, copies each reported chunk into the GPU buffer, then grants the
+// chunk again. Never more than `staging_depth` chunks are granted to one call, so a slow
+// GPU (or a slow agent) holds the writer back instead of filling memory.
+
+#include <functional>
+#include <memory>
+
+#include "ferry/v1/peer.grpc.pb.h"
+#include "grpcpp/grpcpp.h"
+#include "server/buffer_registry.h"
+#include "server/engine/bounce_pools.h"
+#include "server/engine/leg_planner.h"
+#include "server/gpu_pools.h"
+#include "server/policy_store.h"
+
+namespace ferry::server {
+
+struct StageReceiverDeps {
+  BufferRegistry* buffers;
+  GpuPools* gpus;
+  BouncePools* bounce;
+  PolicyStore* policies;
+  // How this agent takes writes into a buffer now (PlanLeg with the agent's topology).
+  std::function<LegPlan(const Buffer&, const PolicySnapshot&, const std::string& provider)> plan;
+};
+
+// Serves one Stage call until the writer closes it, it fails, or the call is cancelled.
+grpc::Status ServeStage(grpc::ServerContext* ctx,
+                        grpc::ServerReaderWriter<ferry::v1::StageReply, ferry::v1::StageRequest>* stream,
+                        const StageReceiverDeps& deps);
+
+}  // namespace ferry::server

@@ -1,0 +1,144 @@
+#include "server/gpu_pools.h"
+
+#include <unistd.h>
+
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+#include "spdlog/spdlog.h"
+
+namespace ferry::server {
+
+class GpuPools::Block : public BufferMemory {
+ public:
+  Block(Pool* pool, int gpu, uint64_t offset, uint64_t size)
+      : pool_(pool), gpu_(gpu), offset_(offset), size_(size) {}
+  ~Block() override {
+    absl::MutexLock lock(&pool_->mu);
+    absl::Status s = pool_->allocator->Free(offset_);
+    if (!s.ok()) spdlog::error("GPU pool {}: {}", gpu_, s.ToString());
+  }
+
+  char* data() const override { return static_cast<char*>(pool_->slab->data()) + offset_; }
+  uint64_t size() const override { return size_; }
+  std::string device() const override { return absl::StrCat("cuda:", gpu_); }
+  int gpu() const override { return gpu_; }
+  std::string backend() const override { return pool_->device->backend(); }
+  void Describe(ferry::v1::BufferInfo* info) const override {
+    auto exported = pool_->slab->Export(offset_, size_);
+    if (!exported.ok()) {
+      spdlog::error("GPU {}: cannot export buffer: {}", gpu_, exported.status().ToString());
+      return;
+    }
+    auto* g = info->mutable_gpu();
+    g->set_kind(exported->kind);
+    g->set_handle(exported->handle);
+    g->set_offset(exported->offset);
+    g->set_length(exported->length);
+    g->set_path(exported->path);
+  }
+
+ private:
+  Pool* pool_;
+  int gpu_;
+  uint64_t offset_;
+  uint64_t size_;
+};
+
+absl::StatusOr<std::unique_ptr<GpuPools>> GpuPools::Create(
+    std::vector<std::unique_ptr<memory::GpuDevice>> gpus, uint64_t pool_bytes) {
+  std::unique_ptr<GpuPools> pools(new GpuPools());
+  for (auto& gpu : gpus) {
+    auto pool = std::make_unique<Pool>();
+    ASSIGN_OR_RETURN(pool->slab, gpu->AllocateSlab(pool_bytes));
+    pool->allocator = std::make_unique<memory::RangeAllocator>(pool_bytes, kAlignment);
+    pool->device = std::move(gpu);
+    pools->pools_.push_back(std::move(pool));
+  }
+  return pools;
+}
+
+GpuPools::~GpuPools() = default;
+
+absl::StatusOr<std::unique_ptr<BufferMemory>> GpuPools::Allocate(int gpu, uint64_t size) {
+  if (gpu < 0 || static_cast<size_t>(gpu) >= pools_.size()) {
+    return absl::NotFoundError(absl::StrCat("device: this agent has no GPU cuda:", gpu, " (it has ",
+                                            pools_.size(), ")"));
+  }
+  Pool& pool = *pools_[gpu];
+  absl::MutexLock lock(&pool.mu);
+  auto offset = pool.allocator->Allocate(size);
+  if (!offset.ok()) {
+    return absl::ResourceExhaustedError(absl::StrCat("GPU cuda:", gpu, " pool: ", offset.status().message()));
+  }
+  return std::unique_ptr<BufferMemory>(new Block(&pool, gpu, *offset, size));
+}
+
+absl::StatusOr<std::unique_ptr<fabric::MemoryRegion>> GpuPools::RegisterForGdr(
+    int gpu, fabric::Fabric& fabric, char* data, uint64_t length, uint32_t access,
+    std::string* method) {
+  Pool& pool = *pools_[gpu];
+  const std::string provider = fabric.provider();
+  {
+    absl::MutexLock lock(&pool.mu);
+    auto it = pool.registrations.find(provider);
+    if (it != pool.registrations.end() && it->second.failed && absl::Now() < it->second.retry_after) {
+      return absl::FailedPreconditionError(it->second.state);
+    }
+  }
+  absl::StatusOr<std::unique_ptr<fabric::MemoryRegion>> region;
+  std::string why;
+  if (pool.device->host_addressable()) {
+    // The simulation: device memory is host memory, which every provider can register.
+    region = fabric.Register(data, length, access);
+    *method = absl::StrCat(provider, ": ", pool.device->backend(), " GPU memory is host memory");
+  } else {
+    uint64_t offset = static_cast<uint64_t>(data - static_cast<char*>(pool.slab->data()));
+    auto dmabuf = pool.slab->ExportDmabuf(offset, length);
+    if (dmabuf.ok()) {
+      region = fabric.RegisterDmabuf(data, length, {dmabuf->fd, dmabuf->offset}, access);
+      ::close(dmabuf->fd);
+      *method = absl::StrCat(provider, ": DMA-BUF");
+    } else {
+      region = dmabuf.status();
+    }
+    if (!region.ok()) {
+      why = absl::StrCat("DMA-BUF: ", region.status().message());
+      // Peer memory: the NIC driver resolves the device pointer through nvidia-peermem.
+      region = fabric.Register(data, length, access);
+      *method = absl::StrCat(provider, ": peer memory");
+    }
+  }
+  absl::MutexLock lock(&pool.mu);
+  auto& reg = pool.registrations[provider];
+  if (!region.ok()) {
+    reg.failed = true;
+    reg.state = absl::StrCat("registering GPU cuda:", gpu, " memory with ", provider, " failed (",
+                             why.empty() ? "" : absl::StrCat(why, "; "), region.status().message(),
+                             "); retrying after ", absl::FormatDuration(kRegistrationBackoff));
+    reg.retry_after = absl::Now() + kRegistrationBackoff;
+    return absl::FailedPreconditionError(reg.state);
+  }
+  reg.failed = false;
+  reg.state = *method;
+  return region;
+}
+
+std::string GpuPools::RegistrationState(int gpu, const std::string& provider) const {
+  Pool& pool = *pools_[gpu];
+  absl::MutexLock lock(&pool.mu);
+  auto it = pool.registrations.find(provider);
+  return it == pool.registrations.end() ? "" : it->second.state;
+}
+
+void GpuPools::Fill(int gpu, ferry::v1::GpuInfo* info) const {
+  Pool& pool = *pools_[gpu];
+  info->set_index(gpu);
+  info->set_pci(pool.device->pci());
+  info->set_backend(pool.device->backend());
+  absl::MutexLock lock(&pool.mu);
+  info->set_pool_bytes(pool.allocator->capacity());
+  info->set_pool_used_bytes(pool.allocator->used());
+  info->set_pool_fragmentation(pool.allocator->fragmentation());
+}
+
+}  // namespace ferry::server

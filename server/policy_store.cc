@@ -1,0 +1,56 @@
+#include "server/policy_store.h"
+
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+#include "spdlog/spdlog.h"
+
+namespace ferry::server {
+
+absl::StatusOr<std::unique_ptr<PolicyStore>> PolicyStore::Create(const topology::Machine* machine,
+                                                                 config::NicFilter nics,
+                                                                 config::Policy policy) {
+  std::unique_ptr<PolicyStore> store(new PolicyStore(machine, std::move(nics)));
+  absl::MutexLock lock(&store->mu_);
+  RETURN_IF_ERROR(store->Install(policy).status());
+  return store;
+}
+
+std::shared_ptr<const PolicySnapshot> PolicyStore::Current() const {
+  absl::MutexLock lock(&mu_);
+  return current_;
+}
+
+absl::StatusOr<std::shared_ptr<const PolicySnapshot>> PolicyStore::Apply(
+    const std::vector<std::pair<std::string, std::string>>& settings) {
+  absl::MutexLock lock(&mu_);
+  config::Policy policy = current_->policy;
+  for (const auto& [key, value] : settings) {
+    RETURN_IF_ERROR(config::ApplyPolicySetting(key, value, policy));
+  }
+  return Install(policy);
+}
+
+absl::StatusOr<std::shared_ptr<const PolicySnapshot>> PolicyStore::Replace(
+    const config::Policy& policy) {
+  absl::MutexLock lock(&mu_);
+  return Install(policy);
+}
+
+absl::StatusOr<std::shared_ptr<const PolicySnapshot>> PolicyStore::Install(
+    const config::Policy& policy) {
+  RETURN_IF_ERROR(config::ValidatePolicy(policy));
+  ASSIGN_OR_RETURN(topology::TopologyPlan plan, topology::BuildPlan(*machine_, nics_, policy));
+  auto next = std::make_shared<PolicySnapshot>();
+  next->generation = current_ ? current_->generation + 1 : 1;
+  next->policy = policy;
+  next->plan = std::move(plan);
+  current_ = next;
+  spdlog::info("policy generation {}: gdr={} gdr_max_path={} fallback={} staging {} x {}",
+               next->generation, config::GdrModeName(policy.gdr),
+               config::PathClassName(policy.gdr_max_path), config::FallbackName(policy.fallback),
+               policy.staging_chunk_bytes, policy.staging_depth);
+  for (const auto& gpu : next->plan.gpus) spdlog::info("topology: {}", gpu.reason);
+  return next;
+}
+
+}  // namespace ferry::server

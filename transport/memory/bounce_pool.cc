@@ -1,0 +1,98 @@
+#include "transport/memory/bounce_pool.h"
+
+#include <hwloc.h>
+#include <sys/mman.h>
+
+#include "absl/strings/str_cat.h"
+#include "spdlog/spdlog.h"
+
+namespace ferry::memory {
+namespace {
+
+// Binds [p, p+n) to NUMA node `numa` before first touch. Returns how it went, in words.
+std::string BindToNode(void* p, uint64_t n, int numa) {
+  if (numa < 0) return "no NUMA binding (node unknown)";
+  hwloc_topology_t topo;
+  if (hwloc_topology_init(&topo) != 0) return "no NUMA binding (hwloc_topology_init failed)";
+  std::string result;
+  if (hwloc_topology_load(topo) != 0) {
+    result = "no NUMA binding (hwloc_topology_load failed)";
+  } else {
+    hwloc_obj_t node = hwloc_get_numanode_obj_by_os_index(topo, static_cast<unsigned>(numa));
+    if (node == nullptr) {
+      result = absl::StrCat("no NUMA binding (this machine has no NUMA node ", numa, ")");
+    } else if (hwloc_set_area_membind(topo, p, n, node->nodeset, HWLOC_MEMBIND_BIND,
+                                      HWLOC_MEMBIND_BYNODESET | HWLOC_MEMBIND_STRICT) != 0) {
+      result = absl::StrCat("no NUMA binding (hwloc_set_area_membind: ", strerror(errno), ")");
+    } else {
+      result = absl::StrCat("NUMA node ", numa, " (hwloc membind)");
+    }
+  }
+  hwloc_topology_destroy(topo);
+  return result;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<BouncePool>> BouncePool::Create(std::string name, int numa,
+                                                               uint64_t chunk_bytes, uint32_t chunks,
+                                                               std::vector<GpuDevice*> pin_with) {
+  if (chunk_bytes == 0 || chunks == 0) return absl::InvalidArgumentError("bounce pool: empty");
+  uint64_t size = chunk_bytes * chunks;
+  void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return absl::ErrnoToStatus(errno, absl::StrCat("mmap(bounce pool ", name, ", ", size, ")"));
+  std::string placement = BindToNode(p, size, numa);
+  std::vector<GpuDevice*> pinned;
+  for (GpuDevice* gpu : pin_with) {
+    absl::Status s = gpu->PinHost(p, size);
+    if (!s.ok()) {
+      for (GpuDevice* g : pinned) g->UnpinHost(p);
+      munmap(p, size);
+      return absl::Status(s.code(), absl::StrCat("bounce pool ", name, ": ", s.message()));
+    }
+    pinned.push_back(gpu);
+  }
+  if (!pinned.empty()) absl::StrAppend(&placement, ", pinned for ", pinned.size(), " GPU(s)");
+  return std::unique_ptr<BouncePool>(new BouncePool(std::move(name), numa, static_cast<char*>(p),
+                                                    chunk_bytes, chunks, std::move(placement),
+                                                    std::move(pinned)));
+}
+
+BouncePool::BouncePool(std::string name, int numa, char* base, uint64_t chunk_bytes,
+                       uint32_t chunks, std::string placement, std::vector<GpuDevice*> pinned)
+    : name_(std::move(name)), numa_(numa), base_(base), chunk_bytes_(chunk_bytes), chunks_(chunks),
+      placement_(std::move(placement)), pinned_(std::move(pinned)) {
+  for (uint32_t i = chunks; i > 0; --i) free_.push_back(i - 1);
+}
+
+BouncePool::~BouncePool() {
+  for (GpuDevice* g : pinned_) g->UnpinHost(base_);
+  munmap(base_, size());
+}
+
+std::optional<uint32_t> BouncePool::Acquire(absl::Time deadline) {
+  absl::MutexLock lock(&mu_);
+  auto available = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return !free_.empty(); };
+  if (!mu_.AwaitWithDeadline(absl::Condition(&available), deadline)) return std::nullopt;
+  uint32_t chunk = free_.back();
+  free_.pop_back();
+  peak_ = std::max(peak_, chunks_ - static_cast<uint32_t>(free_.size()));
+  return chunk;
+}
+
+void BouncePool::Release(uint32_t chunk) {
+  absl::MutexLock lock(&mu_);
+  free_.push_back(chunk);
+}
+
+uint32_t BouncePool::in_use() const {
+  absl::MutexLock lock(&mu_);
+  return chunks_ - static_cast<uint32_t>(free_.size());
+}
+
+uint32_t BouncePool::peak_in_use() const {
+  absl::MutexLock lock(&mu_);
+  return peak_;
+}
+
+}  // namespace ferry::memory
