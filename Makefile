@@ -29,5 +29,12 @@ test: build
 test-unit: build
 	cd $(BUILD) && ctest --output-on-failure -j$(JOBS) -L unit
 
+# The standard suite (loopback, baselines in the same run) and the staging suite; results
+# in bench/results/<date>.{json,txt,png} and <date>-staging.{json,txt}.
+bench: build
+	mkdir -p bench/results
+	$(BUILD)/bench/ferry-bench --suite standard --out bench/results
+	$(BUILD)/bench/ferry-bench --suite staging --out bench/results
+
 clean:
 	rm -rf $(BUILD)

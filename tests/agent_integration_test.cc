@@ -2,6 +2,7 @@
 // a peer killed mid-transfer, and a peer restarting.
 
 #include <signal.h>
+#include <sys/stat.h>
 #include <stdlib.h>
 
 #include <cstring>
@@ -299,6 +300,30 @@ TEST(AgentConfigTest, BadConfigStopsTheAgentWithFileLineAndKey) {
   auto agent = AgentProcess::Start(spec, absl::Seconds(5));
   ASSERT_FALSE(agent.ok());
   EXPECT_THAT(std::string(agent.status().message()), HasSubstr("node-x.yaml:6: key 'tcp.connections'"));
+  std::system(("rm -rf " + dir).c_str());
+}
+
+TEST(AgentConfigTest, LocalSocketIsGroupOnlyAndTheTcpListenerIsOptIn) {
+  std::string dir = MakeTempDir();
+  auto port = PickFreePort();
+  ASSERT_TRUE(port.ok());
+  std::string local_tcp = absl::StrCat("127.0.0.1:", *port);
+  auto agent = AgentProcess::Start({"node-l", dir, 0, {}, absl::StrCat("listen:\n  local_tcp: \"", local_tcp, "\"\n")});
+  ASSERT_TRUE(agent.ok()) << agent.status();
+  struct stat st = {};
+  ASSERT_EQ(stat((*agent)->socket().c_str(), &st), 0);
+  EXPECT_TRUE(S_ISSOCK(st.st_mode));
+  EXPECT_EQ(st.st_mode & 0777, 0660u);
+  auto over_tcp = Client::Connect(local_tcp);
+  ASSERT_TRUE(over_tcp.ok()) << over_tcp.status();
+  auto info = (*over_tcp)->GetInfo();
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->node(), "node-l");
+  (*agent)->Stop();
+  // Without the opt-in nothing listens there.
+  auto plain = AgentProcess::Start({"node-m", dir, 0, {}, ""});
+  ASSERT_TRUE(plain.ok());
+  EXPECT_FALSE(Client::Connect(local_tcp, absl::Milliseconds(300)).ok());
   std::system(("rm -rf " + dir).c_str());
 }
 

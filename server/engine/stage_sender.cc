@@ -1,6 +1,7 @@
 #include "server/engine/stage_sender.h"
 
 #include <deque>
+#include <optional>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -214,8 +215,21 @@ absl::StatusOr<StageSender::Session*> StageSender::SessionFor(const StagedOp& st
     absl::MutexLock lock(&sessions_mu_);
     sessions_.push_back(std::move(session));
   }
-  RETURN_IF_ERROR(raw->Open(stub, deps_.peers->self(), staged.peer.provider, chunk_, depth_,
-                            transfer_->deadline()));
+  absl::Status opened = raw->Open(stub, deps_.peers->self(), staged.peer.provider, chunk_, depth_,
+                                  transfer_->deadline());
+  if (!opened.ok()) {
+    // A call that never opened is not closed later: drop it (its destructor cancels it).
+    std::unique_ptr<Session> dead;
+    absl::MutexLock lock(&sessions_mu_);
+    for (auto it = sessions_.begin(); it != sessions_.end(); ++it) {
+      if (it->get() == raw) {
+        dead = std::move(*it);
+        sessions_.erase(it);
+        break;
+      }
+    }
+    return opened;
+  }
   return raw;
 }
 
@@ -298,7 +312,7 @@ void StageSender::Launch(const StagedOp& staged, uint64_t offset, uint64_t lengt
   }
   char* gpu_bytes = op.local->data() + op.local_offset + offset;
   memory::GpuDevice* gpu = op.local->gpu() >= 0 ? &deps_.gpus->device(op.local->gpu()) : nullptr;
-  const uint64_t token = (static_cast<uint64_t>(slot) << 32) | 0;  // op slot; bytes from the reply
+  const uint64_t token = slot;  // echoed in StageCopied
   fabric::Endpoint& endpoint = *staged.peer.endpoint;
 
   if (op.type == ferry::v1::WRITE) {
@@ -361,7 +375,11 @@ void StageSender::Launch(const StagedOp& staged, uint64_t offset, uint64_t lengt
 }
 
 void StageSender::OnCopied(uint64_t token, uint64_t bytes) {
-  UnitDone(static_cast<size_t>(token >> 32), bytes, absl::OkStatus());
+  if (token >= ops_.size()) {
+    spdlog::error("transfer {}: Stage reported an unknown op {}", transfer_->id(), token);
+    return;
+  }
+  UnitDone(static_cast<size_t>(token), bytes, absl::OkStatus());
 }
 
 void StageSender::OnSessionFailed(const Session* session, const absl::Status& why) {
