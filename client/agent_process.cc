@@ -59,6 +59,7 @@ absl::StatusOr<std::unique_ptr<AgentProcess>> AgentProcess::Start(const AgentSpe
     std::ofstream out(agent->config_path_);
     out << "node: " << spec.node << "\n"
         << "listen:\n  local: " << agent->socket_ << "\n  peer: " << agent->peer_address_ << "\n";
+    if (!spec.local_tcp.empty()) out << "  local_tcp: \"" << spec.local_tcp << "\"\n";
     if (!spec.peers.empty()) {
       out << "peers:\n";
       for (const auto& [name, address] : spec.peers) out << "  " << name << ": " << address << "\n";

@@ -24,8 +24,11 @@ struct AgentSpec {
   uint16_t peer_port = 0;
   // Other agents: node -> "host:port".
   std::map<std::string, std::string> peers;
-  // YAML appended to the generated config (e.g. "host_pool:\n  size: 2GiB\n").
+  // YAML appended to the generated config (e.g. "host_pool:\n  size: 2GiB\n"); not a
+  // `listen` section (that one is generated).
   std::string extra_yaml;
+  // Opt-in TCP listener for the local API ("host:port"), written into `listen`.
+  std::string local_tcp;
   // ferryd binary; empty: $FERRYD, else the one this build made.
   std::string ferryd;
 };

@@ -36,8 +36,12 @@ absl::Status CheckKeys(const Context& ctx, const YAML::Node& map, absl::string_v
   if (!map.IsMap()) {
     return ctx.Error(map, section.empty() ? "<top>" : section, "expected a mapping");
   }
+  std::set<std::string> seen;
   for (const auto& item : map) {
     std::string key = item.first.as<std::string>();
+    std::string full_key = section.empty() ? key : absl::StrCat(section, ".", key);
+    // YAML parsers keep one of two equal keys silently; a config must not mean two things.
+    if (!seen.insert(key).second) return ctx.Error(item.first, full_key, "appears twice");
     if (!known.count(key)) {
       std::string full = section.empty() ? key : absl::StrCat(section, ".", key);
       return ctx.Error(item.first, full,

@@ -308,7 +308,9 @@ TEST(AgentConfigTest, LocalSocketIsGroupOnlyAndTheTcpListenerIsOptIn) {
   auto port = PickFreePort();
   ASSERT_TRUE(port.ok());
   std::string local_tcp = absl::StrCat("127.0.0.1:", *port);
-  auto agent = AgentProcess::Start({"node-l", dir, 0, {}, absl::StrCat("listen:\n  local_tcp: \"", local_tcp, "\"\n")});
+  AgentSpec spec{"node-l", dir, 0, {}, ""};
+  spec.local_tcp = local_tcp;
+  auto agent = AgentProcess::Start(spec);
   ASSERT_TRUE(agent.ok()) << agent.status();
   struct stat st = {};
   ASSERT_EQ(stat((*agent)->socket().c_str(), &st), 0);

@@ -103,6 +103,12 @@ TEST(ConfigTest, UnknownKeysAreRefusedWithLineAndKey) {
   EXPECT_THAT(ErrorOf("policy:\n  gdr_max: PIX\n"), HasSubstr("key 'policy.gdr_max'"));
 }
 
+TEST(ConfigTest, RepeatedKeysAreRefused) {
+  EXPECT_THAT(ErrorOf("listen:\n  peer: \"a:1\"\nlisten:\n  local: /x\n"),
+              HasSubstr("test.yaml:3: key 'listen': appears twice"));
+  EXPECT_THAT(ErrorOf("tcp:\n  connections: 2\n  connections: 3\n"), HasSubstr("key 'tcp.connections': appears twice"));
+}
+
 TEST(ConfigTest, WrongTypesAreRefused) {
   EXPECT_THAT(ErrorOf("tcp: 4\n"), HasSubstr("key 'tcp': expected a mapping"));
   EXPECT_THAT(ErrorOf("tcp:\n  connections: [1, 2]\n"), HasSubstr("test.yaml:2: key 'tcp.connections'"));
