@@ -1,0 +1,10 @@
+// TimeCudaMemcpy for builds without CUDA.
+#include "bench/gpu_peak.h"
+
+namespace ferry::bench {
+
+absl::StatusOr<double> TimeCudaMemcpy(int, void*, const void*, uint64_t, bool) {
+  return absl::UnimplementedError("built without CUDA");
+}
+
+}  // namespace ferry::bench

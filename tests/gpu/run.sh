@@ -1,0 +1,128 @@
+#!/usr/bin/env bash
+# The GPU checks in one go, for a session lent a GPU machine once: the `gpu` tests (CUDA pool
+# slabs, copies with data checks, pinning, DMA-BUF export, CUDA IPC from a second process)
+# and ferry-gpu-bench (D2H/H2D through NUMA-local pinned bounce chunks vs cudaMemcpy peak).
+#
+#   tests/gpu/run.sh           on the GPU machine, from the repository root
+#   tests/gpu/run.sh --pack    on a build machine: build the GPU checks and pack them, with
+#                              the shared libraries they need, into ./build-gpu-pack
+#
+# Two ways to get binaries on the GPU machine:
+#   build: configure with CUDA (CMAKE_CUDA_ARCHITECTURES=90) and build only the GPU targets,
+#          all cores. Needs ferry's Debian packages (scripts/install-deps installs missing ones
+#          when it can; a machine without a package registry cannot).
+#   pack:  run what `--pack` made elsewhere (carry ./build-gpu-pack along). Used when that
+#          folder exists, since a GPU machine often lacks the -dev packages and the network.
+# FERRY_GPU_MODE=build|pack forces one. Everything (logs, test XML, bench table and JSON,
+# nvidia-smi) goes under $OUT if set, else ./gpu-results; a summary is printed at the end.
+set -uo pipefail
+
+root=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$root"
+pack_dir=$root/build-gpu-pack
+gpu_targets=(gpu_memory_test gpu_ipc_helper ferry-gpu-bench)
+
+if [ "${1:-}" = "--pack" ]; then
+  set -e
+  build=${FERRY_GPU_PACK_BUILD:-$root/build-cuda}
+  [ -f "$build/CMakeCache.txt" ] || cmake -S "$root" -B "$build" -DFERRY_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90
+  cmake --build "$build" -j"$(nproc)" --target "${gpu_targets[@]}"
+  grep -q "transport/memory/cuda_gpu.cc" "$build/compile_commands.json" ||
+    { echo "run.sh --pack: $build was not configured with CUDA" >&2; exit 1; }
+  rm -rf "$pack_dir"
+  mkdir -p "$pack_dir/lib"
+  bins=("$build/tests/gpu_memory_test" "$build/tests/gpu_ipc_helper" "$build/bench/ferry-gpu-bench")
+  cp "${bins[@]}" "$pack_dir/"
+  command -v strip > /dev/null && strip --strip-debug "$pack_dir"/gpu_* "$pack_dir/ferry-gpu-bench"
+  # Every shared library they load except glibc's own (which cannot travel): the GPU
+  # machine's distribution need not have Abseil, spdlog, fmt or hwloc at these versions.
+  ldd "${bins[@]}" | awk '/=> \// {print $3}' | sort -u |
+    grep -Ev '/(libc|libm|libpthread|libdl|librt|ld-linux[^/]*)\.so' |
+    while read -r lib; do cp -L "$lib" "$pack_dir/lib/"; done
+  git -C "$root" rev-parse HEAD > "$pack_dir/commit" 2>/dev/null || true
+  echo "packed into $pack_dir ($(du -sh "$pack_dir" | cut -f1)); carry build-gpu-pack to the GPU machine"
+  exit 0
+fi
+
+out=${OUT:-$root/gpu-results}
+mkdir -p "$out"
+log=$out/run.log
+exec > >(tee -a "$log") 2>&1
+start=$(date +%s)
+echo "== ferry GPU checks, $(date -u +%FT%TZ), $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+
+if command -v nvidia-smi > /dev/null; then
+  nvidia-smi > "$out/nvidia-smi.txt" 2>&1
+  nvidia-smi topo -m >> "$out/nvidia-smi.txt" 2>&1
+  nvidia-smi -L
+else
+  echo "nvidia-smi: not found"
+fi
+
+mode=${FERRY_GPU_MODE:-}
+if [ -z "$mode" ]; then
+  if [ -x "$pack_dir/gpu_memory_test" ]; then mode=pack; else mode=build; fi
+fi
+echo "== mode: $mode"
+
+status_build=ok
+if [ "$mode" = build ]; then
+  build=$root/build-gpu
+  # Capped: without a package registry apt-get can only fail, and device time is short.
+  if ! timeout 60 scripts/install-deps; then
+    echo "install-deps: some packages are missing and could not be installed (see above)"
+  fi
+  gen=()
+  command -v ninja > /dev/null && gen=(-G Ninja)
+  if ! cmake -S "$root" -B "$build" "${gen[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+      -DFERRY_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 > "$out/build.log" 2>&1 ||
+     ! grep -q "ferry: CUDA backend ON" "$out/build.log" ||
+     ! cmake --build "$build" -j"$(nproc)" --target "${gpu_targets[@]}" >> "$out/build.log" 2>&1; then
+    status_build=failed
+    tail -n 30 "$out/build.log"
+    echo "build failed (full log: build.log). On a machine without ferry's packages, run"
+    echo "'tests/gpu/run.sh --pack' on a build machine and carry build-gpu-pack here."
+  fi
+  test_bin=$build/tests/gpu_memory_test
+  bench_bin=$build/bench/ferry-gpu-bench
+else
+  export LD_LIBRARY_PATH=$pack_dir/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  export FERRY_GPU_IPC_HELPER=$pack_dir/gpu_ipc_helper
+  test_bin=$pack_dir/gpu_memory_test
+  bench_bin=$pack_dir/ferry-gpu-bench
+  echo "pack built at commit $(cat "$pack_dir/commit" 2>/dev/null || echo '?')"
+  if ldd "$test_bin" "$bench_bin" | grep "not found"; then status_build="pack: libraries missing"; fi
+fi
+
+status_tests=not-run
+if [ "$status_build" = ok ]; then
+  echo "== gpu tests"
+  if [ "$mode" = build ]; then
+    (cd "$build" && timeout 400 ctest -L gpu --output-on-failure --output-junit "$out/tests.xml")
+  else
+    timeout 400 "$test_bin" --gtest_output="xml:$out/tests.xml"
+  fi
+  rc=$?
+  status_tests=$([ $rc -eq 0 ] && echo passed || echo "FAILED (rc $rc)")
+fi
+
+status_bench=not-run
+if [ "$status_build" = ok ]; then
+  echo "== ferry-gpu-bench"
+  timeout 300 "$bench_bin" --json "$out/bench.json" | tee "$out/bench.txt"
+  rc=$?
+  status_bench=$([ $rc -eq 0 ] && echo ok || echo "FAILED (rc $rc)")
+fi
+
+echo
+echo "== summary ($(($(date +%s) - start)) s; results in $out)"
+echo "build: $status_build ($mode)"
+echo "tests: $status_tests"
+if [ -f "$out/tests.xml" ]; then
+  echo "  $(grep -c '<testcase' "$out/tests.xml") test(s), $(grep -c '<failure' "$out/tests.xml") failure(s)," \
+       "$(grep -c '<skipped' "$out/tests.xml") skipped"
+  grep -A2 '<failure' "$out/tests.xml" | head -40 || true
+fi
+echo "bench: $status_bench"
+[ -f "$out/bench.txt" ] && grep -E "peak|best:|host memory|skipped" "$out/bench.txt"
+[ "$status_build" = ok ] && [ "$status_tests" = passed ] && [ "$status_bench" = ok ]
