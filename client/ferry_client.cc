@@ -7,6 +7,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/unique_fd.h"
+#include "client/agent_channel.h"
 #include "grpcpp/grpcpp.h"
 #include "base/grpc_status.h"
 
@@ -56,16 +57,9 @@ absl::StatusOr<std::unique_ptr<Buffer>> Buffer::Map(const ferry::v1::BufferInfo&
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& target,
                                                         absl::Duration timeout) {
-  std::string uri = target;
-  if (absl::StartsWith(target, "/") || absl::StartsWith(target, ".")) uri = absl::StrCat("unix:", target);
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(64 << 20);
-  args.SetMaxSendMessageSize(64 << 20);
-  auto channel = grpc::CreateCustomChannel(uri, grpc::InsecureChannelCredentials(), args);
-  if (!channel->WaitForConnected(absl::ToChronoTime(absl::Now() + timeout))) {
-    return absl::UnavailableError(absl::StrCat("no ferryd answers at ", uri));
-  }
-  return std::unique_ptr<Client>(new Client(ferry::v1::Agent::NewStub(channel)));
+  auto channel = ConnectAgentChannel(target, timeout);
+  if (!channel.ok()) return channel.status();
+  return std::unique_ptr<Client>(new Client(ferry::v1::Agent::NewStub(*channel)));
 }
 
 absl::StatusOr<ferry::v1::GetInfoResponse> Client::GetInfo() {

@@ -3,6 +3,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/grpc_status.h"
+#include "client/agent_channel.h"
 #include "grpcpp/grpcpp.h"
 
 namespace ferry {
@@ -64,16 +65,9 @@ ferry::v1::TensorMeta MakeMeta(ferry::v1::DType dtype, std::vector<int64_t> shap
 
 absl::StatusOr<std::unique_ptr<TensorClient>> TensorClient::Connect(const std::string& target,
                                                                     absl::Duration timeout) {
-  std::string uri = target;
-  if (absl::StartsWith(target, "/") || absl::StartsWith(target, ".")) uri = absl::StrCat("unix:", target);
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(64 << 20);
-  args.SetMaxSendMessageSize(64 << 20);
-  auto channel = grpc::CreateCustomChannel(uri, grpc::InsecureChannelCredentials(), args);
-  if (!channel->WaitForConnected(absl::ToChronoTime(absl::Now() + timeout))) {
-    return absl::UnavailableError(absl::StrCat("no ferryd answers at ", uri));
-  }
-  return std::unique_ptr<TensorClient>(new TensorClient(ferry::v1::Tensors::NewStub(channel)));
+  auto channel = ConnectAgentChannel(target, timeout);
+  if (!channel.ok()) return channel.status();
+  return std::unique_ptr<TensorClient>(new TensorClient(ferry::v1::Tensors::NewStub(*channel)));
 }
 
 absl::StatusOr<ferry::v1::SendResponse> TensorClient::Send(uint64_t buffer, uint64_t offset,

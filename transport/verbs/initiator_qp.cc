@@ -87,15 +87,7 @@ InitiatorQp::~InitiatorQp() {
 }
 
 QpAddress InitiatorQp::LocalAddress() const {
-  const PortInfo& port = device_->port();
-  QpAddress a;
-  a.link_layer = port.link_layer;
-  a.mtu = port.active_mtu;
-  a.qpn = qpn_;
-  a.psn = psn_;
-  a.lid = port.lid;
-  a.gid = port.gid;
-  return a;
+  return device_->AddressOf(qpn_, psn_);
 }
 
 absl::Status InitiatorQp::Connect(const QpAddress& remote) {

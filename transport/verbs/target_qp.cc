@@ -60,15 +60,7 @@ TargetQp::~TargetQp() {
 }
 
 QpAddress TargetQp::LocalAddress() const {
-  const PortInfo& port = device_->port();
-  QpAddress a;
-  a.link_layer = port.link_layer;
-  a.mtu = port.active_mtu;
-  a.qpn = qpn_;
-  a.psn = psn_;
-  a.lid = port.lid;
-  a.gid = port.gid;
-  return a;
+  return device_->AddressOf(qpn_, psn_);
 }
 
 absl::Status TargetQp::PostReceive(uint64_t wr_id) {

@@ -215,4 +215,15 @@ void VerbsDevice::ReleaseCqEntries(uint32_t n) {
   cq_reserved_ -= std::min(n, cq_reserved_);
 }
 
+QpAddress VerbsDevice::AddressOf(uint32_t qpn, uint32_t psn) const {
+  QpAddress a;
+  a.link_layer = port_.link_layer;
+  a.mtu = port_.active_mtu;
+  a.qpn = qpn;
+  a.psn = psn;
+  a.lid = port_.lid;
+  a.gid = port_.gid;
+  return a;
+}
+
 }  // namespace ferry::verbs

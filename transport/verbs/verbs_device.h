@@ -9,6 +9,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "transport/verbs/completion_poller.h"
+#include "transport/verbs/handshake.h"
 #include "transport/verbs/ibv_handles.h"
 #include "transport/verbs/port_info.h"
 #include "transport/verbs/verbs_api.h"
@@ -25,6 +26,8 @@ class VerbsDevice {
   ~VerbsDevice();
 
   VerbsApi& api() const { return *res_->api; }
+  // This port's half of a handshake for QP `qpn` starting at `psn`.
+  QpAddress AddressOf(uint32_t qpn, uint32_t psn) const;
   const PortInfo& port() const { return port_; }
   ibv_context* context() const { return res_->context.get(); }
   ibv_pd* pd() const { return res_->pd.get(); }
