@@ -3,6 +3,7 @@
 // cudaGetErrorName / cudaGetErrorString, and a status code a caller can act on. Only
 // for files built with CUDA (cuda_gpu.cc, client/gpu_mapping_cuda.cc, the GPU benchmark).
 
+#include <cudaTypedefs.h>
 #include <cuda_runtime_api.h>
 
 #include <string>
@@ -62,7 +63,9 @@ inline absl::Status CudaStatus(cudaError_t err, absl::string_view call) {
 class ScopedCudaDevice {
  public:
   explicit ScopedCudaDevice(int device) {
-    if (cudaGetDevice(&previous_) != cudaSuccess) {
+    // A thread without a context reports device 0; "restoring" that would create a context
+    // on GPU 0 (hundreds of MiB) in a process that may never use GPU 0.
+    if (!HasCurrentContext() || cudaGetDevice(&previous_) != cudaSuccess) {
       (void)cudaGetLastError();
       previous_ = -1;
     }
@@ -79,6 +82,25 @@ class ScopedCudaDevice {
   const absl::Status& status() const { return status_; }
 
  private:
+  // cuCtxGetCurrent through the runtime's driver entry points (ferry never links libcuda).
+  // True when unknown, so the previous device is restored as a plain runtime program would.
+  static bool HasCurrentContext() {
+    static const PFN_cuCtxGetCurrent_v4000 get_current = [] {
+      void* p = nullptr;
+      cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
+      if (cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &p, 12000, cudaEnableDefault, &found) !=
+              cudaSuccess ||
+          found != cudaDriverEntryPointSuccess) {
+        (void)cudaGetLastError();
+        p = nullptr;
+      }
+      return reinterpret_cast<PFN_cuCtxGetCurrent_v4000>(p);
+    }();
+    if (get_current == nullptr) return true;
+    CUcontext context = nullptr;
+    return get_current(&context) == CUDA_SUCCESS && context != nullptr;
+  }
+
   int previous_ = -1;
   absl::Status status_;
 };
