@@ -5,9 +5,11 @@
 #include <unistd.h>
 
 #include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "base/unique_fd.h"
 #include "client/agent_channel.h"
+#include "client/gpu_mapping.h"
 #include "grpcpp/grpcpp.h"
 #include "base/grpc_status.h"
 
@@ -24,15 +26,31 @@ std::unique_ptr<grpc::ClientContext> Context(absl::Duration timeout = absl::Seco
 
 Buffer::~Buffer() {
   if (mapping_ != nullptr) munmap(mapping_, mapping_length_);
+  if (!ipc_handle_.empty()) CloseCudaIpc(ipc_handle_).IgnoreError();
 }
 
 absl::StatusOr<std::unique_ptr<Buffer>> Buffer::Map(const ferry::v1::BufferInfo& info) {
   ferry::v1::ShmMapping shm = info.shm();
+  if (info.has_gpu() && info.gpu().kind() == "cuda_ipc") {
+    // The agent's "cuda:N" is its own numbering; find the same GPU in ours by PCI address.
+    int device = -1;
+    if (!info.gpu().pci().empty()) {
+      auto ordinal = CudaDeviceByPci(info.gpu().pci());
+      if (!ordinal.ok()) return ordinal.status();
+      device = *ordinal;
+    } else if (!absl::SimpleAtoi(info.device().substr(info.device().find(':') + 1), &device)) {
+      return absl::InvalidArgumentError(absl::StrCat("buffer ", info.id(), ": device '", info.device(), "'"));
+    }
+    auto ptr = OpenCudaIpc(info.gpu().handle(), info.gpu().offset(), device);
+    if (!ptr.ok()) return ptr.status();
+    return std::unique_ptr<Buffer>(
+        new Buffer(info, nullptr, 0, static_cast<char*>(*ptr), info.gpu().handle()));
+  }
   if (info.has_gpu()) {
     if (info.gpu().kind() != "shm") {
       return absl::UnimplementedError(absl::StrCat(
-          "buffer ", info.id(), " on ", info.device(), " is mapped by ", info.gpu().kind(),
-          ", which this libferry cannot open"));
+          "buffer ", info.id(), " on ", info.device(), " is mapped by '", info.gpu().kind(),
+          "', which this libferry cannot open"));
     }
     // A simulated GPU: its memory is shared host memory, mapped like a host buffer.
     shm.set_path(info.gpu().path());

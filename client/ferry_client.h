@@ -31,6 +31,8 @@ class Buffer {
   const std::string& name() const { return info_.name(); }
   const std::string& device() const { return info_.device(); }
   uint64_t size() const { return info_.size(); }
+  // Host buffers and simulated GPUs: a host address. CUDA GPU buffers: a device address in
+  // this process (use it with CUDA, not with the CPU).
   char* data() const { return data_; }
   const ferry::v1::BufferInfo& info() const { return info_; }
 
@@ -38,13 +40,16 @@ class Buffer {
   static absl::StatusOr<std::unique_ptr<Buffer>> Map(const ferry::v1::BufferInfo& info);
 
  private:
-  Buffer(ferry::v1::BufferInfo info, void* mapping, uint64_t mapping_length, char* data)
-      : info_(std::move(info)), mapping_(mapping), mapping_length_(mapping_length), data_(data) {}
+  Buffer(ferry::v1::BufferInfo info, void* mapping, uint64_t mapping_length, char* data,
+         std::string ipc_handle = "")
+      : info_(std::move(info)), mapping_(mapping), mapping_length_(mapping_length), data_(data),
+        ipc_handle_(std::move(ipc_handle)) {}
 
   ferry::v1::BufferInfo info_;
-  void* mapping_;
+  void* mapping_;            // host mapping to munmap, or nullptr
   uint64_t mapping_length_;
-  char* data_;
+  char* data_;               // host address, or device address for CUDA IPC
+  std::string ipc_handle_;   // CUDA IPC handle to close, or ""
 };
 
 // One op of a batch, in the client's words.

@@ -35,6 +35,7 @@ class GpuPools::Block : public BufferMemory {
     g->set_offset(exported->offset);
     g->set_length(exported->length);
     g->set_path(exported->path);
+    g->set_pci(pool_->device->pci());
   }
 
  private:
