@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 #include <fstream>
+#include <algorithm>
 #include <map>
 
 #include "absl/strings/str_cat.h"
@@ -72,6 +73,27 @@ std::string FormatJson(const Report& r) {
   return j.str() + "\n";
 }
 
+namespace {
+
+// Tic labels at every 4x of the measured sizes, in binary units ("64 KiB").
+std::string XTics(const Report& r) {
+  uint64_t lo = UINT64_MAX, hi = 0;
+  for (const Measurement& m : r.rows) {
+    if (m.size == 0) continue;
+    lo = std::min(lo, m.size);
+    hi = std::max(hi, m.size);
+  }
+  if (hi == 0) return "";
+  std::string tics = "set xtics (";
+  for (uint64_t s = lo; s <= hi; s *= 4) {
+    absl::StrAppend(&tics, s == lo ? "" : ", ", "'", FormatByteSize(s), "' ", s);
+    if (s > hi / 4) break;
+  }
+  return tics + ")\n";
+}
+
+}  // namespace
+
 absl::Status PlotPng(const Report& r, const std::string& png) {
   std::string base = png.substr(0, png.rfind('.'));
   std::map<std::string, std::vector<const Measurement*>> series;
@@ -81,7 +103,7 @@ absl::Status PlotPng(const Report& r, const std::string& png) {
   std::string data = base + ".dat";
   std::ofstream dat(data);
   std::string plot = absl::StrCat("set terminal pngcairo size 1000,600\nset output '", png, "'\n",
-                                  "set logscale x 2\nset xlabel 'transfer size (bytes)'\n",
+                                  "set logscale x 2\n", XTics(r), "set xlabel 'transfer size'\n",
                                   "set ylabel 'GB/s'\nset key left top\nset grid\n",
                                   "set title 'ferry on loopback vs baselines (", r.date, ")'\nplot ");
   int index = 0;
