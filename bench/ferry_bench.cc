@@ -191,7 +191,7 @@ int Run(int argc, char** argv) {
     StagingOptions so;
     so.fixtures = FERRY_FIXTURES;
     so.seconds = std::max(o.seconds, 1.0);
-    // --max-size names the write size here (default 64 MiB).
+    // --max-size names the write size here (default 256 MiB).
     if (o.max_size != (1ull << 30)) so.size = o.max_size;
     if (!RunStagingSuite(so, report)) return 1;
     std::string table = FormatTable(report);

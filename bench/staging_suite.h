@@ -10,7 +10,7 @@
 namespace ferry::bench {
 
 struct StagingOptions {
-  uint64_t size = 64ull << 20;
+  uint64_t size = 256ull << 20;  // long enough that pipeline fill and drain are small
   uint64_t chunk = 4ull << 20;
   // Simulated copy-engine bytes/s per GPU: below the wire here, so the copy is the slow
   // stage, as PCIe often is, and the 2-core machine is not the bottleneck.

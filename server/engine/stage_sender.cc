@@ -189,9 +189,9 @@ void StageSender::Cancel() {
   for (auto& session : sessions_) session->Cancel();
 }
 
-bool StageSender::WaitWindow(size_t slot) {
+bool StageSender::WaitWindow(size_t slot, uint32_t window) {
   absl::MutexLock lock(&mu_);
-  auto room = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return in_flight_ < depth_ || cancelled_; };
+  auto room = [this, window]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return in_flight_ < window || cancelled_; };
   if (!mu_.AwaitWithDeadline(absl::Condition(&room), transfer_->deadline()) || cancelled_) return false;
   ++in_flight_;
   ++units_in_flight_[slot];
@@ -257,13 +257,16 @@ absl::Status StageSender::RunOp(const StagedOp& staged) {
     ASSIGN_OR_RETURN(local_pool, deps_.bounce->Get(staged.local.bounce_numa, transfer_->policy()));
     unit = std::min(unit, local_pool->pool().chunk_bytes());
   }
+  // At most `depth` chunks in flight per staged leg: with both legs staged, `depth` of ours
+  // in copy-out and `depth` of the peer's granted chunks.
+  const uint32_t window = depth_ * std::max(1, int{local_staged} + int{remote_staged});
   transfer_->MarkPosted(staged.index);
   for (uint64_t offset = 0; offset < op.length; offset += unit) {
     {
       absl::MutexLock lock(&mu_);
       if (failed_[slot]) break;
     }
-    if (!WaitWindow(slot)) {
+    if (!WaitWindow(slot, window)) {
       return absl::DeadlineExceededError(
           absl::StrCat("transfer ", transfer_->id(), " did not finish before its deadline (or the agent is stopping)"));
     }
@@ -279,13 +282,9 @@ void StageSender::Launch(const StagedOp& staged, uint64_t offset, uint64_t lengt
   const std::string& provider = staged.peer.provider;
   const absl::Time deadline = transfer_->deadline();
 
-  // Resources for this chunk: the peer's granted chunk and/or one of ours.
-  std::optional<ferry::v1::StageGrant> grant;
-  if (session != nullptr) {
-    auto g = session->TakeGrant(deadline);
-    if (!g.ok()) return UnitDone(slot, 0, g.status());
-    grant = *g;
-  }
+  // Resources for this chunk: one of our bounce chunks and/or the peer's granted chunk.
+  // Ours first: its copy-out then runs while we wait for the peer's grant, so a chunk is
+  // ready to go on the wire the moment a credit comes back.
   std::optional<uint32_t> bounce;
   if (local_pool) {
     bounce = local_pool->pool().Acquire(deadline);
@@ -294,15 +293,6 @@ void StageSender::Launch(const StagedOp& staged, uint64_t offset, uint64_t lengt
   auto release = [local_pool, bounce]() {
     if (local_pool && bounce) local_pool->pool().Release(*bounce);
   };
-
-  // Where the wire stage writes to (WRITE) or reads from (READ).
-  fabric::RemoteSlice remote;
-  if (grant) {
-    remote = {grant->address(), grant->key()};
-  } else {
-    const auto& key = op.remote->keys.at(provider);
-    remote = {key.address + op.remote_offset + offset, key.key};
-  }
   // The local side of the wire stage: our bounce chunk, or the buffer itself.
   fabric::LocalSlice local;
   if (bounce) {
@@ -314,23 +304,47 @@ void StageSender::Launch(const StagedOp& staged, uint64_t offset, uint64_t lengt
   memory::GpuDevice* gpu = op.local->gpu() >= 0 ? &deps_.gpus->device(op.local->gpu()) : nullptr;
   const uint64_t token = slot;  // echoed in StageCopied
   fabric::Endpoint& endpoint = *staged.peer.endpoint;
+  // Where the wire stage writes to without a grant (READ: reads from).
+  fabric::RemoteSlice direct;
+  if (session == nullptr) {
+    const auto& key = op.remote->keys.at(provider);
+    direct = {key.address + op.remote_offset + offset, key.key};
+  }
 
   if (op.type == ferry::v1::WRITE) {
-    auto wire_done = [this, self = shared_from_this(), slot, length, release, session, grant, token,
-                      remote_offset = op.remote_offset + offset](absl::Status s) {
-      release();
-      if (!s.ok() || session == nullptr) return UnitDone(slot, s.ok() ? length : 0, s);
-      // The bytes are in the peer's chunk; it copies them in and reports (OnCopied).
-      if (!session->Report(grant->grant(), remote_offset, length, token)) {
-        UnitDone(slot, 0, absl::UnavailableError("Stage: the peer closed the call"));
-      }
+    // The wire stage starts when both the copy-out (if any) and the grant (if any) are in:
+    // whichever arrives last posts the WRITE.
+    struct Gate {
+      absl::Mutex mu;
+      int waiting = 2;
+      absl::Status status;
+      std::optional<ferry::v1::StageGrant> grant;
     };
-    auto wire = [this, self = shared_from_this(), &endpoint, local, remote, wire_done, slot,
-                 release](absl::Status s) mutable {
-      if (!s.ok()) {
-        release();
-        return UnitDone(slot, 0, s);
+    auto gate = std::make_shared<Gate>();
+    auto arrive = [this, self = shared_from_this(), gate, &endpoint, local, direct, slot, length,
+                   release, session, token,
+                   remote_offset = op.remote_offset + offset](absl::Status s) {
+      {
+        absl::MutexLock lock(&gate->mu);
+        if (!s.ok() && gate->status.ok()) gate->status = s;
+        if (--gate->waiting > 0) return;
       }
+      if (!gate->status.ok()) {
+        release();
+        return UnitDone(slot, 0, gate->status);
+      }
+      fabric::RemoteSlice remote = direct;
+      if (gate->grant) remote = {gate->grant->address(), gate->grant->key()};
+      uint64_t grant = gate->grant ? gate->grant->grant() : 0;
+      auto wire_done = [this, self, slot, length, release, session, grant, token,
+                        remote_offset](absl::Status s) {
+        release();
+        if (!s.ok() || session == nullptr) return UnitDone(slot, s.ok() ? length : 0, s);
+        // The bytes are in the peer's chunk; it copies them in and reports (OnCopied).
+        if (!session->Report(grant, remote_offset, length, token)) {
+          UnitDone(slot, 0, absl::UnavailableError("Stage: the peer closed the call"));
+        }
+      };
       absl::Status posted = endpoint.PostWrite(local, remote, std::move(wire_done));
       if (!posted.ok()) {
         release();
@@ -338,18 +352,25 @@ void StageSender::Launch(const StagedOp& staged, uint64_t offset, uint64_t lengt
       }
     };
     if (bounce) {
-      // Copy-out first: GPU -> our bounce chunk.
-      absl::Status s = gpu->CopyToHost(local_pool->pool().chunk_data(*bounce), gpu_bytes, length,
-                                       std::move(wire));
-      if (!s.ok()) {
-        release();
-        UnitDone(slot, 0, s);
-      }
+      // Copy-out: GPU -> our bounce chunk.
+      absl::Status s = gpu->CopyToHost(local_pool->pool().chunk_data(*bounce), gpu_bytes, length, arrive);
+      if (!s.ok()) arrive(s);
     } else {
-      wire(absl::OkStatus());
+      arrive(absl::OkStatus());
     }
+    if (session == nullptr) {
+      arrive(absl::OkStatus());
+      return;
+    }
+    auto g = session->TakeGrant(deadline);
+    if (g.ok()) {
+      absl::MutexLock lock(&gate->mu);
+      gate->grant = *g;
+    }
+    arrive(g.status());
     return;
   }
+  fabric::RemoteSlice remote = direct;
   // READ into a staged GPU buffer: wire into our bounce chunk, then copy-in.
   auto copied = [this, self = shared_from_this(), slot, length, release](absl::Status s) {
     release();

@@ -60,8 +60,8 @@ class StageSender : public std::enable_shared_from_this<StageSender> {
   // A chunk of op `op_slot` ended (`launched`: it held a window slot).
   void UnitDone(size_t op_slot, uint64_t bytes, const absl::Status& status, bool launched = true);
   absl::StatusOr<Session*> SessionFor(const StagedOp& staged);
-  // Takes a window slot for a chunk of op `slot`; false at the deadline.
-  bool WaitWindow(size_t slot);
+  // Takes one of `window` slots for a chunk of op `slot`; false at the deadline.
+  bool WaitWindow(size_t slot, uint32_t window);
 
   const std::shared_ptr<Transfer> transfer_;
   const std::vector<StagedOp> ops_;
