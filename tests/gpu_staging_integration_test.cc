@@ -38,10 +38,14 @@ void Fill(Buffer& b, uint32_t seed) {
 
 // The legs of op 0 of a result, by side.
 const ferry::v1::Leg& LegOf(const ferry::v1::TransferResult& r, const std::string& side) {
+  static ferry::v1::Leg none;
+  if (r.ops_size() == 0) {
+    ADD_FAILURE() << "no ops in the result";
+    return none;
+  }
   for (const auto& leg : r.ops(0).legs()) {
     if (leg.side() == side) return leg;
   }
-  static ferry::v1::Leg none;
   ADD_FAILURE() << "no " << side << " leg";
   return none;
 }
@@ -79,6 +83,16 @@ class GpuStagingTest : public ::testing::Test {
     cb_.reset();
     if (a_) a_->Stop();
     if (b_) b_->Stop();
+    if (HasFailure()) {
+      // The agents' own words are the best clue to a failure.
+      for (const auto* agent : {a_.get(), b_.get()}) {
+        if (agent == nullptr) continue;
+        std::ifstream log(agent->log_path());
+        std::string text((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+        std::fprintf(stderr, "---- %s log (last 3000 bytes) ----\n%s\n", agent->node().c_str(),
+                     text.substr(text.size() > 3000 ? text.size() - 3000 : 0).c_str());
+      }
+    }
     std::system(("rm -rf " + dir_).c_str());
   }
 
@@ -157,6 +171,28 @@ TEST_F(GpuStagingTest, EveryModeCombinationMovesVerifiedData) {
   ASSERT_TRUE(read.ok() && TransferStatus(*read).ok()) << (read.ok() ? TransferStatus(*read) : read.status());
   EXPECT_EQ(0, std::memcmp((*b_host)->data(), (*a_gpu)->data(), kSize));
   EXPECT_EQ(LegOf(*read, "local").mode(), "staged");
+
+  // READ from a staged GPU on the peer: it copies each range out into a bounce chunk and
+  // says when it is ready. Into host memory, into a GDR GPU, and into a staged GPU.
+  struct ReadCase {
+    Client* client;
+    Buffer* local;
+    std::string local_mode;
+  } reads[] = {{cb_.get(), b_host->get(), "host"}, {cb_.get(), b_gpu1->get(), "gdr"},
+               {ca_.get(), a_gpu1->get(), "staged"}};
+  for (const ReadCase& c : reads) {
+    Fill(**a_gpu, static_cast<uint32_t>(c.local->id()));
+    std::memset(c.local->data(), 0, kSize);
+    auto r = c.client->Run({{ferry::v1::READ, c.local->id(), 0, "node-a", "a-gpu0", 0, kSize}},
+                           absl::Seconds(60), true);
+    ASSERT_TRUE(r.ok() && TransferStatus(*r).ok()) << (r.ok() ? TransferStatus(*r) : r.status());
+    EXPECT_EQ(0, std::memcmp((*a_gpu)->data(), c.local->data(), kSize)) << c.local_mode;
+    EXPECT_EQ(LegOf(*r, "remote").mode(), "staged");
+    EXPECT_EQ(LegOf(*r, "local").mode(), c.local_mode);
+  }
+  auto info = ca_->GetInfo();
+  ASSERT_TRUE(info.ok());
+  for (const auto& pool : info->bounce_pools()) EXPECT_EQ(pool.chunks_in_use(), 0u) << pool.name();
 }
 
 TEST_F(GpuStagingTest, KvBlocksIntoAStagedGpuLandInPlace) {

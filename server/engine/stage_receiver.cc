@@ -38,9 +38,10 @@ class StageCall {
     auto pool = deps.bounce->Get(leg.bounce_numa, *snapshot);
     if (!pool.ok()) return ToGrpcStatus(pool.status());
     pool_ = *pool;
+    absl::Time deadline = absl::FromChrono(ctx_->deadline());
+    if (open.read()) return ServeRead(deadline);
     // Our memory bound, whatever the writer asked for.
     const uint32_t depth = std::max<uint32_t>(1, std::min(open.depth(), snapshot->policy.staging_depth));
-    absl::Time deadline = absl::FromChrono(ctx_->deadline());
     for (uint32_t i = 0; i < depth; ++i) {
       auto chunk = pool_->pool().Acquire(deadline);
       if (!chunk) break;
@@ -63,7 +64,91 @@ class StageCall {
       }
       failure = CopyIn(req.chunk());
     }
-    // Wait for every copy-in, then give back what is still granted.
+    return Finish(failure);
+  }
+
+ private:
+  // Read mode: the reader paces us with its fetches (at most `depth` outstanding).
+  grpc::Status ServeRead(absl::Time deadline) {
+    ferry::v1::StageReply hello;
+    hello.mutable_grant()->set_length(pool_->pool().chunk_bytes());
+    {
+      absl::MutexLock write_lock(&write_mu_);
+      if (!stream_->Write(hello)) return Abort("the reader went away");
+    }
+    ferry::v1::StageRequest req;
+    absl::Status failure;
+    while (failure.ok() && stream_->Read(&req)) {
+      if (req.has_close()) break;
+      if (req.has_fetch()) {
+        failure = CopyOut(req.fetch(), deadline);
+      } else if (req.kind_case() == ferry::v1::StageRequest::kRelease) {
+        failure = ReleaseGrant(req.release());
+      } else {
+        failure = absl::InvalidArgumentError("expected fetch, release or close");
+      }
+    }
+    return Finish(failure);
+  }
+
+  absl::Status CopyOut(const ferry::v1::StageFetch& f, absl::Time deadline) {
+    if (f.length() == 0 || f.length() > pool_->pool().chunk_bytes() || f.offset() > buffer_->size() ||
+        f.length() > buffer_->size() - f.offset()) {
+      return absl::OutOfRangeError(absl::StrCat("fetch: [", f.offset(), ", +", f.length(), ") is outside '",
+                                                buffer_->name(), "' (", buffer_->size(), " bytes) or a chunk"));
+    }
+    auto chunk = pool_->pool().Acquire(deadline);
+    if (!chunk) return absl::DeadlineExceededError("no bounce chunk came free before the deadline");
+    uint64_t grant;
+    {
+      absl::MutexLock lock(&mu_);
+      grant = next_grant_++;
+      granted_[grant] = *chunk;
+      ++copies_;
+    }
+    uint32_t c = *chunk;
+    uint64_t token = f.token(), length = f.length();
+    absl::Status s = gpu_->CopyToHost(pool_->pool().chunk_data(c), buffer_->data() + f.offset(), length,
+                                      [this, c, grant, token, length](absl::Status s) {
+                                        CopiedOut(c, grant, token, length, s);
+                                      });
+    if (!s.ok()) {
+      absl::MutexLock lock(&mu_);
+      --copies_;
+    }
+    return s;
+  }
+
+  // Runs on the GPU's copy thread: the chunk is ready for the reader.
+  void CopiedOut(uint32_t chunk, uint64_t grant, uint64_t token, uint64_t length, absl::Status s) {
+    if (s.ok()) {
+      const fabric::MemoryRegion* region = pool_->region(chunk, provider_);
+      ferry::v1::StageReply reply;
+      auto* g = reply.mutable_grant();
+      g->set_grant(grant);
+      g->set_address(region ? region->remote_address() : 0);
+      g->set_key(region ? region->key() : 0);
+      g->set_length(length);
+      g->set_token(token);
+      absl::MutexLock write_lock(&write_mu_);
+      stream_->Write(reply);
+    }
+    absl::MutexLock lock(&mu_);
+    if (!s.ok() && copy_error_.ok()) copy_error_ = s;
+    --copies_;
+  }
+
+  absl::Status ReleaseGrant(uint64_t grant) {
+    absl::MutexLock lock(&mu_);
+    auto it = granted_.find(grant);
+    if (it == granted_.end()) return absl::InvalidArgumentError(absl::StrCat("release: ", grant, " is not granted"));
+    pool_->pool().Release(it->second);
+    granted_.erase(it);
+    return absl::OkStatus();
+  }
+
+  // Waits for every copy, gives back what is still granted, and sends the verdict.
+  grpc::Status Finish(absl::Status failure) {
     absl::MutexLock lock(&mu_);
     closing_ = true;
     auto idle = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return copies_ == 0; };
@@ -81,7 +166,6 @@ class StageCall {
     return grpc::Status::OK;
   }
 
- private:
   // Sends a grant for `chunk`; false when the writer is gone.
   bool Grant(uint32_t chunk) {
     const fabric::MemoryRegion* region = pool_->region(chunk, provider_);

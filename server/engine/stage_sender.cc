@@ -14,15 +14,20 @@
 namespace ferry::server {
 
 // One Stage call to a peer's buffer: the grants it sent, the copy-ins it reported.
-class StageSender::Session {
+class StageSender::Session : public std::enable_shared_from_this<StageSender::Session> {
  public:
-  Session(StageSender* owner, std::string node, std::string buffer)
-      : owner_(owner), node_(std::move(node)), buffer_(std::move(buffer)) {}
+  Session(StageSender* owner, std::string node, std::string buffer, bool read)
+      : owner_(owner), node_(std::move(node)), buffer_(std::move(buffer)), read_(read) {}
 
   ~Session() {
     if (reader_.joinable()) {
       ctx_.TryCancel();
-      reader_.join();
+      // The last reference may go with a callback on the reader itself, at its very end.
+      if (reader_.get_id() == std::this_thread::get_id()) {
+        reader_.detach();
+      } else {
+        reader_.join();
+      }
     }
   }
 
@@ -38,6 +43,7 @@ class StageSender::Session {
     open.mutable_open()->set_chunk_bytes(chunk);
     open.mutable_open()->set_depth(depth);
     open.mutable_open()->set_provider(provider);
+    open.mutable_open()->set_read(read_);
     if (!stream_->Write(open)) return Finish("Stage: the peer closed the call");
     reader_ = std::thread([this] { Read(); });
     // The first grant tells the chunk size the peer uses.
@@ -48,12 +54,47 @@ class StageSender::Session {
     }
     if (grants_.empty()) return error_;
     grant_length_ = grants_.front().length();
+    // In read mode the first reply only says the chunk size.
+    if (read_) grants_.clear();
     return absl::OkStatus();
   }
 
   uint64_t grant_length() const { return grant_length_; }
-  bool Is(const std::string& node, const std::string& buffer) const {
-    return node == node_ && buffer == buffer_;
+  bool Is(const std::string& node, const std::string& buffer, bool read) const {
+    return node == node_ && buffer == buffer_ && read == read_;
+  }
+
+  // Read mode: asks the peer to copy [offset, offset+length) out of its GPU; `ready` runs
+  // (on this call's reader thread) with the chunk to READ, or with why it will not come.
+  using Ready = absl::AnyInvocable<void(absl::StatusOr<ferry::v1::StageGrant>) &&>;
+  void Fetch(uint64_t offset, uint64_t length, Ready ready) {
+    uint64_t token = 0;
+    absl::Status gone;
+    {
+      absl::MutexLock lock(&mu_);
+      if (ended_) {
+        gone = error_;
+      } else {
+        token = next_token_++;
+        fetches_.emplace(token, std::move(ready));
+      }
+    }
+    if (!gone.ok()) return std::move(ready)(gone);
+    ferry::v1::StageRequest req;
+    auto* f = req.mutable_fetch();
+    f->set_offset(offset);
+    f->set_length(length);
+    f->set_token(token);
+    absl::MutexLock lock(&write_mu_);
+    stream_->Write(req);  // a failed write ends the call; the reader then fails the fetch
+  }
+
+  // Read mode: the chunk of `grant` may be reused.
+  void Release(uint64_t grant) {
+    ferry::v1::StageRequest req;
+    req.set_release(grant);
+    absl::MutexLock lock(&write_mu_);
+    stream_->Write(req);
   }
 
   // A granted chunk, or an error (the call ended, or the deadline passed).
@@ -101,7 +142,18 @@ class StageSender::Session {
     ferry::v1::StageReply reply;
     absl::Status verdict = absl::UnavailableError(absl::StrCat("Stage to ", node_, " ended early"));
     while (stream_->Read(&reply)) {
-      if (reply.has_grant()) {
+      if (reply.has_grant() && read_ && reply.grant().grant() != 0) {
+        Ready ready;
+        {
+          absl::MutexLock lock(&mu_);
+          auto it = fetches_.find(reply.grant().token());
+          if (it != fetches_.end()) {
+            ready = std::move(it->second);
+            fetches_.erase(it);
+          }
+        }
+        if (ready) std::move(ready)(reply.grant());
+      } else if (reply.has_grant()) {
         absl::MutexLock lock(&mu_);
         grants_.push_back(reply.grant());
       } else if (reply.has_copied()) {
@@ -113,11 +165,22 @@ class StageSender::Session {
     absl::Status end = Finish("Stage");
     if (!end.ok() && verdict.code() == absl::StatusCode::kUnavailable) verdict = end;
     if (!verdict.ok()) owner_->OnSessionFailed(this, verdict);
-    absl::MutexLock lock(&mu_);
-    ended_ = true;
-    error_ = verdict.ok() ? absl::UnavailableError(absl::StrCat("Stage to ", node_, " has ended"))
-                          : verdict;
-    verdict_ = verdict;
+    absl::flat_hash_map<uint64_t, Ready> orphans;
+    {
+      absl::MutexLock lock(&mu_);
+      ended_ = true;
+      error_ = verdict.ok() ? absl::UnavailableError(absl::StrCat("Stage to ", node_, " has ended"))
+                            : verdict;
+      verdict_ = verdict;
+      orphans.swap(fetches_);
+    }
+    // Fetches that will never be answered still give back what they hold.
+    for (auto& [token, ready] : orphans) std::move(ready)(error_for_orphans(verdict));
+  }
+
+  absl::Status error_for_orphans(const absl::Status& verdict) const {
+    return verdict.ok() ? absl::UnavailableError(absl::StrCat("Stage to ", node_, " ended before a fetch was answered"))
+                        : verdict;
   }
 
   absl::Status Finish(const std::string& what) {
@@ -131,6 +194,7 @@ class StageSender::Session {
   StageSender* const owner_;
   const std::string node_;
   const std::string buffer_;
+  const bool read_;
   grpc::ClientContext ctx_;
   std::unique_ptr<grpc::ClientReaderWriter<ferry::v1::StageRequest, ferry::v1::StageReply>> stream_;
   std::thread reader_;
@@ -138,6 +202,8 @@ class StageSender::Session {
   absl::Mutex write_mu_;
   absl::Mutex mu_;
   std::deque<ferry::v1::StageGrant> grants_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, Ready> fetches_ ABSL_GUARDED_BY(mu_);  // read mode, by token
+  uint64_t next_token_ ABSL_GUARDED_BY(mu_) = 1;
   bool ended_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status error_ ABSL_GUARDED_BY(mu_);    // why no more grants will come
   absl::Status verdict_ ABSL_GUARDED_BY(mu_);  // the peer's final word
@@ -169,7 +235,7 @@ void StageSender::Run() {
     auto idle = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return in_flight_ == 0; };
     mu_.AwaitWithDeadline(absl::Condition(&idle), transfer_->deadline() + absl::Seconds(5));
   }
-  std::vector<std::unique_ptr<Session>> sessions;
+  std::vector<std::shared_ptr<Session>> sessions;
   {
     absl::MutexLock lock(&sessions_mu_);
     sessions.swap(sessions_);
@@ -198,28 +264,29 @@ bool StageSender::WaitWindow(size_t slot, uint32_t window) {
   return true;
 }
 
-absl::StatusOr<StageSender::Session*> StageSender::SessionFor(const StagedOp& staged) {
+absl::StatusOr<std::shared_ptr<StageSender::Session>> StageSender::SessionFor(const StagedOp& staged) {
   const PlannedOp& op = transfer_->ops()[staged.index];
   // One Stage call per remote buffer for the whole transfer.
   {
     absl::MutexLock lock(&sessions_mu_);
     for (auto& session : sessions_) {
-      if (session->Is(op.remote->node, op.remote->name)) return session.get();
+      if (session->Is(op.remote->node, op.remote->name, op.type == ferry::v1::READ)) return session;
     }
   }
   ASSIGN_OR_RETURN(ferry::v1::Peer::Stub* stub, deps_.peers->Stub(op.remote->node));
-  auto session = std::make_unique<Session>(this, op.remote->node, op.remote->name);
+  auto session = std::make_shared<Session>(this, op.remote->node, op.remote->name,
+                                           op.type == ferry::v1::READ);
   Session* raw = session.get();
   {
     // Listed before it opens, so Cancel() reaches an Open that waits for its first grant.
     absl::MutexLock lock(&sessions_mu_);
-    sessions_.push_back(std::move(session));
+    sessions_.push_back(session);
   }
   absl::Status opened = raw->Open(stub, deps_.peers->self(), staged.peer.provider, chunk_, depth_,
                                   transfer_->deadline());
   if (!opened.ok()) {
     // A call that never opened is not closed later: drop it (its destructor cancels it).
-    std::unique_ptr<Session> dead;
+    std::shared_ptr<Session> dead;
     absl::MutexLock lock(&sessions_mu_);
     for (auto it = sessions_.begin(); it != sessions_.end(); ++it) {
       if (it->get() == raw) {
@@ -230,27 +297,21 @@ absl::StatusOr<StageSender::Session*> StageSender::SessionFor(const StagedOp& st
     }
     return opened;
   }
-  return raw;
+  return session;
 }
 
 absl::Status StageSender::RunOp(const StagedOp& staged) {
   const PlannedOp& op = transfer_->ops()[staged.index];
   const bool remote_staged = op.remote->mode == "staged";
   const bool local_staged = staged.local.mode == "staged";
-  if (op.type == ferry::v1::READ && remote_staged) {
-    return absl::UnimplementedError(absl::StrCat(
-        "READ from '", op.remote->name, "' on ", op.remote->node,
-        ": the peer stages that GPU buffer, and staged reads are not supported yet; have the "
-        "peer WRITE it instead (", op.remote->reason, ")"));
-  }
-  Session* session = nullptr;
+  std::shared_ptr<Session> session;
   uint64_t unit = chunk_;
   size_t slot = &staged - ops_.data();
   if (remote_staged) {
     ASSIGN_OR_RETURN(session, SessionFor(staged));
     unit = std::min(unit, session->grant_length());
     absl::MutexLock lock(&mu_);
-    session_of_[slot] = session;
+    session_of_[slot] = session.get();
   }
   std::shared_ptr<StagingPool> local_pool;
   if (local_staged) {
@@ -275,8 +336,8 @@ absl::Status StageSender::RunOp(const StagedOp& staged) {
   return absl::OkStatus();
 }
 
-void StageSender::Launch(const StagedOp& staged, uint64_t offset, uint64_t length, Session* session,
-                         std::shared_ptr<StagingPool> local_pool) {
+void StageSender::Launch(const StagedOp& staged, uint64_t offset, uint64_t length,
+                         std::shared_ptr<Session> session, std::shared_ptr<StagingPool> local_pool) {
   const PlannedOp& op = transfer_->ops()[staged.index];
   const size_t slot = &staged - ops_.data();
   const std::string& provider = staged.peer.provider;
@@ -370,29 +431,48 @@ void StageSender::Launch(const StagedOp& staged, uint64_t offset, uint64_t lengt
     arrive(g.status());
     return;
   }
-  fabric::RemoteSlice remote = direct;
-  // READ into a staged GPU buffer: wire into our bounce chunk, then copy-in.
-  auto copied = [this, self = shared_from_this(), slot, length, release](absl::Status s) {
-    release();
-    UnitDone(slot, s.ok() ? length : 0, s);
-  };
-  auto wire_done = [this, self = shared_from_this(), gpu, gpu_bytes, length, slot, release, copied,
-                    chunk = local_pool->pool().chunk_data(*bounce)](absl::Status s) mutable {
-    if (!s.ok()) {
+  // READ. After the wire stage, a staged local GPU copies the chunk in.
+  auto landed = [this, self = shared_from_this(), gpu, gpu_bytes, length, slot, release,
+                 chunk = bounce ? local_pool->pool().chunk_data(*bounce) : nullptr](absl::Status s) {
+    if (!s.ok() || chunk == nullptr) {
       release();
-      return UnitDone(slot, 0, s);
+      return UnitDone(slot, s.ok() ? length : 0, s);
     }
-    absl::Status c = gpu->CopyToDevice(gpu_bytes, chunk, length, std::move(copied));
+    absl::Status c = gpu->CopyToDevice(gpu_bytes, chunk, length,
+                                       [this, self, slot, length, release](absl::Status s) {
+                                         release();
+                                         UnitDone(slot, s.ok() ? length : 0, s);
+                                       });
     if (!c.ok()) {
       release();
       UnitDone(slot, 0, c);
     }
   };
-  absl::Status posted = endpoint.PostRead(local, remote, std::move(wire_done));
-  if (!posted.ok()) {
-    release();
-    UnitDone(slot, 0, posted);
+  if (session == nullptr) {
+    absl::Status posted = endpoint.PostRead(local, direct, landed);
+    if (!posted.ok()) landed(posted);
+    return;
   }
+  // The peer stages its GPU: it copies the range out into a chunk and says when it is ready.
+  // The callback runs on the call's reader thread, so it holds the call by a plain pointer;
+  // the READ's completion, on a fabric thread, keeps it alive by reference count.
+  Session* call = session.get();
+  session->Fetch(op.remote_offset + offset, length,
+                 [self = shared_from_this(), &endpoint, local, landed,
+                  call](absl::StatusOr<ferry::v1::StageGrant> ready) {
+                   if (!ready.ok()) return landed(ready.status());
+                   uint64_t grant = ready->grant();
+                   absl::Status posted = endpoint.PostRead(
+                       local, {ready->address(), ready->key()},
+                       [keep = call->shared_from_this(), grant, landed](absl::Status s) {
+                         keep->Release(grant);
+                         landed(s);
+                       });
+                   if (!posted.ok()) {
+                     call->Release(grant);
+                     landed(posted);
+                   }
+                 });
 }
 
 void StageSender::OnCopied(uint64_t token, uint64_t bytes) {

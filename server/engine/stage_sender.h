@@ -55,11 +55,12 @@ class StageSender : public std::enable_shared_from_this<StageSender> {
 
   absl::Status RunOp(const StagedOp& staged);
   // Starts one chunk; its completion settles the op when it is the op's last.
-  void Launch(const StagedOp& staged, uint64_t offset, uint64_t length, Session* session,
-              std::shared_ptr<StagingPool> local_pool);
+  void Launch(const StagedOp& staged, uint64_t offset, uint64_t length,
+              std::shared_ptr<Session> session, std::shared_ptr<StagingPool> local_pool);
   // A chunk of op `op_slot` ended (`launched`: it held a window slot).
   void UnitDone(size_t op_slot, uint64_t bytes, const absl::Status& status, bool launched = true);
-  absl::StatusOr<Session*> SessionFor(const StagedOp& staged);
+  // The Stage call for the op's remote buffer (and direction), opened on first use.
+  absl::StatusOr<std::shared_ptr<Session>> SessionFor(const StagedOp& staged);
   // Takes one of `window` slots for a chunk of op `slot`; false at the deadline.
   bool WaitWindow(size_t slot, uint32_t window);
 
@@ -78,7 +79,8 @@ class StageSender : public std::enable_shared_from_this<StageSender> {
   std::vector<const Session*> session_of_ ABSL_GUARDED_BY(mu_);
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
   absl::Mutex sessions_mu_;
-  std::vector<std::unique_ptr<Session>> sessions_ ABSL_GUARDED_BY(sessions_mu_);
+  // Shared with the completions that still report through them.
+  std::vector<std::shared_ptr<Session>> sessions_ ABSL_GUARDED_BY(sessions_mu_);
 };
 
 }  // namespace ferry::server
