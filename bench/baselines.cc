@@ -1,7 +1,6 @@
 #include "bench/baselines.h"
 
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -14,28 +13,11 @@
 #include "sink.grpc.pb.h"
 #include "bench/stats.h"
 #include "client/agent_process.h"
+#include "client/child_process.h"
 #include "grpcpp/grpcpp.h"
 
 namespace ferry::bench {
 namespace {
-
-// Starts `argv` as a child that dies with us; returns its pid.
-absl::StatusOr<int> Spawn(const std::vector<std::string>& argv) {
-  pid_t parent = getpid();
-  pid_t pid = fork();
-  if (pid < 0) return absl::ErrnoToStatus(errno, "fork()");
-  if (pid == 0) {
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() != parent) _exit(127);
-    std::vector<char*> args;
-    for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
-    args.push_back(nullptr);
-    freopen("/dev/null", "w", stdout);
-    execvp(args[0], args.data());
-    _exit(127);
-  }
-  return pid;
-}
 
 void Reap(int pid) {
   if (pid <= 0) return;
@@ -74,7 +56,7 @@ class SinkService final : public Sink::Service {
 absl::StatusOr<Measurement> RunIperf3(int streams, double seconds) {
   auto port = PickFreePort();
   if (!port.ok()) return port.status();
-  auto server = Spawn({"iperf3", "-s", "-1", "-p", std::to_string(*port)});
+  auto server = SpawnChild({"iperf3", "-s", "-1", "-p", std::to_string(*port)}, "/dev/null");
   if (!server.ok()) return server.status();
   std::string cmd = absl::StrCat("iperf3 -c 127.0.0.1 -p ", *port, " -P ", streams, " -t ", seconds,
                                  " -J 2>&1");
@@ -107,7 +89,7 @@ absl::StatusOr<Measurement> RunIperf3(int streams, double seconds) {
 absl::StatusOr<std::unique_ptr<GrpcSink>> GrpcSink::Start(const std::string& self_exe) {
   auto port = PickFreePort();
   if (!port.ok()) return port.status();
-  auto pid = Spawn({self_exe, "--grpc-sink", std::to_string(*port)});
+  auto pid = SpawnChild({self_exe, "--grpc-sink", std::to_string(*port)}, "/dev/null");
   if (!pid.ok()) return pid.status();
   std::unique_ptr<GrpcSink> sink(new GrpcSink(*pid, absl::StrCat("127.0.0.1:", *port)));
   auto channel = grpc::CreateChannel(sink->address_, grpc::InsecureChannelCredentials());

@@ -4,7 +4,6 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
-#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -17,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "base/unique_fd.h"
+#include "client/child_process.h"
 #include "client/ferry_client.h"
 
 #ifndef FERRY_FERRYD_PATH
@@ -70,23 +70,9 @@ absl::StatusOr<std::unique_ptr<AgentProcess>> AgentProcess::Start(const AgentSpe
   std::string ferryd = spec.ferryd;
   if (ferryd.empty()) ferryd = std::getenv("FERRYD") ? std::getenv("FERRYD") : FERRY_FERRYD_PATH;
 
-  pid_t parent = getpid();
-  pid_t pid = fork();
-  if (pid < 0) return absl::ErrnoToStatus(errno, "fork()");
-  if (pid == 0) {
-    // The agent must not outlive whoever started it (a crashed test, an interrupted demo).
-    prctl(PR_SET_PDEATHSIG, SIGKILL);
-    if (getppid() != parent) _exit(127);
-    int log = open(agent->log_path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (log >= 0) {
-      dup2(log, STDOUT_FILENO);
-      dup2(log, STDERR_FILENO);
-    }
-    execl(ferryd.c_str(), ferryd.c_str(), "--config", agent->config_path_.c_str(),
-          static_cast<char*>(nullptr));
-    _exit(127);
-  }
-  agent->pid_ = pid;
+  auto pid = SpawnChild({ferryd, "--config", agent->config_path_}, agent->log_path_);
+  if (!pid.ok()) return pid.status();
+  agent->pid_ = *pid;
   absl::Time deadline = absl::Now() + timeout;
   while (absl::Now() < deadline) {
     if (agent->Reap(/*wait=*/false) >= 0) {
