@@ -12,6 +12,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
+#include "tests/completion_waiter.h"
 #include "transport/fabric.h"
 #include "transport/tcp/tcp_fabric.h"
 #include "transport/verbs/verbs_fabric.h"
@@ -69,27 +70,7 @@ std::vector<ProviderCase> Providers() {
           {"verbs_model", MakeVerbsOnModel, true, absl::StatusCode::kPermissionDenied}};
 }
 
-// Waits for one op's completion and returns its status.
-class Waiter {
- public:
-  Completion Callback() {
-    return [this](absl::Status s) {
-      status_ = std::move(s);
-      calls_.fetch_add(1);
-      done_.Notify();
-    };
-  }
-  absl::Status Wait() {
-    done_.WaitForNotification();
-    return status_;
-  }
-  int calls() const { return calls_.load(); }
-
- private:
-  absl::Notification done_;
-  absl::Status status_;
-  std::atomic<int> calls_{0};
-};
+using Waiter = CompletionWaiter;
 
 class FabricConformanceTest : public ::testing::TestWithParam<ProviderCase> {
  protected:

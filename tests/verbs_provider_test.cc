@@ -15,6 +15,7 @@
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "tests/completion_waiter.h"
 #include "tests/verbs_model/verbs_model.h"
 #include "transport/providers.h"
 #include "transport/verbs/completion_poller.h"
@@ -29,25 +30,7 @@ namespace {
 using ::testing::HasSubstr;
 using model::VerbsModel;
 
-class Waiter {
- public:
-  fabric::Completion Callback() {
-    return [this](absl::Status s) {
-      status_ = std::move(s);
-      calls_.fetch_add(1);
-      done_.Notify();
-    };
-  }
-  absl::Status Wait() {
-    done_.WaitForNotification();
-    return status_;
-  }
-
- private:
-  absl::Notification done_;
-  absl::Status status_;
-  std::atomic<int> calls_{0};
-};
+using Waiter = fabric::CompletionWaiter;
 
 // Two fabrics on one model, one per HCA, connected.
 struct Pair {
