@@ -31,6 +31,9 @@ struct ProviderCase {
   absl::StatusCode out_of_range_code = absl::StatusCode::kOutOfRange;
 };
 
+// Test names and ctest lines show the provider, not the struct's bytes.
+void PrintTo(const ProviderCase& c, std::ostream* os) { *os << c.name; }
+
 // One model for the whole suite: two InfiniBand HCAs (LIDs 1 and 2), whose ports split
 // messages above 1 MiB, so large ops exercise the provider's splitting.
 std::shared_ptr<verbs::model::VerbsModel> Model() {
