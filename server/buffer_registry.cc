@@ -5,6 +5,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "spdlog/spdlog.h"
 
 namespace ferry::server {
 
@@ -130,6 +131,22 @@ absl::Status BufferRegistry::Free(uint64_t id) {
     if (!buffer->name().empty()) by_name_.erase(buffer->name());
   }
   // `buffer` may still be held by transfers; the memory goes back when they finish.
+  return absl::OkStatus();
+}
+
+absl::Status BufferRegistry::Unexport(uint64_t id) {
+  std::shared_ptr<Buffer> buffer;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = by_id_.find(id);
+    if (it == by_id_.end()) return absl::NotFoundError(absl::StrCat("id: buffer ", id, " does not exist"));
+    buffer = it->second;
+    if (!buffer->name().empty()) by_name_.erase(buffer->name());
+  }
+  for (const auto& [provider, region] : buffer->regions()) {
+    absl::Status s = region->RestrictToLocal();
+    if (!s.ok()) spdlog::debug("buffer {}: remote access stays with {}: {}", id, provider, s.ToString());
+  }
   return absl::OkStatus();
 }
 

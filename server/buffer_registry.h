@@ -66,6 +66,10 @@ class BufferRegistry {
                                                    const std::string& device = "host");
   // NOT_FOUND for an unknown or already freed id.
   absl::Status Free(uint64_t id);
+  // Stops exporting a named buffer: peers can no longer resolve its name, and remote
+  // access is taken from its registrations where the provider can (tcp); the buffer stays
+  // usable locally. NOT_FOUND for an unknown id.
+  absl::Status Unexport(uint64_t id);
   // NOT_FOUND naming `field` ("ops[3].local_buffer") for an unknown or freed id.
   absl::StatusOr<std::shared_ptr<Buffer>> Get(uint64_t id, const std::string& field) const;
   absl::StatusOr<std::shared_ptr<Buffer>> FindByName(const std::string& name) const;

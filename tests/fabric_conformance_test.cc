@@ -397,6 +397,22 @@ TEST_P(FabricConformanceTest, ConnectToNobodyIsUnavailable) {
   (*ep)->Close();
 }
 
+TEST_P(FabricConformanceTest, RestrictedRegionRefusesRemoteWritesAndStaysLocal) {
+  std::vector<char> src(64, 'z'), dst(64, 0);
+  auto src_mr = Register(src, *initiator_, kLocal);
+  auto dst_mr = Register(dst, *target_, kRemoteWrite);
+  absl::Status restricted = dst_mr->RestrictToLocal();
+  if (absl::IsUnimplemented(restricted)) {
+    GTEST_SKIP() << GetParam().name << " cannot change access in place: " << restricted;
+  }
+  ASSERT_TRUE(restricted.ok()) << restricted;
+  Waiter w;
+  ASSERT_TRUE(endpoint_->PostWrite({src_mr.get(), 0, 64}, {dst_mr->remote_address(), dst_mr->key()},
+                                   w.Callback()).ok());
+  EXPECT_EQ(w.Wait().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(std::count(dst.begin(), dst.end(), 0), 64);
+}
+
 INSTANTIATE_TEST_SUITE_P(Providers, FabricConformanceTest, ::testing::ValuesIn(Providers()),
                          [](const auto& info) { return info.param.name; });
 

@@ -38,6 +38,12 @@ class MemoryRegion {
   virtual uint32_t key() const = 0;
   // How the memory was registered, for results and `ferryctl` (e.g. "tcp", "ibv_reg_mr").
   virtual std::string registration() const = 0;
+  // Takes remote access away (the buffer stops being exported); local use goes on and
+  // remote accesses already in progress finish. UNIMPLEMENTED where the provider cannot
+  // change access in place.
+  virtual absl::Status RestrictToLocal() {
+    return absl::UnimplementedError(registration() + ": access cannot be changed in place");
+  }
 };
 
 // A byte range of one of our regions.

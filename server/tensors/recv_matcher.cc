@@ -143,6 +143,9 @@ void RecvMatcher::FinishLocked(Recv& recv, const absl::Status& status) {
   if (recv.state == Recv::kDone || recv.state == Recv::kFailed) return;
   recv.status = status;
   recv.state = status.ok() ? Recv::kDone : Recv::kFailed;
+  // A landing buffer the agent named for this send is exported no longer: the tensor is
+  // the receiver's now, and no peer (the finished sender included) may write into it.
+  if (status.ok() && recv.allocated && recv.landing) buffers_->Unexport(recv.landing->id()).IgnoreError();
   if (!status.ok()) {
     if (recv.allocated && recv.landing) buffers_->Free(recv.landing->id()).IgnoreError();
     recv.landing.reset();

@@ -29,6 +29,12 @@ void RegionTable::Remove(uint32_t key) {
   entries_.erase(key);
 }
 
+void RegionTable::SetAccess(uint32_t key, uint32_t access) {
+  absl::MutexLock lock(&mu_);
+  auto it = entries_.find(key);
+  if (it != entries_.end()) it->second.access = access;
+}
+
 Refusal RegionTable::Acquire(uint32_t key, uint64_t address, uint64_t length, uint32_t access,
                              std::optional<Access>& out) {
   absl::MutexLock lock(&mu_);

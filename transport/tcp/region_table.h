@@ -40,6 +40,8 @@ class RegionTable {
 
   // Revokes `key`; returns once no remote op is inside the region.
   void Remove(uint32_t key);
+  // Changes what remote ops may do from now on.
+  void SetAccess(uint32_t key, uint32_t access);
 
   // Validates a remote request for [address, address+length) needing `access`. On success
   // `out` holds the first byte and pins the region until it is destroyed.

@@ -24,6 +24,10 @@ class TcpRegion : public fabric::MemoryRegion {
   uint64_t remote_address() const override { return reinterpret_cast<uint64_t>(data_); }
   uint32_t key() const override { return key_; }
   std::string registration() const override { return "tcp"; }
+  absl::Status RestrictToLocal() override {
+    table_->SetAccess(key_, fabric::kLocal);
+    return absl::OkStatus();
+  }
 
  private:
   RegionTable* table_;
