@@ -39,6 +39,8 @@ class Buffer {
   const fabric::MemoryRegion* region(const std::string& provider) const;
   // (provider, region) for every fabric the buffer is registered with.
   const Regions& regions() const { return regions_; }
+  // How each fabric registration went (GPU buffers), or why it did not.
+  const std::vector<std::string>& registrations() const { return registrations_; }
   // The mapping for clients plus how the buffer is registered.
   void Describe(ferry::v1::BufferInfo* info) const;
 

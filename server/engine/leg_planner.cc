@@ -52,11 +52,10 @@ LegPlan PlanLeg(const Buffer& buffer, int topology_gpu, const topology::Machine&
   // The topology allows GDR but the fabric cannot reach this memory: the registration
   // failed (or the provider, like tcp, cannot touch real GPU memory at all).
   leg.mode = fail ? "unavailable" : "staged";
+  // The registration outcome for this provider names it ("... with tcp failed (...)").
   std::string why;
-  ferry::v1::BufferInfo info;
-  buffer.Describe(&info);
-  for (const auto& r : info.registrations()) {
-    if (r.rfind(provider, 0) == 0 || r.find(provider) != std::string::npos) why = r;
+  for (const auto& r : buffer.registrations()) {
+    if (r.find(provider) != std::string::npos) why = r;
   }
   if (why.empty()) why = absl::StrCat("provider ", provider, " cannot register GPU memory");
   leg.reason = absl::StrCat(d.reason, "; but ", why, fail ? "; policy fallback is fail"
