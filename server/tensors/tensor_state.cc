@@ -186,7 +186,8 @@ absl::StatusOr<ferry::v1::SendResponse> TensorState::Send(const ferry::v1::SendR
   ferry::v1::MatchResponse match;
   while (true) {
     if (cancelled() || absl::Now() >= deadline) {
-      absl::Status why = cancelled()
+      // A call past its deadline also looks cancelled to gRPC: the deadline is the reason.
+      absl::Status why = absl::Now() < deadline
                              ? absl::CancelledError(absl::StrCat(what, " was cancelled"))
                              : absl::DeadlineExceededError(absl::StrCat(
                                    what, ": no matching receive before the deadline"));
