@@ -1,5 +1,6 @@
 #include "server/engine/stage_sender.h"
 
+#include <algorithm>
 #include <deque>
 #include <optional>
 #include <thread>
@@ -276,25 +277,17 @@ absl::StatusOr<std::shared_ptr<StageSender::Session>> StageSender::SessionFor(co
   ASSIGN_OR_RETURN(ferry::v1::Peer::Stub* stub, deps_.peers->Stub(op.remote->node));
   auto session = std::make_shared<Session>(this, op.remote->node, op.remote->name,
                                            op.type == ferry::v1::READ);
-  Session* raw = session.get();
   {
     // Listed before it opens, so Cancel() reaches an Open that waits for its first grant.
     absl::MutexLock lock(&sessions_mu_);
     sessions_.push_back(session);
   }
-  absl::Status opened = raw->Open(stub, deps_.peers->self(), staged.peer.provider, chunk_, depth_,
-                                  transfer_->deadline());
+  absl::Status opened = session->Open(stub, deps_.peers->self(), staged.peer.provider, chunk_,
+                                      depth_, transfer_->deadline());
   if (!opened.ok()) {
     // A call that never opened is not closed later: drop it (its destructor cancels it).
-    std::shared_ptr<Session> dead;
     absl::MutexLock lock(&sessions_mu_);
-    for (auto it = sessions_.begin(); it != sessions_.end(); ++it) {
-      if (it->get() == raw) {
-        dead = std::move(*it);
-        sessions_.erase(it);
-        break;
-      }
-    }
+    sessions_.erase(std::find(sessions_.begin(), sessions_.end(), session));
     return opened;
   }
   return session;
