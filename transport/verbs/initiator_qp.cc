@@ -283,8 +283,13 @@ void InitiatorQp::OnCompletion(const ibv_wc& wc) {
       FailPending(finished);
     }
     Pump(finished, nullptr, nullptr);
+    // Taken off posted_ but not yet run: Close() must not return before they have.
+    if (!finished.empty()) ++delivering_;
   }
+  if (finished.empty()) return;
   Run(finished);
+  absl::MutexLock lock(&mu_);
+  --delivering_;
 }
 
 void InitiatorQp::Close() {
@@ -311,7 +316,9 @@ void InitiatorQp::Close() {
   const bool can_wait = was_connected && !device_->poller().OnPollerThread();
   {
     absl::MutexLock lock(&mu_);
-    auto flushed = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return posted_.empty(); };
+    auto flushed = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return posted_.empty() && delivering_ == 0;
+    };
     if (can_wait && !mu_.AwaitWithTimeout(absl::Condition(&flushed), kFlushWait)) {
       spdlog::warn("verbs: QP 0x{:x}: {} WRs not flushed after {}; failing them", qpn_,
                    posted_.size(), absl::FormatDuration(kFlushWait));

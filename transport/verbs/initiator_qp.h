@@ -104,6 +104,7 @@ class InitiatorQp : public CompletionSink, public std::enable_shared_from_this<I
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
   uint32_t since_signal_ ABSL_GUARDED_BY(mu_) = 0;
   uint32_t signaled_outstanding_ ABSL_GUARDED_BY(mu_) = 0;  // signalled WRs in posted_
+  int delivering_ ABSL_GUARDED_BY(mu_) = 0;  // poller rounds running completions
   bool connected_ ABSL_GUARDED_BY(mu_) = false;
   bool closing_ ABSL_GUARDED_BY(mu_) = false;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
