@@ -204,6 +204,13 @@ absl::StatusOr<ferry::v1::SendResponse> TensorState::Send(const ferry::v1::SendR
     m.set_deadline_unix_ms(absl::ToUnixMillis(deadline));
     auto ctx = Context(absl::Now() + wait + kCleanupTimeout);
     grpc::Status s = stub->Match(ctx.get(), m, &match);
+    if (!s.ok() && absl::Now() >= deadline) {
+      // The peer dropped the offer because it expired: that is the deadline, not a cancel.
+      absl::Status why = absl::DeadlineExceededError(
+          absl::StrCat(what, ": no matching receive before the deadline"));
+      Withdraw(stub, send_id, std::string(why.message()));
+      return why;
+    }
     if (!s.ok()) {
       absl::Status err = PeerCallError(s, absl::StrCat(what, " (Match on ", req.peer(), ")"));
       if (s.error_code() == grpc::StatusCode::UNAVAILABLE ||
