@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/byte_size.h"
+#include "base/byte_range.h"
 #include "base/status_macros.h"
 #include "server/engine/stage_sender.h"
 #include "spdlog/spdlog.h"
@@ -11,10 +12,6 @@
 namespace ferry::server {
 namespace {
 
-// "[offset, offset+length)" fits in [0, size) without overflowing.
-bool Fits(uint64_t offset, uint64_t length, uint64_t size) {
-  return offset <= size && length <= size - offset;
-}
 
 absl::Status RangeError(const std::string& field, uint64_t offset, uint64_t length,
                         const std::string& what, uint64_t size) {
@@ -74,7 +71,7 @@ absl::StatusOr<std::vector<PlannedOp>> TransferEngine::Plan(const ferry::v1::Sub
     }
     p.length = op.length();
     ASSIGN_OR_RETURN(p.local, buffers_->Get(op.local_buffer(), f + "local_buffer"));
-    if (!Fits(op.local_offset(), op.length(), p.local->size())) {
+    if (!RangeFits(op.local_offset(), op.length(), p.local->size())) {
       return RangeError(f + "local_offset", op.local_offset(), op.length(),
                         absl::StrCat("local buffer ", p.local->id()), p.local->size());
     }
@@ -97,7 +94,7 @@ absl::StatusOr<std::vector<PlannedOp>> TransferEngine::Plan(const ferry::v1::Sub
       it = remotes.emplace(key, std::make_shared<const RemoteBuffer>(*resolved)).first;
     }
     p.remote = it->second;
-    if (!Fits(op.remote_offset(), op.length(), p.remote->size)) {
+    if (!RangeFits(op.remote_offset(), op.length(), p.remote->size)) {
       return RangeError(f + "remote_offset", op.remote_offset(), op.length(),
                         absl::StrCat("'", op.remote_buffer(), "' on ", op.peer()), p.remote->size);
     }

@@ -5,6 +5,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/grpc_status.h"
+#include "base/byte_range.h"
 #include "base/status_macros.h"
 #include "grpcpp/grpcpp.h"
 #include "server/tensors/tensor_meta.h"
@@ -23,9 +24,6 @@ constexpr absl::Duration kMatchPoll = absl::Milliseconds(500);
 constexpr absl::Duration kCleanupTimeout = absl::Seconds(5);
 constexpr size_t kMaxNameLength = 1024;
 
-bool Fits(uint64_t offset, uint64_t length, uint64_t size) {
-  return offset <= size && length <= size - offset;
-}
 
 std::unique_ptr<grpc::ClientContext> Context(absl::Time deadline) {
   auto ctx = std::make_unique<grpc::ClientContext>();
@@ -148,7 +146,7 @@ absl::StatusOr<ferry::v1::SendResponse> TensorState::Send(const ferry::v1::SendR
                                                    req.buffer(), " is on ", buffer->device()));
   }
   meta.set_device(buffer->device());
-  if (!Fits(req.offset(), bytes, buffer->size())) {
+  if (!RangeFits(req.offset(), bytes, buffer->size())) {
     return absl::OutOfRangeError(absl::StrCat(
         "meta.shape: the tensor ", tensors::DescribeTensor(meta), " needs ", bytes,
         " bytes but buffer ", req.buffer(), " has ",
