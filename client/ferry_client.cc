@@ -14,15 +14,6 @@
 #include "base/grpc_status.h"
 
 namespace ferry {
-namespace {
-
-std::unique_ptr<grpc::ClientContext> Context(absl::Duration timeout = absl::Seconds(30)) {
-  auto ctx = std::make_unique<grpc::ClientContext>();
-  ctx->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
-  return ctx;
-}
-
-}  // namespace
 
 Buffer::~Buffer() {
   if (mapping_ != nullptr) munmap(mapping_, mapping_length_);
@@ -74,10 +65,21 @@ absl::StatusOr<std::unique_ptr<Buffer>> Buffer::Map(const ferry::v1::BufferInfo&
 }
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& target,
-                                                        absl::Duration timeout) {
-  auto channel = ConnectAgentChannel(target, timeout);
-  if (!channel.ok()) return channel.status();
-  return std::unique_ptr<Client>(new Client(ferry::v1::Agent::NewStub(*channel)));
+                                                        absl::Duration timeout,
+                                                        const std::string& what) {
+  auto session = AgentSession::Open(target, timeout, what);
+  if (!session.ok()) return session.status();
+  return std::make_unique<Client>(*std::move(session));
+}
+
+Client::Client(std::shared_ptr<AgentSession> session)
+    : session_(std::move(session)), stub_(ferry::v1::Agent::NewStub(session_->channel())) {}
+
+std::unique_ptr<grpc::ClientContext> Client::Context(absl::Duration timeout) const {
+  auto ctx = std::make_unique<grpc::ClientContext>();
+  ctx->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
+  session_->Attach(ctx.get());
+  return ctx;
 }
 
 absl::StatusOr<ferry::v1::GetInfoResponse> Client::GetInfo() {
@@ -89,11 +91,12 @@ absl::StatusOr<ferry::v1::GetInfoResponse> Client::GetInfo() {
 }
 
 absl::StatusOr<std::unique_ptr<Buffer>> Client::Alloc(uint64_t size, const std::string& name,
-                                                      const std::string& device) {
+                                                      const std::string& device, bool persist) {
   ferry::v1::AllocBufferRequest req;
   req.set_size(size);
   req.set_name(name);
   req.set_device(device);
+  req.set_persist(persist);
   ferry::v1::AllocBufferResponse resp;
   auto ctx = Context();
   grpc::Status s = stub_->AllocBuffer(ctx.get(), req, &resp);
@@ -160,6 +163,26 @@ absl::StatusOr<ferry::v1::TransferResult> Client::Wait(uint64_t transfer_id, abs
   auto ctx = Context(wait);
   grpc::Status s = stub_->Wait(ctx.get(), req, &resp);
   if (!s.ok()) return FromGrpcStatus(s);
+  // The rest of the per-op results, a page at a time (the transfer has ended: they are final).
+  while (include_ops && resp.ops_next() != 0) {
+    req.set_ops_from(resp.ops_next());
+    ferry::v1::TransferResult page;
+    auto page_ctx = Context();
+    s = stub_->Wait(page_ctx.get(), req, &page);
+    if (!s.ok()) return FromGrpcStatus(s);
+    for (auto& op : *page.mutable_ops()) *resp.add_ops() = std::move(op);
+    resp.set_ops_next(page.ops_next());
+  }
+  return resp;
+}
+
+absl::StatusOr<ferry::v1::TransferResult> Client::Cancel(uint64_t transfer_id) {
+  ferry::v1::CancelTransferRequest req;
+  req.set_transfer_id(transfer_id);
+  ferry::v1::TransferResult resp;
+  auto ctx = Context();
+  grpc::Status s = stub_->Cancel(ctx.get(), req, &resp);
+  if (!s.ok()) return FromGrpcStatus(s);
   return resp;
 }
 
@@ -168,6 +191,7 @@ absl::Status Client::Watch(uint64_t transfer_id,
   ferry::v1::WatchRequest req;
   req.set_transfer_id(transfer_id);
   grpc::ClientContext ctx;
+  session_->Attach(&ctx);
   auto reader = stub_->Watch(&ctx, req);
   ferry::v1::TransferProgress p;
   while (reader->Read(&p)) on_progress(p);

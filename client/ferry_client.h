@@ -15,12 +15,13 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "client/agent_session.h"
 #include "ferry/v1/agent.grpc.pb.h"
 
 namespace ferry {
 
-// One agent buffer mapped into this process. Unmaps on destruction; freeing the agent's
-// buffer is Client::Free (a named buffer usually outlives the process that made it).
+// One agent buffer mapped into this process. Unmaps on destruction; the agent's buffer is
+// freed by Client::Free, or when the client's session ends (unless allocated to persist).
 class Buffer {
  public:
   Buffer(const Buffer&) = delete;
@@ -66,14 +67,20 @@ struct OpSpec {
 class Client {
  public:
   // `target`: a Unix socket path, or "unix:PATH" / "HOST:PORT" (the opt-in TCP listener).
-  // Checks that the agent answers (UNAVAILABLE otherwise).
+  // Opens a session (UNAVAILABLE when no agent answers): what this client allocates is
+  // freed when the Client is destroyed or the process ends, unless allocated to persist.
   static absl::StatusOr<std::unique_ptr<Client>> Connect(const std::string& target,
-                                                         absl::Duration timeout = absl::Seconds(5));
+                                                         absl::Duration timeout = absl::Seconds(5),
+                                                         const std::string& what = "libferry");
+  // A client on a session opened already (shared with a TensorClient).
+  explicit Client(std::shared_ptr<AgentSession> session);
 
   absl::StatusOr<ferry::v1::GetInfoResponse> GetInfo();
-  // `device`: "host" (default) or "cuda:N" for GPU N's pool.
+  // `device`: "host" (default) or "cuda:N" for GPU N's pool. `persist`: the buffer outlives
+  // this client's session (until someone frees it), e.g. a named target for peers.
   absl::StatusOr<std::unique_ptr<Buffer>> Alloc(uint64_t size, const std::string& name = "",
-                                                const std::string& device = "host");
+                                                const std::string& device = "host",
+                                                bool persist = false);
   absl::Status Free(uint64_t id);
   absl::StatusOr<std::vector<ferry::v1::BufferInfo>> ListBuffers();
   absl::StatusOr<uint64_t> StatRemoteBuffer(const std::string& node, const std::string& name);
@@ -81,9 +88,12 @@ class Client {
   // Starts a batch; the whole batch is validated first. Returns the transfer id.
   absl::StatusOr<uint64_t> Submit(const std::vector<OpSpec>& ops, absl::Duration timeout = absl::ZeroDuration());
   // The transfer's result once it ended (its state says whether it succeeded), or
-  // DEADLINE_EXCEEDED if it is still running after `wait`.
+  // DEADLINE_EXCEEDED if it is still running after `wait`. `include_ops`: every op's
+  // result, fetched page by page (each page fits gRPC's default message limit).
   absl::StatusOr<ferry::v1::TransferResult> Wait(uint64_t transfer_id, absl::Duration wait,
                                                  bool include_ops = false);
+  // Ends a running transfer (its open ops fail CANCELLED); returns its result as it stands.
+  absl::StatusOr<ferry::v1::TransferResult> Cancel(uint64_t transfer_id);
   // Calls `on_progress` for every update until the transfer ends.
   absl::Status Watch(uint64_t transfer_id,
                      const std::function<void(const ferry::v1::TransferProgress&)>& on_progress);
@@ -105,9 +115,13 @@ class Client {
       const std::vector<std::pair<std::string, std::string>>& settings);
 
   ferry::v1::Agent::Stub& stub() { return *stub_; }
+  const AgentSession& session() const { return *session_; }
 
  private:
-  explicit Client(std::unique_ptr<ferry::v1::Agent::Stub> stub) : stub_(std::move(stub)) {}
+  // A call's context: its deadline and this client's session.
+  std::unique_ptr<grpc::ClientContext> Context(absl::Duration timeout = absl::Seconds(30)) const;
+
+  std::shared_ptr<AgentSession> session_;
   std::unique_ptr<ferry::v1::Agent::Stub> stub_;
 };
 

@@ -6,27 +6,32 @@
 //   2  usage error
 //   3  no agent answers at the socket
 //
-// Read commands take --json for machine-readable output.
+// Read commands take --json for machine-readable output (64-bit integers as JSON numbers,
+// client/proto_json.h).
 
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstdio>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/byte_size.h"
 #include "base/unique_fd.h"
 #include "client/ferry_client.h"
+#include "client/proto_json.h"
 #include "client/topo_command.h"
-#include "google/protobuf/util/json_util.h"
 #include "grpcpp/grpcpp.h"
+#include "server/version.h"
 
 namespace ferry::ctl {
 namespace {
@@ -34,18 +39,28 @@ namespace {
 constexpr int kOk = 0, kFailed = 1, kUsage = 2, kNoAgent = 3;
 
 constexpr const char* kUsageText = R"(usage: ferryctl [--socket PATH] COMMAND [ARGS]
+       ferryctl --help | --version
+Options may come before or after COMMAND; "--" ends them.
 
-Agent commands (the local ferryd, at --socket, $FERRY_SOCKET or /tmp/ferryd-<host>.sock):
+Agent commands (the local ferryd, at --socket, $FERRY_SOCKET or /tmp/ferryd-<host>.sock;
+PATH may be relative, or HOST:PORT for the agent's TCP listener):
   info [--json]                         node, version, providers, pool use, peers
-  buffers [--json]                      the agent's buffers
+  buffers [--json]                      the agent's buffers and their owners ("persist":
+                                        until freed)
   alloc SIZE [--name NAME] [--device D] [--json]
                                         allocate a buffer (SIZE like 64MiB; D host or cuda:N)
+                                        that persists after ferryctl exits, until `free ID`
   free ID                               free a buffer
-  put FILE --to NODE:BUFFER [--offset N]  write a file into a (remote) named buffer
-  get NODE:BUFFER FILE                  read a (remote) named buffer into a file
+  put FILE --to NODE:BUFFER [--offset SIZE]
+                                        write a file into a (remote) named buffer
+  get NODE:BUFFER FILE [--offset SIZE] [--length SIZE]
+                                        read a (remote) named buffer into a file: --length
+                                        bytes from --offset (default: to its end)
+  cancel TRANSFER_ID [--json]           end a running transfer; prints how it ended
   policy get [--json]                   the GDR / staging policy in force
   policy set KEY=VALUE ...              change it now (gdr, gdr_max_path, fallback,
                                         staging_chunk, staging_depth)
+On a terminal, put and get show their progress on stderr.
 
 Offline commands (no agent needed):
   topo [--topology FILE] [--config FILE] [--json]
@@ -54,11 +69,30 @@ Offline commands (no agent needed):
 Exit codes: 0 ok, 1 refused or failed, 2 usage, 3 no agent.
 )";
 
+// A put or get moves the whole range within this time (the agent's deadline for it).
+constexpr absl::Duration kTransferTimeout = absl::Seconds(60);
+
+// Options that take a value, for every command: a scan for the command and the shared
+// options must skip their values ("--name info" names a buffer "info").
+constexpr absl::string_view kValueOptions[] = {"--socket",   "--name",   "--device",
+                                               "--to",       "--offset", "--length",
+                                               "--topology", "--config", "--sysfs-root"};
+
+// The command line before the command's own options are read.
+struct CommandLine {
+  std::string socket;
+  std::string command;
+  std::vector<std::string> rest;  // the command's words and options, in order
+  bool help = false;              // also kept in `rest`: topo and doctor have their own
+  bool version = false;
+};
+
+// The agent commands' words and options.
 struct Args {
   std::vector<std::string> words;   // positional
   bool json = false;
   std::string name, to, device = "host";
-  uint64_t offset = 0;
+  std::optional<uint64_t> offset, length;
 };
 
 int Usage(const std::string& why) {
@@ -71,13 +105,103 @@ int Fail(const absl::Status& s) {
   return kFailed;
 }
 
-std::string Json(const google::protobuf::Message& m) {
-  std::string out;
-  google::protobuf::util::JsonPrintOptions options;
-  options.preserve_proto_field_names = true;
-  options.always_print_primitive_fields = true;
-  (void)google::protobuf::util::MessageToJsonString(m, &out, options);
-  return out;
+// "--offset=1MiB" -> {"--offset", "1MiB"}; anything else -> {word, nullopt}.
+std::pair<std::string, std::optional<std::string>> SplitOption(const std::string& word) {
+  size_t eq = word.find('=');
+  if (!absl::StartsWith(word, "--") || eq == std::string::npos) return {word, std::nullopt};
+  return {word.substr(0, eq), word.substr(eq + 1)};
+}
+
+bool IsOption(const std::string& word) { return word.size() > 1 && word[0] == '-'; }
+
+// Finds the command and the options every command shares (--socket, --help, --version),
+// before or after the command. Returns a usage problem, or "".
+std::string ScanCommandLine(const std::vector<std::string>& argl, CommandLine& cl) {
+  bool options_ended = false;
+  for (size_t i = 0; i < argl.size(); ++i) {
+    const std::string& word = argl[i];
+    if (options_ended || !IsOption(word)) {
+      if (cl.command.empty()) {
+        cl.command = word;
+      } else {
+        cl.rest.push_back(word);
+      }
+      continue;
+    }
+    if (word == "--") {
+      options_ended = true;
+      cl.rest.push_back(word);
+      continue;
+    }
+    auto [name, value] = SplitOption(word);
+    if (name == "--socket") {
+      if (!value && i + 1 < argl.size()) value = argl[++i];
+      if (!value || value->empty()) return "--socket needs a PATH";
+      cl.socket = *value;
+    } else if (name == "--version") {
+      cl.version = true;
+    } else if (name == "--help" || name == "-h") {
+      cl.help = true;
+      cl.rest.push_back(word);
+    } else if (name == "--json") {
+      cl.rest.push_back(word);
+    } else if (std::find(std::begin(kValueOptions), std::end(kValueOptions), name) !=
+               std::end(kValueOptions)) {
+      cl.rest.push_back(word);
+      if (!value && i + 1 < argl.size()) cl.rest.push_back(argl[++i]);
+    } else {
+      return absl::StrCat("unknown option ", name);
+    }
+  }
+  return "";
+}
+
+// An agent command's words and options (`rest` of the command line). Returns a usage
+// problem, or "".
+std::string ParseArgs(const std::vector<std::string>& rest, Args& a) {
+  bool options_ended = false;
+  for (size_t k = 0; k < rest.size(); ++k) {
+    if (options_ended || !IsOption(rest[k])) {
+      a.words.push_back(rest[k]);
+      continue;
+    }
+    if (rest[k] == "--") {
+      options_ended = true;
+      continue;
+    }
+    auto [name, value] = SplitOption(rest[k]);
+    if (name == "--json") {
+      if (value) return "--json takes no value";
+      a.json = true;
+      continue;
+    }
+    std::string* text = nullptr;
+    std::optional<uint64_t>* size = nullptr;
+    const char* what = "SIZE";
+    if (name == "--name") {
+      text = &a.name, what = "NAME";
+    } else if (name == "--device") {
+      text = &a.device, what = "host or cuda:N";
+    } else if (name == "--to") {
+      text = &a.to, what = "NODE:BUFFER";
+    } else if (name == "--offset") {
+      size = &a.offset;
+    } else if (name == "--length") {
+      size = &a.length;
+    } else {
+      return absl::StrCat("unknown option ", name);
+    }
+    if (!value && k + 1 < rest.size()) value = rest[++k];
+    if (!value || value->empty()) return absl::StrCat(name, " needs ", what);
+    if (text != nullptr) {
+      *text = *value;
+      continue;
+    }
+    absl::StatusOr<uint64_t> bytes = ParseByteSize(*value);
+    if (!bytes.ok()) return absl::StrCat(name, ": ", bytes.status().message());
+    *size = *bytes;
+  }
+  return "";
 }
 
 std::string DefaultSocket() {
@@ -102,11 +226,93 @@ void PrintResult(const char* verb, const ferry::v1::TransferResult& r, const std
               r.duration_us() ? static_cast<double>(r.bytes()) / r.duration_us() / 1e3 : 0.0);
 }
 
+// "12.5 MiB": a progress line's numbers, which change too fast to be read exactly.
+std::string ApproxBytes(double bytes) {
+  static constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int unit = 0;
+  while (unit < 4 && bytes >= 1024) {
+    bytes /= 1024;
+    ++unit;
+  }
+  return unit == 0 ? absl::StrFormat("%.0f B", bytes)
+                   : absl::StrFormat("%.1f %s", bytes, kUnits[unit]);
+}
+
+// One line on stderr, rewritten in place ('\r'), while a put or get runs. Shown only once the
+// transfer has run ~0.5 s (a quick one prints nothing extra), a few times a second; erased
+// when it ends, so that the result line starts clean.
+class ProgressLine {
+ public:
+  explicit ProgressLine(absl::Time start) : start_(start) {}
+  ProgressLine(const ProgressLine&) = delete;
+  ProgressLine& operator=(const ProgressLine&) = delete;
+  ~ProgressLine() {
+    if (width_ > 0) std::fprintf(stderr, "\r%*s\r", width_, "");
+  }
+
+  void Update(const ferry::v1::TransferProgress& p) {
+    const absl::Time now = absl::Now();
+    if (p.state() != ferry::v1::RUNNING || now - start_ < absl::Milliseconds(500) ||
+        now - shown_ < absl::Milliseconds(250)) {
+      return;
+    }
+    shown_ = now;
+    const double done = static_cast<double>(p.bytes_done());
+    const double total = static_cast<double>(p.bytes_total());
+    std::string line = absl::StrFormat("%s / %s  %3.0f%%  %s/s", ApproxBytes(done),
+                                       ApproxBytes(total), total > 0 ? 100 * done / total : 0.0,
+                                       ApproxBytes(done / absl::ToDoubleSeconds(now - start_)));
+    // Padded to the longest line so far: a shorter one leaves no old characters behind.
+    std::fprintf(stderr, "\r%-*s", width_, line.c_str());
+    std::fflush(stderr);
+    width_ = std::max(width_, static_cast<int>(line.size()));
+  }
+
+ private:
+  const absl::Time start_;
+  absl::Time shown_ = absl::InfinitePast();
+  int width_ = 0;
+};
+
+// A put or get of `length` bytes as ops over consecutive pieces: the agent counts bytes done
+// per finished op, so one op would show 0% until the end, and one op may not exceed the
+// agent's limits.max_op_bytes (1 GiB by default). Pieces of 8 MiB to 256 MiB, about 256 of
+// them, stay well under limits.max_ops_per_submit (65536) up to 16 TiB.
+std::vector<OpSpec> RangeOps(ferry::v1::OpType type, uint64_t local_buffer, const std::string& node,
+                             const std::string& remote_buffer, uint64_t remote_offset,
+                             uint64_t length) {
+  constexpr uint64_t kMinPiece = uint64_t{8} << 20, kMaxPiece = uint64_t{256} << 20;
+  uint64_t piece = std::clamp(length / 256 + 1, kMinPiece, kMaxPiece);
+  // A range past 2^64 stays one op, refused whole by the agent, rather than wrapping around.
+  if (remote_offset > UINT64_MAX - length) piece = length;
+  std::vector<OpSpec> ops;
+  for (uint64_t done = 0; done < length; done += piece) {
+    ops.push_back({type, local_buffer, done, node, remote_buffer, remote_offset + done,
+                   std::min(piece, length - done)});
+  }
+  return ops;
+}
+
+// Client::Run, with a progress line when stderr is a terminal.
+absl::StatusOr<ferry::v1::TransferResult> RunTransfer(Client& c, const std::vector<OpSpec>& ops) {
+  if (!isatty(STDERR_FILENO)) return c.Run(ops, kTransferTimeout);
+  const absl::Time start = absl::Now();
+  absl::StatusOr<uint64_t> id = c.Submit(ops, kTransferTimeout);
+  if (!id.ok()) return id.status();
+  {
+    ProgressLine line(start);
+    // Watch ends when the transfer does; if it fails (an agent without Watch, one that went
+    // away), Wait below still has the verdict or the error.
+    c.Watch(*id, [&line](const ferry::v1::TransferProgress& p) { line.Update(p); }).IgnoreError();
+  }
+  return c.Wait(*id, kTransferTimeout + absl::Seconds(5));
+}
+
 int Info(Client& c, const Args& a) {
   auto info = c.GetInfo();
   if (!info.ok()) return Fail(info.status());
   if (a.json) {
-    std::cout << Json(*info) << "\n";
+    std::cout << client::ProtoToJson(*info) << "\n";
     return kOk;
   }
   std::string providers, peers;
@@ -153,7 +359,7 @@ int Policy(Client& c, const Args& a) {
   }
   if (!state.ok()) return Fail(state.status());
   if (a.json) {
-    std::cout << Json(*state) << "\n";
+    std::cout << client::ProtoToJson(*state) << "\n";
   } else {
     std::printf("generation     %llu\ngdr            %s\ngdr_max_path   %s\nfallback       %s\n"
                 "staging_chunk  %s\nstaging_depth  %u\n",
@@ -170,14 +376,16 @@ int Buffers(Client& c, const Args& a) {
   if (a.json) {
     ferry::v1::ListBuffersResponse resp;
     for (auto& b : *list) *resp.add_buffers() = b;
-    std::cout << Json(resp) << "\n";
+    std::cout << client::ProtoToJson(resp) << "\n";
     return kOk;
   }
-  std::printf("%-8s %-24s %-8s %14s\n", "ID", "NAME", "DEVICE", "SIZE");
+  std::printf("%-8s %-24s %-8s %14s  %s\n", "ID", "NAME", "DEVICE", "SIZE", "OWNER");
   for (const auto& b : *list) {
-    std::printf("%-8llu %-24s %-8s %14s\n", static_cast<unsigned long long>(b.id()),
+    // "-": an agent too old to say.
+    const std::string owner = b.persist() ? "persist" : b.owner().empty() ? "-" : b.owner();
+    std::printf("%-8llu %-24s %-8s %14s  %s\n", static_cast<unsigned long long>(b.id()),
                 b.name().empty() ? "-" : b.name().c_str(), b.device().c_str(),
-                FormatByteSize(b.size()).c_str());
+                FormatByteSize(b.size()).c_str(), owner.c_str());
   }
   return kOk;
 }
@@ -186,10 +394,12 @@ int Alloc(Client& c, const Args& a) {
   if (a.words.size() != 1) return Usage("alloc needs SIZE");
   auto size = ParseByteSize(a.words[0]);
   if (!size.ok()) return Usage(std::string(size.status().message()));
-  auto buffer = c.Alloc(*size, a.name, a.device);
+  // Persist: this process ends at once, and the buffer is what it was asked for (e.g. a
+  // named target peers write into); a session's buffer would be freed with it.
+  auto buffer = c.Alloc(*size, a.name, a.device, /*persist=*/true);
   if (!buffer.ok()) return Fail(buffer.status());
   if (a.json) {
-    std::cout << Json((*buffer)->info()) << "\n";
+    std::cout << client::ProtoToJson((*buffer)->info()) << "\n";
   } else {
     std::printf("%llu\n", static_cast<unsigned long long>((*buffer)->id()));
   }
@@ -203,10 +413,13 @@ int Free(Client& c, const Args& a) {
   return s.ok() ? kOk : Fail(s);
 }
 
+// put and get stage the file in a buffer of this session (not persist): freed here, or by the
+// agent when ferryctl dies half-way.
 int Put(Client& c, const Args& a) {
   std::string node, remote;
   if (a.words.size() != 1) return Usage("put needs FILE");
   if (!SplitTarget(a.to, &node, &remote)) return Usage("put needs --to NODE:BUFFER");
+  if (a.length) return Usage("put writes all of FILE; --length is for get");
   UniqueFd fd(open(a.words[0].c_str(), O_RDONLY | O_CLOEXEC));
   struct stat st = {};
   if (!fd.valid() || fstat(fd.get(), &st) != 0) {
@@ -225,7 +438,8 @@ int Put(Client& c, const Args& a) {
     }
     done += static_cast<uint64_t>(n);
   }
-  auto result = c.Run({{ferry::v1::WRITE, (*buffer)->id(), 0, node, remote, a.offset, size}});
+  auto result = RunTransfer(
+      c, RangeOps(ferry::v1::WRITE, (*buffer)->id(), node, remote, a.offset.value_or(0), size));
   c.Free((*buffer)->id()).IgnoreError();
   if (!result.ok()) return Fail(result.status());
   if (absl::Status s = TransferStatus(*result); !s.ok()) return Fail(s);
@@ -238,17 +452,30 @@ int Get(Client& c, const Args& a) {
   if (a.words.size() != 2 || !SplitTarget(a.words[0], &node, &remote)) {
     return Usage("get needs NODE:BUFFER FILE");
   }
-  auto size = c.StatRemoteBuffer(node, remote);
-  if (!size.ok()) return Fail(size.status());
-  auto buffer = c.Alloc(*size);
+  const uint64_t offset = a.offset.value_or(0);
+  uint64_t length = 0;
+  if (a.length) {
+    if (*a.length == 0) return Usage("--length must be positive");
+    length = *a.length;  // a range past the end is the agent's to refuse, with its message
+  } else {
+    auto size = c.StatRemoteBuffer(node, remote);
+    if (!size.ok()) return Fail(size.status());
+    if (offset >= *size) {
+      return Fail(absl::OutOfRangeError(absl::StrCat(
+          "--offset ", offset, " is not inside ", a.words[0], " (", FormatByteSize(*size), ")")));
+    }
+    length = *size - offset;
+  }
+  auto buffer = c.Alloc(length);
   if (!buffer.ok()) return Fail(buffer.status());
-  auto result = c.Run({{ferry::v1::READ, (*buffer)->id(), 0, node, remote, 0, *size}});
+  auto result =
+      RunTransfer(c, RangeOps(ferry::v1::READ, (*buffer)->id(), node, remote, offset, length));
   absl::Status s = result.ok() ? TransferStatus(*result) : result.status();
   if (s.ok()) {
     UniqueFd fd(open(a.words[1].c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
     if (!fd.valid()) s = absl::ErrnoToStatus(errno, absl::StrCat("open(", a.words[1], ")"));
-    for (uint64_t done = 0; s.ok() && done < *size;) {
-      ssize_t n = write(fd.get(), (*buffer)->data() + done, *size - done);
+    for (uint64_t done = 0; s.ok() && done < length;) {
+      ssize_t n = write(fd.get(), (*buffer)->data() + done, length - done);
       if (n <= 0) s = absl::ErrnoToStatus(errno, absl::StrCat("write(", a.words[1], ")"));
       else done += static_cast<uint64_t>(n);
     }
@@ -259,84 +486,90 @@ int Get(Client& c, const Args& a) {
   return kOk;
 }
 
-int Main(int argc, char** argv) {
-  std::vector<std::string> argl(argv + 1, argv + argc);
-  std::string socket = DefaultSocket();
-  size_t i = 0;
-  for (; i < argl.size() && argl[i].rfind("--", 0) == 0; ++i) {
-    if (argl[i] == "--help") {
-      std::cout << kUsageText;
-      return kOk;
-    }
-    if (argl[i] == "--socket" && i + 1 < argl.size()) {
-      socket = argl[++i];
-    } else {
-      return Usage(absl::StrCat("unknown option ", argl[i]));
-    }
+int Cancel(Client& c, const Args& a) {
+  uint64_t id = 0;
+  if (a.words.size() != 1 || !absl::SimpleAtoi(a.words[0], &id)) {
+    return Usage("cancel needs a TRANSFER_ID");
   }
-  if (i >= argl.size()) return Usage("no command");
-  const std::string command = argl[i++];
-  std::vector<std::string> rest(argl.begin() + static_cast<long>(i), argl.end());
-  if (command == "topo") {
-    // Without a file to read, the running agent's plan is the truth: it reflects the
-    // policy the agent runs under now. With no agent, read this machine.
-    bool offline = false;
-    for (const auto& w : rest) offline |= w.rfind("--topology", 0) == 0 || w.rfind("--config", 0) == 0;
-    if (!offline) {
-      if (auto c = Client::Connect(socket, absl::Milliseconds(300)); c.ok()) {
-        ferry::v1::GetTopologyResponse topo;
-        grpc::ClientContext ctx;
-        ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
-        if ((*c)->stub().GetTopology(&ctx, {}, &topo).ok()) {
-          bool json = std::find(rest.begin(), rest.end(), "--json") != rest.end();
-          std::cout << (json ? topo.json() : topo.text());
-          return kOk;
-        }
+  auto result = c.Cancel(id);
+  if (!result.ok()) return Fail(result.status());
+  if (a.json) {
+    std::cout << client::ProtoToJson(*result) << "\n";
+    return kOk;
+  }
+  // A transfer that had ended already is left as it was: its state says how it ended.
+  std::string why;
+  if (result->state() == ferry::v1::FAILED) {
+    why =
+        absl::StrCat(" (", absl::StatusCodeToString(static_cast<absl::StatusCode>(result->code())),
+                     ": ", result->message(), ")");
+  }
+  std::printf("transfer %llu %s%s: %llu of %llu ops succeeded, %s moved\n",
+              static_cast<unsigned long long>(id),
+              ferry::v1::TransferState_Name(result->state()).c_str(), why.c_str(),
+              static_cast<unsigned long long>(result->ops_succeeded()),
+              static_cast<unsigned long long>(result->ops_total()),
+              FormatByteSize(result->bytes()).c_str());
+  return kOk;
+}
+
+// `ferryctl topo`: without a file to read, the running agent's plan is the truth (it reflects
+// the policy the agent runs under now). With no agent, or --help, read this machine.
+int Topo(const CommandLine& cl) {
+  bool offline = cl.help;
+  for (const auto& w : cl.rest) {
+    offline |= absl::StartsWith(w, "--topology") || absl::StartsWith(w, "--config");
+  }
+  if (!offline) {
+    if (auto c = Client::Connect(cl.socket, absl::Milliseconds(300), "ferryctl"); c.ok()) {
+      ferry::v1::GetTopologyResponse topo;
+      grpc::ClientContext ctx;
+      ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+      if ((*c)->stub().GetTopology(&ctx, {}, &topo).ok()) {
+        bool json = std::find(cl.rest.begin(), cl.rest.end(), "--json") != cl.rest.end();
+        std::cout << (json ? topo.json() : topo.text());
+        return kOk;
       }
     }
-    return client::RunTopoCommand(rest, std::cout, std::cerr);
   }
-  if (command == "doctor") return client::RunDoctorCommand(rest, std::cout, std::cerr);
+  return client::RunTopoCommand(cl.rest, std::cout, std::cerr);
+}
 
-  Args a;
-  for (size_t k = 0; k < rest.size(); ++k) {
-    const std::string& w = rest[k];
-    auto value = [&](std::string* out) {
-      if (k + 1 >= rest.size()) return false;
-      *out = rest[++k];
-      return true;
-    };
-    std::string v;
-    if (w == "--json") {
-      a.json = true;
-    } else if (w == "--name") {
-      if (!value(&a.name)) return Usage("--name needs a value");
-    } else if (w == "--device") {
-      if (!value(&a.device)) return Usage("--device needs host or cuda:N");
-    } else if (w == "--to") {
-      if (!value(&a.to)) return Usage("--to needs NODE:BUFFER");
-    } else if (w == "--offset") {
-      if (!value(&v) || !absl::SimpleAtoi(v, &a.offset)) return Usage("--offset needs a number");
-    } else if (w.rfind("--", 0) == 0) {
-      return Usage(absl::StrCat("unknown option ", w));
-    } else {
-      a.words.push_back(w);
-    }
+int Main(int argc, char** argv) {
+  CommandLine cl;
+  cl.socket = DefaultSocket();
+  const std::vector<std::string> argl(argv + 1, argv + argc);
+  if (std::string problem = ScanCommandLine(argl, cl); !problem.empty()) {
+    return Usage(problem);
   }
+  if (cl.version) {
+    std::printf("ferryctl %s\n", kFerryVersion);
+    return kOk;
+  }
+  if (cl.command == "topo") return Topo(cl);
+  if (cl.command == "doctor") return client::RunDoctorCommand(cl.rest, std::cout, std::cerr);
+  if (cl.help || cl.command == "help") {
+    std::cout << kUsageText;
+    return kOk;
+  }
+  if (cl.command.empty()) return Usage("no command");
+
   using Handler = int (*)(Client&, const Args&);
   const std::pair<const char*, Handler> kCommands[] = {
-      {"info", Info}, {"buffers", Buffers}, {"alloc", Alloc}, {"free", Free}, {"put", Put}, {"get", Get},
-      {"policy", Policy}};
+      {"info", Info}, {"buffers", Buffers}, {"alloc", Alloc},   {"free", Free},
+      {"put", Put},   {"get", Get},         {"cancel", Cancel}, {"policy", Policy}};
   for (const auto& [name, handler] : kCommands) {
-    if (command != name) continue;
-    auto client = Client::Connect(socket, absl::Seconds(3));
+    if (cl.command != name) continue;
+    Args a;
+    if (std::string problem = ParseArgs(cl.rest, a); !problem.empty()) return Usage(problem);
+    auto client = Client::Connect(cl.socket, absl::Seconds(3), "ferryctl");
     if (!client.ok()) {
       std::cerr << "ferryctl: " << client.status().message() << " (is ferryd running? --socket PATH)\n";
       return kNoAgent;
     }
     return handler(**client, a);
   }
-  return Usage(absl::StrCat("unknown command '", command, "'"));
+  return Usage(absl::StrCat("unknown command '", cl.command, "'"));
 }
 
 }  // namespace

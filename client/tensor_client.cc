@@ -65,10 +65,13 @@ ferry::v1::TensorMeta MakeMeta(ferry::v1::DType dtype, std::vector<int64_t> shap
 
 absl::StatusOr<std::unique_ptr<TensorClient>> TensorClient::Connect(const std::string& target,
                                                                     absl::Duration timeout) {
-  auto channel = ConnectAgentChannel(target, timeout);
-  if (!channel.ok()) return channel.status();
-  return std::unique_ptr<TensorClient>(new TensorClient(ferry::v1::Tensors::NewStub(*channel)));
+  auto session = AgentSession::Open(target, timeout, "libferry tensors");
+  if (!session.ok()) return session.status();
+  return std::make_unique<TensorClient>(*std::move(session));
 }
+
+TensorClient::TensorClient(std::shared_ptr<AgentSession> session)
+    : session_(std::move(session)), stub_(ferry::v1::Tensors::NewStub(session_->channel())) {}
 
 absl::StatusOr<ferry::v1::SendResponse> TensorClient::Send(uint64_t buffer, uint64_t offset,
                                                            const ferry::v1::TensorMeta& meta,
@@ -100,6 +103,7 @@ absl::StatusOr<ReceivedTensor> TensorClient::Recv(const std::string& peer, const
   req.set_timeout_ms(TimeoutMs(options));
   ferry::v1::RecvResponse resp;
   grpc::ClientContext ctx;
+  session_->Attach(&ctx);  // a landing buffer the agent allocates becomes ours
   CallScope scope(options, &ctx);
   grpc::Status s = stub_->Recv(&ctx, req, &resp);
   if (!s.ok()) return FromGrpcStatus(s);

@@ -89,8 +89,12 @@ ferry::v1::TensorMeta MakeMeta(ferry::v1::DType dtype, std::vector<int64_t> shap
 
 class TensorClient {
  public:
+  // Opens a session of its own (see Client::Connect).
   static absl::StatusOr<std::unique_ptr<TensorClient>> Connect(
       const std::string& target, absl::Duration timeout = absl::Seconds(5));
+  // On a session opened already (shared with a Client): a receive's landing buffer then
+  // belongs to that session.
+  explicit TensorClient(std::shared_ptr<AgentSession> session);
 
   // Sends the tensor at `offset` in local buffer `buffer`; returns once it has landed in the
   // receiver's buffer. meta.tag is the tag.
@@ -120,7 +124,7 @@ class TensorClient {
   absl::StatusOr<ferry::v1::ListPendingResponse> ListPending();
 
  private:
-  explicit TensorClient(std::unique_ptr<ferry::v1::Tensors::Stub> stub) : stub_(std::move(stub)) {}
+  std::shared_ptr<AgentSession> session_;
   std::unique_ptr<ferry::v1::Tensors::Stub> stub_;
 };
 

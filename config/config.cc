@@ -224,7 +224,10 @@ absl::Status ParseInto(const Context& ctx, const YAML::Node& root, Config& c) {
     }
   }
   if (auto limits = root["limits"]) {
-    RETURN_IF_ERROR(CheckKeys(ctx, limits, "limits", {"max_op_bytes", "max_ops_per_submit", "default_timeout_ms"}));
+    RETURN_IF_ERROR(CheckKeys(ctx, limits, "limits", {"max_op_bytes", "max_ops_per_submit", "default_timeout_ms",
+                                                     "max_timeout_ms", "tcp_max_connections",
+                                                     "tcp_max_connections_per_peer",
+                                                     "tcp_handshake_timeout_ms"}));
     if (auto n = limits["max_op_bytes"]) {
       ASSIGN_OR_RETURN(c.max_op_bytes, ReadByteSize(ctx, n, "limits.max_op_bytes"));
       if (c.max_op_bytes == 0) return ctx.Error(n, "limits.max_op_bytes", "must be positive");
@@ -235,14 +238,27 @@ absl::Status ParseInto(const Context& ctx, const YAML::Node& root, Config& c) {
     if (auto n = limits["default_timeout_ms"]) {
       ASSIGN_OR_RETURN(c.default_timeout_ms, ReadCount(ctx, n, "limits.default_timeout_ms", 1, 86400000));
     }
+    if (auto n = limits["max_timeout_ms"]) {
+      ASSIGN_OR_RETURN(c.max_timeout_ms, ReadCount(ctx, n, "limits.max_timeout_ms", 1, 86400000));
+    }
+    if (auto n = limits["tcp_max_connections"]) {
+      ASSIGN_OR_RETURN(c.tcp_max_connections, ReadCount(ctx, n, "limits.tcp_max_connections", 1, 1u << 20));
+    }
+    if (auto n = limits["tcp_max_connections_per_peer"]) {
+      ASSIGN_OR_RETURN(c.tcp_max_connections_per_peer,
+                       ReadCount(ctx, n, "limits.tcp_max_connections_per_peer", 1, 1u << 20));
+    }
+    if (auto n = limits["tcp_handshake_timeout_ms"]) {
+      ASSIGN_OR_RETURN(c.tcp_handshake_timeout_ms,
+                       ReadCount(ctx, n, "limits.tcp_handshake_timeout_ms", 1, 600000));
+    }
   }
   if (auto log = root["log"]) {
     RETURN_IF_ERROR(CheckKeys(ctx, log, "log", {"level"}));
     if (auto n = log["level"]) {
       ASSIGN_OR_RETURN(c.log_level, ReadString(ctx, n, "log.level"));
-      static const std::set<std::string> kLevels = {"trace", "debug", "info", "warn", "error"};
-      if (!kLevels.count(c.log_level)) {
-        return ctx.Error(n, "log.level", absl::StrCat("'", c.log_level, "' is not one of trace, debug, info, warn, error"));
+      if (absl::Status valid = ValidateLogLevel(c.log_level); !valid.ok()) {
+        return ctx.Error(n, "log.level", std::string(valid.message()));
       }
     }
   }
@@ -334,6 +350,19 @@ void ResolveDefaults(Config& config) {
     }
   }
   if (config.local_socket.empty()) config.local_socket = absl::StrCat("/tmp/ferryd-", config.node, ".sock");
+  // A relative socket path is relative to where the agent started; clients and the
+  // agent's own lock need the absolute one.
+  if (config.local_socket.front() != '/') {
+    char cwd[4096];
+    if (getcwd(cwd, sizeof(cwd)) != nullptr) config.local_socket = absl::StrCat(cwd, "/", config.local_socket);
+  }
+}
+
+absl::Status ValidateLogLevel(const std::string& level) {
+  static const std::set<std::string> kLevels = {"trace", "debug", "info", "warn", "error"};
+  if (kLevels.count(level)) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("'", level.substr(0, 32), "' is not one of trace, debug, info, warn, error"));
 }
 
 absl::StatusOr<Policy> LoadPolicyFromFile(const std::string& path) {

@@ -56,6 +56,12 @@ struct Config {
   uint64_t max_op_bytes = 1ull << 30;
   uint32_t max_ops_per_submit = 65536;
   uint32_t default_timeout_ms = 60000;
+  uint32_t max_timeout_ms = 600000;    // a Submit may not ask for more
+  // tcp data listener: incoming connections at most, in total and from one address, and
+  // how long one may take to send its first frame before it is closed.
+  uint32_t tcp_max_connections = 1024;
+  uint32_t tcp_max_connections_per_peer = 64;
+  uint32_t tcp_handshake_timeout_ms = 5000;
   // Logging: trace, debug, info, warn, error.
   std::string log_level = "info";
   // Topology: "" = the live machine, else an `lstopo --of xml` file.
@@ -78,8 +84,12 @@ absl::StatusOr<Config> ParseConfig(absl::string_view yaml, absl::string_view ori
 // Reads and parses a file.
 absl::StatusOr<Config> LoadConfigFile(const std::string& path);
 
-// Fills defaults that depend on the machine (node name, socket path).
+// Fills defaults that depend on the machine (node name, socket path) and makes a relative
+// socket path absolute (against the current directory).
 void ResolveDefaults(Config& config);
+
+// INVALID_ARGUMENT unless `level` is trace, debug, info, warn or error.
+absl::Status ValidateLogLevel(const std::string& level);
 
 // Parses only the `policy` section of a config file (for SIGHUP reloads and `ferryctl topo
 // --config`); absent section = default policy.

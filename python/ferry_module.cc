@@ -221,17 +221,15 @@ std::shared_ptr<Session> Connect(const std::string& target, double timeout_s) {
   absl::Duration timeout = absl::Seconds(timeout_s);
   {
     py::gil_scoped_release release;
-    auto c = Client::Connect(target, timeout);
-    if (c.ok()) {
-      session->client = *std::move(c);
-      auto t = TensorClient::Connect(target, timeout);
-      if (!t.ok()) c = t.status();
-      else session->tensors = *std::move(t);
-    }
-    if (!c.ok()) {
+    // One agent session for both: what this Python process allocates or receives is
+    // freed when it closes the session or exits.
+    auto opened = AgentSession::Open(target, timeout, "python");
+    if (!opened.ok()) {
       py::gil_scoped_acquire gil;
-      throw StatusError(c.status());
+      throw StatusError(opened.status());
     }
+    session->client = std::make_unique<Client>(*opened);
+    session->tensors = std::make_unique<TensorClient>(*opened);
   }
   return session;
 }

@@ -40,6 +40,9 @@ absl::StatusOr<std::unique_ptr<AgentCore>> AgentCore::Create(const config::Confi
   providers.providers = config.providers;
   providers.tcp.listen_address = TcpListenAddress(config);
   providers.tcp.connections = config.tcp_connections;
+  providers.tcp.max_connections = config.tcp_max_connections;
+  providers.tcp.max_connections_per_source = config.tcp_max_connections_per_peer;
+  providers.tcp.handshake_timeout_ms = config.tcp_handshake_timeout_ms;
   providers.verbs.device = config.verbs.device;
   providers.verbs.port = config.verbs.port;
   providers.verbs.gid_index = config.verbs.gid_index;
@@ -60,12 +63,14 @@ absl::StatusOr<std::unique_ptr<AgentCore>> AgentCore::Create(const config::Confi
   RETURN_IF_ERROR(core->LoadGpus());
   core->bounce_ = std::make_unique<BouncePools>(fabrics, core->gpus_.get());
   core->buffers_ = std::make_unique<BufferRegistry>(core->pool_.get(), core->gpus_.get(), fabrics);
+  core->sessions_ = std::make_unique<SessionRegistry>(core->buffers_.get());
   core->peers_ = std::make_unique<PeerDirectory>(config.node, config.peer_listen, config.peers,
                                                  fabrics);
   EngineLimits limits;
   limits.max_op_bytes = config.max_op_bytes;
   limits.max_ops_per_submit = config.max_ops_per_submit;
   limits.default_timeout = absl::Milliseconds(config.default_timeout_ms);
+  limits.max_timeout = absl::Milliseconds(config.max_timeout_ms);
   EngineDeps deps;
   deps.buffers = core->buffers_.get();
   deps.peers = core->peers_.get();
@@ -135,12 +140,19 @@ LegPlan AgentCore::PlanLeg(const Buffer& buffer, const PolicySnapshot& snapshot,
 }
 
 AgentCore::~AgentCore() {
-  // Endpoints first: closing them runs the completions of ops in flight, which report to the
-  // engine, so the engine must still be there.
+  // Teardown order, and why:
+  // 1. Stop serving peers: their ops in flight here fail UNAVAILABLE (an agent stopping),
+  //    not as keys revoked by the buffers freed below.
+  // 2. Tensors, then our endpoints: closing them runs the completions of our ops in flight,
+  //    which report to the engine, so the engine must still be there.
+  // 3. The engine fails what is still running; then sessions and buffers (revoking keys),
+  //    the pools, the fabrics, and the host pool last.
+  for (const auto& f : fabrics_) f->StopServing();
   tensors_.reset();
   if (peers_) peers_->CloseAll();
   engine_.reset();
   peers_.reset();
+  sessions_.reset();
   buffers_.reset();
   bounce_.reset();
   gpus_.reset();

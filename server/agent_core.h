@@ -15,6 +15,7 @@
 #include "server/engine/leg_planner.h"
 #include "server/engine/transfer_engine.h"
 #include "server/gpu_pools.h"
+#include "server/local/sessions.h"
 #include "server/policy_store.h"
 #include "server/peers/peer_directory.h"
 #include "server/tensors/tensor_state.h"
@@ -36,6 +37,7 @@ class AgentCore {
   // In preference order.
   const std::vector<std::unique_ptr<fabric::Fabric>>& fabrics() const { return fabrics_; }
   BufferRegistry& buffers() { return *buffers_; }
+  SessionRegistry& sessions() { return *sessions_; }
   PeerDirectory& peers() { return *peers_; }
   TransferEngine& engine() { return *engine_; }
   TensorState& tensors() { return *tensors_; }
@@ -67,6 +69,7 @@ class AgentCore {
   std::unique_ptr<GpuPools> gpus_;
   std::unique_ptr<BouncePools> bounce_;
   std::unique_ptr<BufferRegistry> buffers_;
+  std::unique_ptr<SessionRegistry> sessions_;
   std::unique_ptr<PeerDirectory> peers_;
   std::unique_ptr<TransferEngine> engine_;
   // Send/Recv matching and notifications; uses the engine and buffers, so it goes first.

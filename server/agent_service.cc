@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "server/agent_core.h"
+#include "server/local/session_call.h"
 #include "base/grpc_status.h"
 #include "server/version.h"
 #include "transport/topology/plan_format.h"
@@ -16,9 +17,28 @@ void FillPolicy(const PolicySnapshot& snap, ferry::v1::PolicyState* out) {
   out->set_fallback(config::FallbackName(snap.policy.fallback));
   out->set_staging_chunk_bytes(snap.policy.staging_chunk_bytes);
   out->set_staging_depth(snap.policy.staging_depth);
+  for (const auto& [key, value] : snap.overrides) {
+    auto* o = out->add_overrides();
+    o->set_key(key);
+    o->set_value(value);
+  }
+}
+
+ResultPage PageOf(const ferry::v1::WaitRequest& req) {
+  ResultPage page;
+  page.include_ops = req.include_ops();
+  page.from = req.ops_from();
+  page.limit = req.ops_limit();
+  page.failed_only = req.failed_only();
+  return page;
 }
 
 }  // namespace
+
+grpc::ServerWriteReactor<ferry::v1::SessionEvent>* AgentService::OpenSession(
+    grpc::CallbackServerContext*, const ferry::v1::OpenSessionRequest* req) {
+  return StartSessionCall(&core_->sessions(), *req);
+}
 
 grpc::Status AgentService::GetInfo(grpc::ServerContext*, const ferry::v1::GetInfoRequest*,
                                    ferry::v1::GetInfoResponse* resp) {
@@ -28,6 +48,8 @@ grpc::Status AgentService::GetInfo(grpc::ServerContext*, const ferry::v1::GetInf
   resp->set_buffer_count(core_->buffers().count());
   resp->set_host_pool_bytes(core_->pool().size());
   resp->set_host_pool_used_bytes(core_->pool().used());
+  resp->set_host_buffer_bytes(core_->buffers().host_bytes());
+  resp->set_sessions(core_->sessions().count());
   for (const auto& name : core_->peers().Names()) resp->add_peers(name);
   resp->set_transfers_active(core_->engine().active());
   resp->set_transfers_done(core_->engine().finished());
@@ -42,17 +64,35 @@ grpc::Status AgentService::GetInfo(grpc::ServerContext*, const ferry::v1::GetInf
   return grpc::Status::OK;
 }
 
-grpc::Status AgentService::AllocBuffer(grpc::ServerContext*, const ferry::v1::AllocBufferRequest* req,
+grpc::Status AgentService::AllocBuffer(grpc::ServerContext* ctx,
+                                       const ferry::v1::AllocBufferRequest* req,
                                        ferry::v1::AllocBufferResponse* resp) {
-  auto buffer = core_->buffers().Allocate(req->size(), req->name(), req->device());
+  auto session = SessionOfCall(*ctx, core_->sessions());
+  if (!session.ok()) return ToGrpcStatus(session.status());
+  if (*session == 0 && !req->persist()) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        "persist: a buffer allocated outside a session is never freed for you; "
+                        "set persist, or open a session (OpenSession) and name it in the "
+                        "\"ferry-session\" metadata");
+  }
+  BufferOwner owner = req->persist() ? BufferOwner{} : core_->sessions().OwnerFor(*session);
+  auto buffer = core_->buffers().Allocate(req->size(), req->name(), req->device(), std::move(owner));
   if (!buffer.ok()) return ToGrpcStatus(buffer.status());
+  if (!req->persist() && !core_->sessions().IsOpen(*session)) {
+    // The session ended while we allocated: its sweep may have missed this one.
+    core_->buffers().Free((*buffer)->id()).IgnoreError();
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "ferry-session: the session ended");
+  }
   (*buffer)->Describe(resp->mutable_buffer());
   return grpc::Status::OK;
 }
 
-grpc::Status AgentService::FreeBuffer(grpc::ServerContext*, const ferry::v1::FreeBufferRequest* req,
+grpc::Status AgentService::FreeBuffer(grpc::ServerContext* ctx,
+                                      const ferry::v1::FreeBufferRequest* req,
                                       ferry::v1::FreeBufferResponse*) {
-  return ToGrpcStatus(core_->buffers().Free(req->id()));
+  auto session = SessionOfCall(*ctx, core_->sessions());
+  if (!session.ok()) return ToGrpcStatus(session.status());
+  return ToGrpcStatus(core_->buffers().FreeFor(req->id(), *session));
 }
 
 grpc::Status AgentService::ListBuffers(grpc::ServerContext*, const ferry::v1::ListBuffersRequest*,
@@ -96,7 +136,15 @@ grpc::Status AgentService::Wait(grpc::ServerContext* ctx, const ferry::v1::WaitR
                           absl::StrCat("transfer ", req->transfer_id(), " is still running"));
     }
   }
-  *resp = (*transfer)->Result(req->include_ops());
+  *resp = (*transfer)->Result(PageOf(*req));
+  return grpc::Status::OK;
+}
+
+grpc::Status AgentService::Cancel(grpc::ServerContext*, const ferry::v1::CancelTransferRequest* req,
+                                  ferry::v1::TransferResult* resp) {
+  auto transfer = core_->engine().Cancel(req->transfer_id());
+  if (!transfer.ok()) return ToGrpcStatus(transfer.status());
+  *resp = (*transfer)->Result();
   return grpc::Status::OK;
 }
 
@@ -134,10 +182,10 @@ grpc::Status AgentService::SetPolicy(grpc::ServerContext*, const ferry::v1::SetP
                                      ferry::v1::PolicyState* resp) {
   std::vector<std::pair<std::string, std::string>> settings;
   for (const auto& s : req->settings()) settings.emplace_back(s.key(), s.value());
-  if (settings.empty()) {
+  if (settings.empty() && !req->clear_overrides()) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "settings: nothing to set");
   }
-  auto snapshot = core_->policies().Apply(settings);
+  auto snapshot = core_->policies().Apply(settings, req->clear_overrides());
   if (!snapshot.ok()) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         absl::StrCat("settings: ", snapshot.status().message(), " (policy unchanged)"));

@@ -2,6 +2,7 @@
 // The Agent gRPC service (local clients). Thin: checks request fields, calls the agent's
 // parts, converts absl::Status to grpc::Status. Sync API: Wait and Watch block a server
 // thread by design (they wait for a transfer); everything else returns at once.
+// OpenSession is a callback method: a session is an idle call that holds no thread.
 
 #include "ferry/v1/agent.grpc.pb.h"
 
@@ -9,10 +10,13 @@ namespace ferry::server {
 
 class AgentCore;
 
-class AgentService final : public ferry::v1::Agent::Service {
+class AgentService final
+    : public ferry::v1::Agent::WithCallbackMethod_OpenSession<ferry::v1::Agent::Service> {
  public:
   explicit AgentService(AgentCore* core) : core_(core) {}
 
+  grpc::ServerWriteReactor<ferry::v1::SessionEvent>* OpenSession(
+      grpc::CallbackServerContext*, const ferry::v1::OpenSessionRequest*) override;
   grpc::Status GetInfo(grpc::ServerContext*, const ferry::v1::GetInfoRequest*,
                        ferry::v1::GetInfoResponse*) override;
   grpc::Status AllocBuffer(grpc::ServerContext*, const ferry::v1::AllocBufferRequest*,
@@ -27,6 +31,8 @@ class AgentService final : public ferry::v1::Agent::Service {
                       ferry::v1::SubmitResponse*) override;
   grpc::Status Wait(grpc::ServerContext*, const ferry::v1::WaitRequest*,
                     ferry::v1::TransferResult*) override;
+  grpc::Status Cancel(grpc::ServerContext*, const ferry::v1::CancelTransferRequest*,
+                      ferry::v1::TransferResult*) override;
   grpc::Status Watch(grpc::ServerContext*, const ferry::v1::WatchRequest*,
                      grpc::ServerWriter<ferry::v1::TransferProgress>*) override;
   grpc::Status GetTopology(grpc::ServerContext*, const ferry::v1::GetTopologyRequest*,

@@ -4,6 +4,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "base/echo.h"
 #include "base/status_macros.h"
 #include "spdlog/spdlog.h"
 
@@ -43,7 +44,22 @@ absl::StatusOr<int> ParseGpuDevice(const std::string& device) {
 
 }  // namespace
 
+uint64_t Buffer::owner() const {
+  absl::MutexLock lock(&owner_mu_);
+  return owner_.session;
+}
+
+std::string Buffer::owner_label() const {
+  absl::MutexLock lock(&owner_mu_);
+  return owner_.label;
+}
+
 void Buffer::Describe(ferry::v1::BufferInfo* info) const {
+  {
+    absl::MutexLock lock(&owner_mu_);
+    info->set_owner(owner_.label);
+    info->set_persist(owner_.session == 0);
+  }
   info->set_id(id_);
   info->set_name(name_);
   info->set_size(size());
@@ -62,12 +78,13 @@ const fabric::MemoryRegion* Buffer::region(const std::string& provider) const {
 
 absl::StatusOr<std::shared_ptr<Buffer>> BufferRegistry::Allocate(uint64_t size,
                                                                  const std::string& name,
-                                                                 const std::string& device) {
+                                                                 const std::string& device,
+                                                                 BufferOwner owner) {
   if (size == 0) return absl::InvalidArgumentError("size: must be positive");
   if (!name.empty()) {
-    if (name.size() > 256 || name.find_first_of(": \t\n") != std::string::npos) {
+    if (name.size() > kMaxBufferName || name.find_first_of(": \t\n") != std::string::npos) {
       return absl::InvalidArgumentError(
-          absl::StrCat("name: '", name, "' must be at most 256 characters without ':' or spaces"));
+          absl::StrCat("name: ", Echo(name), " must be at most 256 characters without ':' or spaces"));
     }
     absl::MutexLock lock(&mu_);
     if (by_name_.contains(name)) {
@@ -111,7 +128,7 @@ absl::StatusOr<std::shared_ptr<Buffer>> BufferRegistry::Allocate(uint64_t size,
   }
   uint64_t id = next_id_++;
   auto buffer = std::make_shared<Buffer>(id, name, std::move(memory), std::move(regions),
-                                         std::move(registrations));
+                                         std::move(registrations), std::move(owner));
   by_id_.emplace(id, buffer);
   if (!name.empty()) by_name_.emplace(name, id);
   return buffer;
@@ -131,6 +148,48 @@ absl::Status BufferRegistry::Free(uint64_t id) {
     if (!buffer->name().empty()) by_name_.erase(buffer->name());
   }
   // `buffer` may still be held by transfers; the memory goes back when they finish.
+  return absl::OkStatus();
+}
+
+absl::Status BufferRegistry::FreeFor(uint64_t id, uint64_t session) {
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = by_id_.find(id);
+    if (it != by_id_.end()) {
+      uint64_t owner = it->second->owner();
+      if (owner != 0 && owner != session) {
+        return absl::PermissionDeniedError(absl::StrCat(
+            "id: buffer ", id, " belongs to ", it->second->owner_label(),
+            "; only its owner frees it (or it is freed when that session ends)"));
+      }
+    }
+  }
+  return Free(id);
+}
+
+size_t BufferRegistry::FreeOwnedBy(uint64_t session) {
+  if (session == 0) return 0;
+  std::vector<std::shared_ptr<Buffer>> freed;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto it = by_id_.begin(); it != by_id_.end();) {
+      if (it->second->owner() != session) {
+        ++it;
+        continue;
+      }
+      if (!it->second->name().empty()) by_name_.erase(it->second->name());
+      freed.push_back(std::move(it->second));
+      by_id_.erase(it++);
+    }
+  }
+  // Dropped here, outside the lock: revoking keys may wait for remote accesses.
+  return freed.size();
+}
+
+absl::Status BufferRegistry::Adopt(uint64_t id, BufferOwner owner) {
+  ASSIGN_OR_RETURN(auto buffer, Get(id, "id"));
+  absl::MutexLock lock(&buffer->owner_mu_);
+  buffer->owner_ = std::move(owner);
   return absl::OkStatus();
 }
 
@@ -164,7 +223,7 @@ absl::StatusOr<std::shared_ptr<Buffer>> BufferRegistry::Get(uint64_t id,
 absl::StatusOr<std::shared_ptr<Buffer>> BufferRegistry::FindByName(const std::string& name) const {
   absl::MutexLock lock(&mu_);
   auto it = by_name_.find(name);
-  if (it == by_name_.end()) return absl::NotFoundError(absl::StrCat("no buffer named '", name, "'"));
+  if (it == by_name_.end()) return absl::NotFoundError(absl::StrCat("no buffer named ", Echo(name)));
   return by_id_.at(it->second);
 }
 
@@ -181,6 +240,16 @@ std::vector<std::shared_ptr<Buffer>> BufferRegistry::List() const {
 size_t BufferRegistry::count() const {
   absl::MutexLock lock(&mu_);
   return by_id_.size();
+}
+
+uint64_t BufferRegistry::host_bytes() const {
+  constexpr uint64_t kAlign = memory::HostPool::kAlignment;
+  absl::MutexLock lock(&mu_);
+  uint64_t total = 0;
+  for (const auto& [id, b] : by_id_) {
+    if (b->gpu() < 0) total += (b->size() + kAlign - 1) / kAlign * kAlign;
+  }
+  return total;
 }
 
 }  // namespace ferry::server

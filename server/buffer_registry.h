@@ -1,7 +1,9 @@
 #pragma once
 // The agent's buffers: host pool memory or GPU pool memory, registered with the fabrics
-// that can reach it, known by id and (optionally) by name. Transfers hold a shared_ptr, so freeing a buffer in use waits for
-// them: the memory and the fabric key live until the last transfer lets go.
+// that can reach it, known by id and (optionally) by name, owned by the client session
+// that allocated them (or by nobody: they persist until freed). Transfers in flight hold a
+// shared_ptr, so freeing a buffer in use waits for them: the memory and the fabric key live
+// until the last op that touches it lets go.
 
 #include <cstdint>
 #include <memory>
@@ -18,17 +20,27 @@
 
 namespace ferry::server {
 
+// Who a buffer belongs to: a local client's session, which frees it when it ends, or
+// nobody (session 0): it persists until someone frees it.
+struct BufferOwner {
+  uint64_t session = 0;
+  std::string label;  // "session 3 (ferryctl, pid 1234)", for ListBuffers
+};
+
 class Buffer {
  public:
   using Regions = std::vector<std::pair<std::string, std::unique_ptr<fabric::MemoryRegion>>>;
 
   Buffer(uint64_t id, std::string name, std::unique_ptr<BufferMemory> memory, Regions regions,
-         std::vector<std::string> registrations)
+         std::vector<std::string> registrations, BufferOwner owner)
       : id_(id), name_(std::move(name)), memory_(std::move(memory)), regions_(std::move(regions)),
-        registrations_(std::move(registrations)) {}
+        registrations_(std::move(registrations)), owner_(std::move(owner)) {}
 
   uint64_t id() const { return id_; }
   const std::string& name() const { return name_; }
+  // The owning session (0: the buffer persists). Changes only through BufferRegistry.
+  uint64_t owner() const;
+  std::string owner_label() const;
   uint64_t size() const { return memory_->size(); }
   char* data() const { return memory_->data(); }
   std::string device() const { return memory_->device(); }
@@ -52,7 +64,13 @@ class Buffer {
   std::unique_ptr<BufferMemory> memory_;
   Regions regions_;
   const std::vector<std::string> registrations_;
+  friend class BufferRegistry;  // hands a buffer to another owner (Adopt)
+  mutable absl::Mutex owner_mu_;
+  BufferOwner owner_ ABSL_GUARDED_BY(owner_mu_);
 };
+
+// The longest buffer name (a longer one names no buffer, and is refused as such).
+inline constexpr size_t kMaxBufferName = 256;
 
 class BufferRegistry {
  public:
@@ -65,9 +83,17 @@ class BufferRegistry {
   // and write); unnamed ones are not. ALREADY_EXISTS for a name in use, NOT_FOUND for a GPU
   // this agent does not have, RESOURCE_EXHAUSTED when the pool is full.
   absl::StatusOr<std::shared_ptr<Buffer>> Allocate(uint64_t size, const std::string& name,
-                                                   const std::string& device = "host");
+                                                   const std::string& device = "host",
+                                                   BufferOwner owner = {});
   // NOT_FOUND for an unknown or already freed id.
   absl::Status Free(uint64_t id);
+  // Free on behalf of `session` (0: a caller outside any session): PERMISSION_DENIED for
+  // a buffer another session owns; persisting buffers anyone may free.
+  absl::Status FreeFor(uint64_t id, uint64_t session);
+  // Frees every buffer `session` owns (the session ended). Returns how many.
+  size_t FreeOwnedBy(uint64_t session);
+  // Gives buffer `id` to `owner` (a receive's landing buffer to the receiving client).
+  absl::Status Adopt(uint64_t id, BufferOwner owner);
   // Stops exporting a named buffer: peers can no longer resolve its name, and remote
   // access is taken from its registrations where the provider can (tcp); the buffer stays
   // usable locally. NOT_FOUND for an unknown id.
@@ -77,6 +103,9 @@ class BufferRegistry {
   absl::StatusOr<std::shared_ptr<Buffer>> FindByName(const std::string& name) const;
   std::vector<std::shared_ptr<Buffer>> List() const;
   size_t count() const;
+  // Bytes of the live host buffers as the host pool counts them (rounded up to its
+  // alignment): the pool's used bytes once no transfer holds a freed buffer.
+  uint64_t host_bytes() const;
 
  private:
   memory::HostPool* const pool_;

@@ -2,15 +2,17 @@
 //
 //   ferryd [--config FILE] [--node NAME] [--socket PATH] [--local-tcp HOST:PORT]
 //          [--peer-listen HOST:PORT] [--peer NAME=HOST:PORT ...] [--host-pool SIZE]
-//          [--tcp-connections N] [--log-level LEVEL]
+//          [--tcp-connections N] [--log-level LEVEL] [--help] [--version]
 //
-// Flags override the file. SIGTERM / SIGINT stop it cleanly.
+// Flags override the file. SIGHUP reloads the file; SIGTERM / SIGINT stop it cleanly.
 
 #include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstdio>
+#include <functional>
+#include <map>
 #include <iostream>
 #include <string>
 #include <vector>
@@ -21,12 +23,17 @@
 #include "base/byte_size.h"
 #include "config/config.h"
 #include "grpcpp/grpcpp.h"
+#include "base/port_owner.h"
+#include "base/status_macros.h"
 #include "server/agent_core.h"
+#include "server/config_reload.h"
+#include "server/local/instance_lock.h"
 #include "server/agent_service.h"
 #include "server/peer_service.h"
 #include "server/tensors/tensor_service.h"
 #include "server/version.h"
 #include "spdlog/spdlog.h"
+#include "transport/tcp/socket.h"
 
 namespace ferry::server {
 namespace {
@@ -34,14 +41,84 @@ namespace {
 constexpr const char* kUsage =
     "usage: ferryd [--config FILE] [--node NAME] [--socket PATH] [--local-tcp HOST:PORT]\n"
     "              [--peer-listen HOST:PORT] [--peer NAME=HOST:PORT ...] [--host-pool SIZE]\n"
-    "              [--tcp-connections N] [--log-level LEVEL]\n";
+    "              [--tcp-connections N] [--log-level LEVEL] [--help] [--version]\n"
+    "Flags override the file (every key: config/ferry.example.yaml). SIGHUP reloads the file.\n";
 
-// Applies command-line flags on top of the file's values.
+// Exits with the usage text: 0 when asked for it, 2 after a usage error.
+[[noreturn]] void ExitUsage(int code, const std::string& why = "") {
+  if (!why.empty()) std::cerr << "ferryd: " << why << "\n";
+  (code == 0 ? std::cout : std::cerr) << kUsage;
+  std::exit(code);
+}
+
+// Applies command-line flags on top of the file's values, validated as the file's are.
 absl::StatusOr<config::Config> LoadConfig(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
+  // Flags that take no value, answered before anything else is read.
+  for (const auto& a : args) {
+    if (a == "--help" || a == "-h") ExitUsage(0);
+    if (a == "--version") {
+      std::cout << "ferryd " << kFerryVersion << "\n";
+      std::exit(0);
+    }
+  }
+  using Apply = std::function<absl::Status(config::Config&, const std::string&)>;
+  const std::map<std::string, Apply> kFlags = {
+      {"--config", [](config::Config&, const std::string&) { return absl::OkStatus(); }},
+      {"--node", [](config::Config& c, const std::string& v) {
+         c.node = v;
+         return absl::OkStatus();
+       }},
+      {"--socket", [](config::Config& c, const std::string& v) {
+         c.local_socket = v;
+         return absl::OkStatus();
+       }},
+      {"--local-tcp", [](config::Config& c, const std::string& v) {
+         c.local_tcp = v;
+         return absl::OkStatus();
+       }},
+      {"--peer-listen", [](config::Config& c, const std::string& v) {
+         c.peer_listen = v;
+         return absl::OkStatus();
+       }},
+      {"--peer", [](config::Config& c, const std::string& v) {
+         std::pair<std::string, std::string> kv = absl::StrSplit(v, absl::MaxSplits('=', 1));
+         if (kv.first.empty() || kv.second.empty()) {
+           return absl::InvalidArgumentError(absl::StrCat("'", v, "' is not NAME=HOST:PORT"));
+         }
+         c.peers[kv.first] = kv.second;
+         return absl::OkStatus();
+       }},
+      {"--host-pool", [](config::Config& c, const std::string& v) {
+         auto size = ParseByteSize(v);
+         if (!size.ok()) return size.status();
+         if (*size == 0) return absl::InvalidArgumentError("must be positive");
+         c.host_pool_bytes = *size;
+         return absl::OkStatus();
+       }},
+      {"--tcp-connections", [](config::Config& c, const std::string& v) {
+         if (!absl::SimpleAtoi(v, &c.tcp_connections) || c.tcp_connections < 1 ||
+             c.tcp_connections > 64) {
+           return absl::InvalidArgumentError(absl::StrCat("'", v, "' is not 1..64"));
+         }
+         return absl::OkStatus();
+       }},
+      {"--log-level", [](config::Config& c, const std::string& v) {
+         RETURN_IF_ERROR(config::ValidateLogLevel(v));
+         c.log_level = v;
+         return absl::OkStatus();
+       }},
+  };
+  // Every flag is known and has its value before the file is read.
+  std::vector<std::pair<const Apply*, std::pair<std::string, std::string>>> given;
   std::string path;
-  for (size_t i = 0; i + 1 < args.size(); ++i) {
-    if (args[i] == "--config") path = args[i + 1];
+  for (size_t i = 0; i < args.size(); ++i) {
+    auto flag = kFlags.find(args[i]);
+    if (flag == kFlags.end()) ExitUsage(2, absl::StrCat("unknown flag '", args[i].substr(0, 64), "'"));
+    if (i + 1 >= args.size()) ExitUsage(2, absl::StrCat(args[i], ": missing value"));
+    const std::string& value = args[++i];
+    if (flag->first == "--config") path = value;
+    given.push_back({&flag->second, {flag->first, value}});
   }
   config::Config c;
   if (!path.empty()) {
@@ -49,50 +126,49 @@ absl::StatusOr<config::Config> LoadConfig(int argc, char** argv) {
     if (!loaded.ok()) return loaded.status();
     c = *loaded;
   }
-  for (size_t i = 0; i < args.size(); ++i) {
-    const std::string& flag = args[i];
-    if (flag == "--help" || flag == "-h") {
-      std::cout << kUsage;
-      std::exit(0);
-    }
-    if (flag == "--version") {
-      std::cout << "ferryd " << kFerryVersion << "\n";
-      std::exit(0);
-    }
-    if (i + 1 >= args.size()) return absl::InvalidArgumentError(absl::StrCat(flag, ": missing value"));
-    const std::string& v = args[++i];
-    if (flag == "--config") {
-      continue;
-    } else if (flag == "--node") {
-      c.node = v;
-    } else if (flag == "--socket") {
-      c.local_socket = v;
-    } else if (flag == "--local-tcp") {
-      c.local_tcp = v;
-    } else if (flag == "--peer-listen") {
-      c.peer_listen = v;
-    } else if (flag == "--peer") {
-      std::pair<std::string, std::string> kv = absl::StrSplit(v, absl::MaxSplits('=', 1));
-      if (kv.first.empty() || kv.second.empty()) {
-        return absl::InvalidArgumentError(absl::StrCat("--peer: '", v, "' is not NAME=HOST:PORT"));
-      }
-      c.peers[kv.first] = kv.second;
-    } else if (flag == "--host-pool") {
-      auto size = ParseByteSize(v);
-      if (!size.ok()) return absl::InvalidArgumentError(absl::StrCat("--host-pool: ", size.status().message()));
-      c.host_pool_bytes = *size;
-    } else if (flag == "--tcp-connections") {
-      if (!absl::SimpleAtoi(v, &c.tcp_connections) || c.tcp_connections < 1 || c.tcp_connections > 64) {
-        return absl::InvalidArgumentError(absl::StrCat("--tcp-connections: '", v, "' is not 1..64"));
-      }
-    } else if (flag == "--log-level") {
-      c.log_level = v;
-    } else {
-      return absl::InvalidArgumentError(absl::StrCat("unknown flag '", flag, "'\n", kUsage));
-    }
+  for (const auto& [apply, flag] : given) {
+    absl::Status s = (*apply)(c, flag.second);
+    if (!s.ok()) return absl::InvalidArgumentError(absl::StrCat(flag.first, ": ", s.message()));
   }
   config::ResolveDefaults(c);
   return c;
+}
+
+// Builds and starts a gRPC server on `address`. One agent per address: SO_REUSEPORT (gRPC's
+// default) would let a second agent listen beside the first and take half its calls.
+std::unique_ptr<grpc::Server> Listen(grpc::ServerBuilder& builder, const std::string& address,
+                                     int* port) {
+  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), port);
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  return builder.BuildAndStart();
+}
+
+// Why `address` could not be listened on, naming the process that holds it when we can.
+std::string ListenError(const std::string& what, const std::string& address) {
+  auto hp = tcp::ParseHostPort(address);
+  pid_t owner = hp.ok() ? ListeningPortOwner(hp->port) : 0;
+  return absl::StrCat("cannot listen for ", what, " on ", address,
+                      owner > 0 ? absl::StrCat(": the port is in use by pid ", owner,
+                                               owner == getpid() ? " (this agent)" : "")
+                                : ": the address is in use or not ours");
+}
+
+// SIGHUP: the file again (with the same flags on top), applied where it can be, and every
+// change that could not be applied named in the log.
+void Reload(int argc, char** argv, AgentCore& core, config::Config& running) {
+  if (running.source_path.empty()) {
+    spdlog::warn("SIGHUP: started without --config, nothing to reload");
+    return;
+  }
+  auto next = LoadConfig(argc, argv);
+  if (!next.ok()) {
+    spdlog::error("SIGHUP: {} not reloaded, nothing changed: {}", running.source_path,
+                  std::string(next.status().message()));
+    return;
+  }
+  ReloadReport report = ApplyReload(core, running, *next);
+  for (const auto& line : report.applied) spdlog::info("SIGHUP: {}", line);
+  for (const auto& line : report.not_applied) spdlog::warn("SIGHUP: {}", line);
 }
 
 int Run(int argc, char** argv) {
@@ -113,6 +189,12 @@ int Run(int argc, char** argv) {
   sigaddset(&signals, SIGHUP);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
+  // Before anything is bound: a second agent with the same socket stops here.
+  auto lock = InstanceLock::Acquire(config.local_socket, absl::Seconds(10));
+  if (!lock.ok()) {
+    spdlog::error("cannot start: {}", std::string(lock.status().message()));
+    return 1;
+  }
   auto core = AgentCore::Create(config);
   if (!core.ok()) {
     spdlog::error("cannot start: {}", core.status().ToString());
@@ -126,19 +208,15 @@ int Run(int argc, char** argv) {
   // Peer API first: a local client's first transfer may target this node itself.
   grpc::ServerBuilder peer_builder;
   int peer_port = 0;
-  peer_builder.AddListeningPort(config.peer_listen, grpc::InsecureServerCredentials(), &peer_port);
   peer_builder.RegisterService(&peer_service);
   peer_builder.RegisterService(&tensor_peer_service);
-  std::unique_ptr<grpc::Server> peer_server = peer_builder.BuildAndStart();
+  std::unique_ptr<grpc::Server> peer_server = Listen(peer_builder, config.peer_listen, &peer_port);
   if (!peer_server || peer_port == 0) {
-    spdlog::error("cannot listen for peers on {}", config.peer_listen);
+    spdlog::error("cannot start: {}", ListenError("peers", config.peer_listen));
     return 1;
   }
 
-  ::unlink(config.local_socket.c_str());  // a stale socket from a crashed agent
   grpc::ServerBuilder local_builder;
-  local_builder.AddListeningPort(absl::StrCat("unix:", config.local_socket),
-                                 grpc::InsecureServerCredentials());
   if (!config.local_tcp.empty()) {
     local_builder.AddListeningPort(config.local_tcp, grpc::InsecureServerCredentials());
   }
@@ -147,12 +225,16 @@ int Run(int argc, char** argv) {
   local_builder.SetMaxSendMessageSize(64 << 20);
   local_builder.RegisterService(&agent_service);
   local_builder.RegisterService(&tensor_service);
-  std::unique_ptr<grpc::Server> local_server = local_builder.BuildAndStart();
+  int local_port = 0;
+  std::unique_ptr<grpc::Server> local_server =
+      Listen(local_builder, absl::StrCat("unix:", config.local_socket), &local_port);
   if (!local_server) {
-    spdlog::error("cannot listen on unix:{}", config.local_socket);
+    spdlog::error("cannot start: cannot listen on unix:{}{}", config.local_socket,
+                  config.local_tcp.empty() ? "" : absl::StrCat(" and ", config.local_tcp));
     peer_server->Shutdown();
     return 1;
   }
+  (*lock)->NoteSocketBound();
   if (chmod(config.local_socket.c_str(), 0660) != 0) {
     spdlog::warn("chmod(0660, {}): {}", config.local_socket, strerror(errno));
   }
@@ -160,34 +242,25 @@ int Run(int argc, char** argv) {
                config.local_socket, config.local_tcp.empty() ? "" : absl::StrCat(" and ", config.local_tcp),
                config.peer_listen, config.peers.size());
 
+  config::Config running = config;
   while (true) {
     int sig = 0;
     sigwait(&signals, &sig);
     if (sig == SIGHUP) {
-      // Only the policy is reloadable: the rest (sockets, pools, peers) needs a restart.
-      if (config.source_path.empty()) {
-        spdlog::warn("SIGHUP: started without --config, nothing to reload");
-        continue;
-      }
-      auto policy = config::LoadPolicyFromFile(config.source_path);
-      auto applied = policy.ok() ? (*core)->policies().Replace(*policy)
-                                 : absl::StatusOr<std::shared_ptr<const PolicySnapshot>>(policy.status());
-      if (!applied.ok()) {
-        spdlog::error("SIGHUP: policy not reloaded, the current one stays: {}", applied.status().ToString());
-      } else {
-        spdlog::info("SIGHUP: policy reloaded from {} (generation {})", config.source_path,
-                     (*applied)->generation);
-      }
+      Reload(argc, argv, **core, running);
       continue;
     }
     spdlog::info("signal {}: stopping", sig);
     break;
   }
+  // The socket goes first, so a successor started now sees no live agent there and waits
+  // for our lock instead of refusing; it is still ours (checked), never a successor's.
+  (*lock)->RemoveSocket();
   auto grace = std::chrono::system_clock::now() + std::chrono::seconds(2);
   local_server->Shutdown(grace);
   peer_server->Shutdown(grace);
   core->reset();
-  ::unlink(config.local_socket.c_str());
+  lock->reset();
   spdlog::info("stopped");
   return 0;
 }

@@ -1,6 +1,7 @@
 #include "server/peer_service.h"
 
 #include "absl/strings/str_cat.h"
+#include "base/echo.h"
 #include "base/grpc_status.h"
 #include "server/agent_core.h"
 #include "server/engine/stage_receiver.h"
@@ -11,6 +12,13 @@ namespace ferry::server {
 
 grpc::Status PeerService::Hello(grpc::ServerContext*, const ferry::v1::HelloRequest* req,
                                 ferry::v1::HelloResponse* resp) {
+  // Refused rather than misread: the other side's messages and wire frames may differ.
+  if (req->protocol_version() != kPeerProtocolVersion) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        absl::StrCat("protocol_version: ", Echo(req->node()), " speaks peer protocol ",
+                                     req->protocol_version(), ", ", core_->config().node,
+                                     " speaks ", kPeerProtocolVersion));
+  }
   resp->set_node(core_->config().node);
   resp->set_protocol_version(kPeerProtocolVersion);
   resp->set_incarnation(core_->incarnation());
@@ -44,7 +52,7 @@ grpc::Status PeerService::ResolveBuffer(grpc::ServerContext*,
   auto buffer = core_->buffers().FindByName(req->name());
   if (!buffer.ok()) {
     return grpc::Status(grpc::StatusCode::NOT_FOUND,
-                        absl::StrCat("name: no buffer named '", req->name(), "' on ",
+                        absl::StrCat("name: no buffer named ", Echo(req->name()), " on ",
                                      core_->config().node));
   }
   resp->set_size((*buffer)->size());

@@ -24,6 +24,8 @@ struct PolicySnapshot {
   uint64_t generation = 0;
   config::Policy policy;
   topology::TopologyPlan plan;
+  // The run-time settings (SetPolicy) in force over the file's policy, in the order set.
+  std::vector<std::pair<std::string, std::string>> overrides;
 };
 
 class PolicyStore {
@@ -34,21 +36,26 @@ class PolicyStore {
                                                              config::Policy policy);
 
   std::shared_ptr<const PolicySnapshot> Current() const;
-  // Applies `key=value` settings on top of the current policy, all or nothing.
+  // Run-time settings: `key=value` on top of the current policy, all or nothing; they stay
+  // in force over the file's policy (also across Replace) until cleared. `clear` drops the
+  // earlier run-time settings first.
   absl::StatusOr<std::shared_ptr<const PolicySnapshot>> Apply(
-      const std::vector<std::pair<std::string, std::string>>& settings);
-  // Replaces the policy (a SIGHUP reload of the config file).
+      const std::vector<std::pair<std::string, std::string>>& settings, bool clear = false);
+  // Replaces the file's policy (a SIGHUP reload); the run-time settings stay on top.
   absl::StatusOr<std::shared_ptr<const PolicySnapshot>> Replace(const config::Policy& policy);
 
  private:
   PolicyStore(const topology::Machine* machine, config::NicFilter nics)
       : machine_(machine), nics_(std::move(nics)) {}
-  absl::StatusOr<std::shared_ptr<const PolicySnapshot>> Install(const config::Policy& policy)
+  // Installs `file` with `overrides` on top, if that validates; else nothing changes.
+  absl::StatusOr<std::shared_ptr<const PolicySnapshot>> Install(
+      const config::Policy& file, std::vector<std::pair<std::string, std::string>> overrides)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const topology::Machine* const machine_;
   const config::NicFilter nics_;
   mutable absl::Mutex mu_;
+  config::Policy file_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<const PolicySnapshot> current_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "client/agent_process.h"
+#include "tests/accounting.h"
 #include "client/ferry_client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -81,6 +82,9 @@ class GpuStagingTest : public ::testing::Test {
   void TearDown() override {
     ca_.reset();
     cb_.reset();
+    for (auto* agent : {a_.get(), b_.get()}) {
+      if (agent && agent->running()) ExpectAccountingAtZero(agent->socket(), agent->node());
+    }
     if (a_) a_->Stop();
     if (b_) b_->Stop();
     if (HasFailure()) {

@@ -43,7 +43,7 @@ std::shared_ptr<Buffer> MakeBuffer(int gpu, bool registered_with_tcp, std::strin
   std::vector<std::string> registrations;
   if (!registration.empty()) registrations.push_back(registration);
   return std::make_shared<Buffer>(1, "b", std::make_unique<FakeMemory>(gpu), std::move(regions),
-                                  std::move(registrations));
+                                  std::move(registrations), BufferOwner{});
 }
 
 class LegPlannerTest : public ::testing::Test {

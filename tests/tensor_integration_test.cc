@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "client/agent_process.h"
+#include "tests/accounting.h"
 #include "client/ferry_client.h"
 #include "client/tensor_client.h"
 #include "gmock/gmock.h"
@@ -66,11 +67,11 @@ class TensorIntegrationTest : public ::testing::Test {
     ASSERT_TRUE(sb.ok()) << sb.status();
     b_->agent = std::move(*sb);
     for (Node* n : {a_, b_}) {
-      auto c = Client::Connect(n->agent->socket());
-      auto t = TensorClient::Connect(n->agent->socket());
-      ASSERT_TRUE(c.ok() && t.ok());
-      n->client = std::move(*c);
-      n->tensors = std::move(*t);
+      // One session for both, as the Python binding has: landing buffers are the client's.
+      auto session = AgentSession::Open(n->agent->socket(), absl::Seconds(5), "tensor test");
+      ASSERT_TRUE(session.ok()) << session.status();
+      n->client = std::make_unique<Client>(*session);
+      n->tensors = std::make_unique<TensorClient>(*session);
     }
   }
   static void TearDownTestSuite() {
@@ -78,7 +79,10 @@ class TensorIntegrationTest : public ::testing::Test {
       if (n == nullptr) continue;
       n->client.reset();
       n->tensors.reset();
-      if (n->agent) n->agent->Stop();
+      if (n->agent) {
+        ExpectAccountingAtZero(n->agent->socket(), n->agent->node());
+        n->agent->Stop();
+      }
       delete n;
     }
     a_ = b_ = nullptr;

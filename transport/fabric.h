@@ -138,6 +138,12 @@ class Fabric {
   // goes back through the same Connect call.
   virtual absl::StatusOr<std::string> AcceptConnect(const std::string& request) = 0;
 
+  // Stops serving peers: refuses new incoming connections and closes the ones there are,
+  // so that their ops in flight fail UNAVAILABLE (a stopping agent) rather than as revoked
+  // keys once the agent frees its buffers. Our own endpoints and regions stay usable.
+  // Idempotent; the agent calls it first when it stops.
+  virtual void StopServing() {}
+
   // Called on a provider thread for every WRITE-with-immediate that landed in our memory.
   using ImmediateHandler = std::function<void(uint32_t imm)>;
   virtual void SetImmediateHandler(ImmediateHandler handler) = 0;

@@ -210,8 +210,10 @@ class StageSender::Session : public std::enable_shared_from_this<StageSender::Se
   absl::Status verdict_ ABSL_GUARDED_BY(mu_);  // the peer's final word
 };
 
-StageSender::StageSender(std::shared_ptr<Transfer> transfer, std::vector<StagedOp> ops, Deps deps)
-    : transfer_(std::move(transfer)), ops_(std::move(ops)), deps_(std::move(deps)),
+StageSender::StageSender(std::shared_ptr<Transfer> transfer, PlannedOps planned,
+                         std::vector<StagedOp> ops, Deps deps)
+    : transfer_(std::move(transfer)), planned_(std::move(planned)), ops_(std::move(ops)),
+      deps_(std::move(deps)),
       depth_(transfer_->policy().policy.staging_depth),
       chunk_(transfer_->policy().policy.staging_chunk_bytes) {
   absl::MutexLock lock(&mu_);
@@ -266,7 +268,7 @@ bool StageSender::WaitWindow(size_t slot, uint32_t window) {
 }
 
 absl::StatusOr<std::shared_ptr<StageSender::Session>> StageSender::SessionFor(const StagedOp& staged) {
-  const PlannedOp& op = transfer_->ops()[staged.index];
+  const PlannedOp& op = (*planned_)[staged.index];
   // One Stage call per remote buffer for the whole transfer.
   {
     absl::MutexLock lock(&sessions_mu_);
@@ -274,7 +276,7 @@ absl::StatusOr<std::shared_ptr<StageSender::Session>> StageSender::SessionFor(co
       if (session->Is(op.remote->node, op.remote->name, op.type == ferry::v1::READ)) return session;
     }
   }
-  ASSIGN_OR_RETURN(ferry::v1::Peer::Stub* stub, deps_.peers->Stub(op.remote->node));
+  ASSIGN_OR_RETURN(std::shared_ptr<ferry::v1::Peer::Stub> stub, deps_.peers->Stub(op.remote->node));
   auto session = std::make_shared<Session>(this, op.remote->node, op.remote->name,
                                            op.type == ferry::v1::READ);
   {
@@ -282,7 +284,7 @@ absl::StatusOr<std::shared_ptr<StageSender::Session>> StageSender::SessionFor(co
     absl::MutexLock lock(&sessions_mu_);
     sessions_.push_back(session);
   }
-  absl::Status opened = session->Open(stub, deps_.peers->self(), staged.peer.provider, chunk_,
+  absl::Status opened = session->Open(stub.get(), deps_.peers->self(), staged.peer.provider, chunk_,
                                       depth_, transfer_->deadline());
   if (!opened.ok()) {
     // A call that never opened is not closed later: drop it (its destructor cancels it).
@@ -294,7 +296,7 @@ absl::StatusOr<std::shared_ptr<StageSender::Session>> StageSender::SessionFor(co
 }
 
 absl::Status StageSender::RunOp(const StagedOp& staged) {
-  const PlannedOp& op = transfer_->ops()[staged.index];
+  const PlannedOp& op = (*planned_)[staged.index];
   const bool remote_staged = op.remote->mode == "staged";
   const bool local_staged = staged.local.mode == "staged";
   std::shared_ptr<Session> session;
@@ -331,7 +333,7 @@ absl::Status StageSender::RunOp(const StagedOp& staged) {
 
 void StageSender::Launch(const StagedOp& staged, uint64_t offset, uint64_t length,
                          std::shared_ptr<Session> session, std::shared_ptr<StagingPool> local_pool) {
-  const PlannedOp& op = transfer_->ops()[staged.index];
+  const PlannedOp& op = (*planned_)[staged.index];
   const size_t slot = &staged - ops_.data();
   const std::string& provider = staged.peer.provider;
   const absl::Time deadline = transfer_->deadline();
@@ -493,7 +495,7 @@ void StageSender::OnSessionFailed(const Session* session, const absl::Status& wh
 
 void StageSender::UnitDone(size_t slot, uint64_t bytes, const absl::Status& status, bool launched) {
   const StagedOp& staged = ops_[slot];
-  const PlannedOp& op = transfer_->ops()[staged.index];
+  const PlannedOp& op = (*planned_)[staged.index];
   bool settle = false;
   absl::Status verdict = status;
   uint32_t chunks = 0;

@@ -38,7 +38,9 @@ class StageSender : public std::enable_shared_from_this<StageSender> {
     std::function<void(size_t index, const absl::Status& status, const std::string& provider)> settle;
   };
 
-  StageSender(std::shared_ptr<Transfer> transfer, std::vector<StagedOp> ops, Deps deps);
+  // `planned`: the transfer's ops, held while the pipeline may touch their buffers.
+  StageSender(std::shared_ptr<Transfer> transfer, PlannedOps planned, std::vector<StagedOp> ops,
+              Deps deps);
   ~StageSender();
 
   // Moves every op; returns when each has settled (or the transfer's deadline passed).
@@ -65,6 +67,7 @@ class StageSender : public std::enable_shared_from_this<StageSender> {
   bool WaitWindow(size_t slot, uint32_t window);
 
   const std::shared_ptr<Transfer> transfer_;
+  const PlannedOps planned_;
   const std::vector<StagedOp> ops_;
   const Deps deps_;
   const uint32_t depth_;

@@ -4,11 +4,30 @@
 
 namespace ferry::server {
 
+namespace {
+
+std::vector<uint64_t> Lengths(const std::vector<PlannedOp>& ops) {
+  std::vector<uint64_t> out;
+  out.reserve(ops.size());
+  for (const auto& op : ops) out.push_back(op.length);
+  return out;
+}
+
+}  // namespace
+
 Transfer::Transfer(uint64_t id, std::vector<PlannedOp> ops, absl::Time deadline,
                    std::shared_ptr<const PolicySnapshot> policy)
-    : id_(id), ops_(std::move(ops)), start_(absl::Now()), deadline_(deadline),
-      policy_(std::move(policy)), states_(ops_.size()) {
-  for (const auto& op : ops_) bytes_total_ += op.length;
+    : id_(id), lengths_(Lengths(ops)), start_(absl::Now()), deadline_(deadline),
+      policy_(std::move(policy)),
+      ops_(std::make_shared<const std::vector<PlannedOp>>(std::move(ops))),
+      states_(lengths_.size()) {
+  for (uint64_t length : lengths_) bytes_total_ += length;
+  for (size_t i = 0; i < states_.size(); ++i) states_[i].result.set_index(i);
+}
+
+PlannedOps Transfer::ops() const {
+  absl::MutexLock lock(&mu_);
+  return ops_;
 }
 
 void Transfer::SetLegs(size_t index, std::vector<ferry::v1::Leg> legs) {
@@ -42,7 +61,7 @@ bool Transfer::SettleLocked(size_t index, const absl::Status& status, const std:
   st.result.set_code(static_cast<int>(status.code()));
   st.result.set_message(std::string(status.message()));
   st.result.set_provider(provider);
-  st.result.set_bytes(status.ok() ? ops_[index].length : 0);
+  st.result.set_bytes(status.ok() ? lengths_[index] : 0);
   if (st.posted != absl::Time()) {
     st.result.set_duration_us(static_cast<uint64_t>(absl::ToInt64Microseconds(now - st.posted)));
   }
@@ -51,13 +70,17 @@ bool Transfer::SettleLocked(size_t index, const absl::Status& status, const std:
     leg.set_duration_us(st.result.duration_us());
   }
   if (status.ok()) {
-    bytes_done_ += ops_[index].length;
-  } else if (first_error_.ok()) {
-    first_error_ = absl::Status(status.code(), absl::StrCat("ops[", index, "]: ", status.message()));
+    bytes_done_ += lengths_[index];
+  } else {
+    ++failed_;
+    if (first_error_.ok()) {
+      first_error_ = absl::Status(status.code(), absl::StrCat("ops[", index, "]: ", status.message()));
+    }
   }
   ++version_;
-  if (++settled_ < ops_.size()) return false;
+  if (++settled_ < lengths_.size()) return false;
   end_ = now;
+  ops_.reset();  // the buffers go back once nothing in flight holds them
   return true;
 }
 
@@ -68,12 +91,12 @@ void Transfer::SettleAll(const absl::Status& why) {
 
 bool Transfer::finished() const {
   absl::MutexLock lock(&mu_);
-  return settled_ == ops_.size();
+  return settled_ == lengths_.size();
 }
 
 bool Transfer::AwaitFinished(absl::Time deadline) const {
   absl::MutexLock lock(&mu_);
-  auto done = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return settled_ == ops_.size(); };
+  auto done = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return settled_ == lengths_.size(); };
   return mu_.AwaitWithDeadline(absl::Condition(&done), deadline);
 }
 
@@ -84,12 +107,12 @@ uint64_t Transfer::AwaitChange(uint64_t seen, absl::Time deadline) const {
   return version_;
 }
 
-ferry::v1::TransferResult Transfer::Result(bool include_ops) const {
+ferry::v1::TransferResult Transfer::Result(const ResultPage& page) const {
   absl::MutexLock lock(&mu_);
   ferry::v1::TransferResult r;
   r.set_transfer_id(id_);
   r.set_policy_generation(policy_->generation);
-  bool done = settled_ == ops_.size();
+  bool done = settled_ == lengths_.size();
   r.set_state(!done ? ferry::v1::RUNNING
                     : first_error_.ok() ? ferry::v1::SUCCEEDED : ferry::v1::FAILED);
   r.set_code(static_cast<int>(first_error_.code()));
@@ -97,8 +120,22 @@ ferry::v1::TransferResult Transfer::Result(bool include_ops) const {
   r.set_bytes(bytes_done_);
   r.set_duration_us(static_cast<uint64_t>(
       absl::ToInt64Microseconds((done ? end_ : absl::Now()) - start_)));
-  if (include_ops) {
-    for (const auto& st : states_) *r.add_ops() = st.result;
+  r.set_ops_total(states_.size());
+  r.set_ops_failed(failed_);
+  r.set_ops_succeeded(settled_ - failed_);
+  if (!page.include_ops) return r;
+  uint64_t bytes = 0;
+  for (uint64_t i = page.from; i < states_.size(); ++i) {
+    const ferry::v1::OpResult& op = states_[i].result;
+    if (page.failed_only && (!states_[i].settled || op.code() == 0)) continue;
+    bool full = page.limit > 0 ? static_cast<uint64_t>(r.ops_size()) >= page.limit
+                               : bytes + op.ByteSizeLong() > page.max_bytes && r.ops_size() > 0;
+    if (full) {
+      r.set_ops_next(i);
+      break;
+    }
+    bytes += op.ByteSizeLong() + 8;
+    *r.add_ops() = op;
   }
   return r;
 }
@@ -107,10 +144,10 @@ ferry::v1::TransferProgress Transfer::Progress(uint64_t* version) const {
   absl::MutexLock lock(&mu_);
   ferry::v1::TransferProgress p;
   p.set_transfer_id(id_);
-  bool done = settled_ == ops_.size();
+  bool done = settled_ == lengths_.size();
   p.set_state(!done ? ferry::v1::RUNNING
                     : first_error_.ok() ? ferry::v1::SUCCEEDED : ferry::v1::FAILED);
-  p.set_ops_total(ops_.size());
+  p.set_ops_total(lengths_.size());
   p.set_ops_done(settled_);
   p.set_bytes_total(bytes_total_);
   p.set_bytes_done(bytes_done_);

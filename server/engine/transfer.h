@@ -28,6 +28,20 @@ struct PlannedOp {
   uint64_t remote_offset = 0;
 };
 
+// The ops of a transfer, shared by everything that may still touch their buffers: the
+// transfer until it finishes, and each fabric completion and staging pipeline until it ran.
+using PlannedOps = std::shared_ptr<const std::vector<PlannedOp>>;
+
+// Which per-op results Result() returns: a page, so that a huge batch's result fits a
+// default client's 4 MiB message limit.
+struct ResultPage {
+  bool include_ops = false;
+  uint64_t from = 0;
+  uint32_t limit = 0;           // 0: as many as fit in `max_bytes`
+  bool failed_only = false;
+  uint64_t max_bytes = 2 << 20;
+};
+
 class Transfer {
  public:
   Transfer(uint64_t id, std::vector<PlannedOp> ops, absl::Time deadline,
@@ -35,7 +49,11 @@ class Transfer {
 
   uint64_t id() const { return id_; }
   absl::Time deadline() const { return deadline_; }
-  const std::vector<PlannedOp>& ops() const { return ops_; }
+  size_t op_count() const { return lengths_.size(); }
+  // The ops while the transfer runs; null once it finished. The transfer lets go of them
+  // when its last op settles, so a finished transfer (kept for Wait) holds no buffer:
+  // whoever still touches a buffer (a posted op, a staging pipeline) holds them itself.
+  PlannedOps ops() const;
   // The policy the transfer runs under from Submit to the end, whatever changes meanwhile.
   const PolicySnapshot& policy() const { return *policy_; }
 
@@ -56,7 +74,7 @@ class Transfer {
   // Blocks until the progress version differs from `seen` or `deadline`.
   uint64_t AwaitChange(uint64_t seen, absl::Time deadline) const;
 
-  ferry::v1::TransferResult Result(bool include_ops) const;
+  ferry::v1::TransferResult Result(const ResultPage& page = {}) const;
   ferry::v1::TransferProgress Progress(uint64_t* version) const;
 
  private:
@@ -69,14 +87,16 @@ class Transfer {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const uint64_t id_;
-  const std::vector<PlannedOp> ops_;
+  const std::vector<uint64_t> lengths_;  // of each op, for the result after ops_ is gone
   const absl::Time start_;
   const absl::Time deadline_;
   const std::shared_ptr<const PolicySnapshot> policy_;
   uint64_t bytes_total_ = 0;
 
   mutable absl::Mutex mu_;
+  PlannedOps ops_ ABSL_GUARDED_BY(mu_);
   std::vector<OpState> states_ ABSL_GUARDED_BY(mu_);
+  size_t failed_ ABSL_GUARDED_BY(mu_) = 0;
   size_t settled_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t bytes_done_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Status first_error_ ABSL_GUARDED_BY(mu_);

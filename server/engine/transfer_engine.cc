@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/byte_size.h"
 #include "base/byte_range.h"
+#include "base/echo.h"
 #include "base/status_macros.h"
 #include "server/engine/stage_sender.h"
 #include "spdlog/spdlog.h"
@@ -40,17 +41,20 @@ TransferEngine::~TransferEngine() {
     absl::MutexLock lock(&workers_mu_);
     workers.swap(workers_);
   }
-  for (auto& w : workers) w.sender->Cancel();
+  for (auto& w : workers) {
+    if (auto sender = w.sender.lock()) sender->Cancel();
+  }
   for (auto& w : workers) w.thread.join();
 }
 
 absl::StatusOr<std::vector<PlannedOp>> TransferEngine::Plan(const ferry::v1::SubmitRequest& request,
+                                                           const EngineLimits& limits,
                                                            absl::Time deadline) {
   if (request.ops_size() == 0) return absl::InvalidArgumentError("ops: the batch is empty");
-  if (static_cast<uint64_t>(request.ops_size()) > limits_.max_ops_per_submit) {
+  if (static_cast<uint64_t>(request.ops_size()) > limits.max_ops_per_submit) {
     return absl::InvalidArgumentError(absl::StrCat("ops: ", request.ops_size(),
                                                    " ops is more than limits.max_ops_per_submit (",
-                                                   limits_.max_ops_per_submit, ")"));
+                                                   limits.max_ops_per_submit, ")"));
   }
   // One ResolveBuffer per distinct remote buffer in the batch, not per op.
   std::map<std::pair<std::string, std::string>, std::shared_ptr<const RemoteBuffer>> remotes;
@@ -64,10 +68,10 @@ absl::StatusOr<std::vector<PlannedOp>> TransferEngine::Plan(const ferry::v1::Sub
     }
     p.type = op.type();
     if (op.length() == 0) return absl::InvalidArgumentError(absl::StrCat(f, "length: must be positive"));
-    if (op.length() > limits_.max_op_bytes) {
+    if (op.length() > limits.max_op_bytes) {
       return absl::InvalidArgumentError(absl::StrCat(f, "length: ", op.length(),
                                                      " bytes is more than limits.max_op_bytes (",
-                                                     FormatByteSize(limits_.max_op_bytes), ")"));
+                                                     FormatByteSize(limits.max_op_bytes), ")"));
     }
     p.length = op.length();
     ASSIGN_OR_RETURN(p.local, buffers_->Get(op.local_buffer(), f + "local_buffer"));
@@ -78,10 +82,15 @@ absl::StatusOr<std::vector<PlannedOp>> TransferEngine::Plan(const ferry::v1::Sub
     p.local_offset = op.local_offset();
     if (op.peer().empty()) return absl::InvalidArgumentError(absl::StrCat(f, "peer: must name a node"));
     if (!peers_->Known(op.peer())) {
-      return absl::NotFoundError(absl::StrCat(f, "peer: unknown node '", op.peer(), "'"));
+      return absl::NotFoundError(absl::StrCat(f, "peer: unknown node ", Echo(op.peer())));
     }
     if (op.remote_buffer().empty()) {
       return absl::InvalidArgumentError(absl::StrCat(f, "remote_buffer: must name a buffer"));
+    }
+    if (op.remote_buffer().size() > kMaxBufferName) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          f, "remote_buffer: ", op.remote_buffer().size(), " characters is longer than any buffer "
+          "name (at most ", kMaxBufferName, ")"));
     }
     auto key = std::make_pair(op.peer(), op.remote_buffer());
     auto it = remotes.find(key);
@@ -96,7 +105,7 @@ absl::StatusOr<std::vector<PlannedOp>> TransferEngine::Plan(const ferry::v1::Sub
     p.remote = it->second;
     if (!RangeFits(op.remote_offset(), op.length(), p.remote->size)) {
       return RangeError(f + "remote_offset", op.remote_offset(), op.length(),
-                        absl::StrCat("'", op.remote_buffer(), "' on ", op.peer()), p.remote->size);
+                        absl::StrCat(Echo(op.remote_buffer()), " on ", op.peer()), p.remote->size);
     }
     p.remote_offset = op.remote_offset();
   }
@@ -104,10 +113,16 @@ absl::StatusOr<std::vector<PlannedOp>> TransferEngine::Plan(const ferry::v1::Sub
 }
 
 absl::StatusOr<uint64_t> TransferEngine::Submit(const ferry::v1::SubmitRequest& request) {
+  const EngineLimits limits = this->limits();
   absl::Duration timeout = request.timeout_ms() > 0 ? absl::Milliseconds(request.timeout_ms())
-                                                    : limits_.default_timeout;
+                                                    : limits.default_timeout;
+  if (timeout > limits.max_timeout) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "timeout_ms: ", request.timeout_ms(), " is more than limits.max_timeout (",
+        absl::ToInt64Milliseconds(limits.max_timeout), " ms)"));
+  }
   absl::Time deadline = absl::Now() + timeout;
-  ASSIGN_OR_RETURN(std::vector<PlannedOp> ops, Plan(request, deadline));
+  ASSIGN_OR_RETURN(std::vector<PlannedOp> ops, Plan(request, limits, deadline));
   std::shared_ptr<Transfer> transfer;
   {
     absl::MutexLock lock(&mu_);
@@ -149,6 +164,18 @@ LegPlan RemoteLeg(const RemoteBuffer& remote) {
 
 bool Direct(const std::string& mode) { return mode == "host" || mode == "gdr"; }
 
+// A peer refusing a key or range it handed out at Resolve means the buffer went away (freed
+// or unexported) while the op ran: say that, with the buffer's name, not "permission denied".
+absl::Status RemoteOutcome(absl::Status status, const PlannedOp& op) {
+  if (status.code() != absl::StatusCode::kPermissionDenied &&
+      status.code() != absl::StatusCode::kOutOfRange) {
+    return status;
+  }
+  return absl::AbortedError(absl::StrCat("remote_buffer: ", Echo(op.remote->name), " on ",
+                                         op.remote->node, " was freed or unexported while the op ran (",
+                                         status.message(), ")"));
+}
+
 }  // namespace
 
 void TransferEngine::Settle(const std::shared_ptr<Transfer>& transfer, size_t index,
@@ -160,7 +187,10 @@ void TransferEngine::Post(const std::shared_ptr<Transfer>& transfer, absl::Time 
   // One endpoint per peer for the whole batch.
   std::map<std::string, absl::StatusOr<PeerEndpoint>> endpoints;
   std::vector<StagedOp> staged;
-  const auto& ops = transfer->ops();
+  // Held for the whole loop: an early completion may finish the transfer meanwhile.
+  PlannedOps planned = transfer->ops();
+  if (!planned) return;  // cancelled before it was posted
+  const auto& ops = *planned;
   for (size_t i = 0; i < ops.size(); ++i) {
     const PlannedOp& op = ops[i];
     auto it = endpoints.find(op.remote->node);
@@ -199,9 +229,10 @@ void TransferEngine::Post(const std::shared_ptr<Transfer>& transfer, absl::Time 
     }
     fabric::LocalSlice local_slice{region, op.local_offset, op.length};
     fabric::RemoteSlice remote_slice{key->second.address + op.remote_offset, key->second.key};
-    // The completion holds the transfer (and so the buffers) until the fabric is done.
-    fabric::Completion done = [this, transfer, i, provider = peer.provider](absl::Status s) {
-      Settle(transfer, i, s, provider);
+    // The completion holds the ops (and so the buffers) until the fabric is done with
+    // them, even when the transfer was settled earlier (deadline, cancel).
+    fabric::Completion done = [this, transfer, planned, i, provider = peer.provider](absl::Status s) {
+      Settle(transfer, i, RemoteOutcome(std::move(s), (*planned)[i]), provider);
     };
     transfer->MarkPosted(i);
     absl::Status posted = op.type == ferry::v1::WRITE
@@ -209,10 +240,10 @@ void TransferEngine::Post(const std::shared_ptr<Transfer>& transfer, absl::Time 
                               : peer.endpoint->PostRead(local_slice, remote_slice, std::move(done));
     if (!posted.ok()) Settle(transfer, i, posted, peer.provider);
   }
-  if (!staged.empty()) StartStaging(transfer, std::move(staged));
+  if (!staged.empty()) StartStaging(transfer, std::move(planned), std::move(staged));
 }
 
-void TransferEngine::StartStaging(const std::shared_ptr<Transfer>& transfer,
+void TransferEngine::StartStaging(const std::shared_ptr<Transfer>& transfer, PlannedOps planned,
                                   std::vector<StagedOp> ops) {
   StageSender::Deps deps;
   deps.gpus = deps_.gpus;
@@ -221,7 +252,8 @@ void TransferEngine::StartStaging(const std::shared_ptr<Transfer>& transfer,
   deps.settle = [this, transfer](size_t index, const absl::Status& s, const std::string& provider) {
     Settle(transfer, index, s, provider);
   };
-  auto sender = std::make_shared<StageSender>(transfer, std::move(ops), std::move(deps));
+  auto sender = std::make_shared<StageSender>(transfer, std::move(planned), std::move(ops),
+                                              std::move(deps));
   auto done = std::make_shared<std::atomic<bool>>(false);
   absl::MutexLock lock(&workers_mu_);
   // Join the workers that have finished, so a long-lived agent does not collect threads.
@@ -233,11 +265,15 @@ void TransferEngine::StartStaging(const std::shared_ptr<Transfer>& transfer,
       ++w;
     }
   }
-  std::thread thread([sender, done] {
+  std::weak_ptr<StageSender> weak = sender;
+  // The thread drops the sender when Run returns: a finished pipeline holds no buffers
+  // while its thread waits to be joined.
+  std::thread thread([sender = std::move(sender), done]() mutable {
     sender->Run();
+    sender.reset();
     done->store(true);
   });
-  workers_.push_back({sender, std::move(thread), done});
+  workers_.push_back({transfer->id(), std::move(weak), std::move(thread), done});
 }
 
 void TransferEngine::OnFinished(uint64_t id) {
@@ -271,6 +307,31 @@ void TransferEngine::ReapExpired() {
     }
     mu_.Lock();
   }
+}
+
+EngineLimits TransferEngine::limits() const {
+  absl::MutexLock lock(&mu_);
+  return limits_;
+}
+
+void TransferEngine::SetLimits(const EngineLimits& limits) {
+  absl::MutexLock lock(&mu_);
+  limits_ = limits;
+}
+
+absl::StatusOr<std::shared_ptr<Transfer>> TransferEngine::Cancel(uint64_t id) {
+  ASSIGN_OR_RETURN(std::shared_ptr<Transfer> transfer, Find(id));
+  if (transfer->finished()) return transfer;
+  {
+    absl::MutexLock lock(&workers_mu_);
+    for (auto& w : workers_) {
+      if (w.transfer_id != id) continue;
+      if (auto sender = w.sender.lock()) sender->Cancel();
+    }
+  }
+  transfer->SettleAll(absl::CancelledError(absl::StrCat("transfer ", id, " was cancelled")));
+  OnFinished(id);
+  return transfer;
 }
 
 absl::StatusOr<std::shared_ptr<Transfer>> TransferEngine::Find(uint64_t id) const {

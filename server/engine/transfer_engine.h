@@ -30,6 +30,8 @@ struct EngineLimits {
   uint64_t max_op_bytes = 1ull << 30;
   uint32_t max_ops_per_submit = 65536;
   absl::Duration default_timeout = absl::Seconds(60);
+  // No transfer runs longer than this, whatever its timeout_ms asks.
+  absl::Duration max_timeout = absl::Minutes(10);
   // Finished transfers kept for Wait/Watch after they end.
   size_t history = 4096;
 };
@@ -59,29 +61,40 @@ class TransferEngine {
   absl::StatusOr<uint64_t> Submit(const ferry::v1::SubmitRequest& request);
   // NOT_FOUND for an unknown (or long forgotten) transfer id.
   absl::StatusOr<std::shared_ptr<Transfer>> Find(uint64_t id) const;
+  // Ends a running transfer: its open ops settle CANCELLED now, its staging pipeline stops
+  // starting chunks. Ops already on the wire finish or fail on their own; their buffers stay
+  // held until they do. A finished transfer is left as it was. NOT_FOUND as Find.
+  absl::StatusOr<std::shared_ptr<Transfer>> Cancel(uint64_t id);
+
+  // The limits new Submits are checked against; SetLimits applies a SIGHUP reload (running
+  // transfers keep the deadline they were given).
+  EngineLimits limits() const;
+  void SetLimits(const EngineLimits& limits);
 
   size_t active() const;
   uint64_t finished() const;
 
  private:
   absl::StatusOr<std::vector<PlannedOp>> Plan(const ferry::v1::SubmitRequest& request,
-                                              absl::Time deadline);
+                                              const EngineLimits& limits, absl::Time deadline);
   void Post(const std::shared_ptr<Transfer>& transfer, absl::Time deadline);
   void OnFinished(uint64_t id);
   void ReapExpired();
 
   // Runs a transfer's staged ops on a thread of its own.
-  void StartStaging(const std::shared_ptr<Transfer>& transfer, std::vector<StagedOp> ops);
+  void StartStaging(const std::shared_ptr<Transfer>& transfer, PlannedOps planned,
+                    std::vector<StagedOp> ops);
   void Settle(const std::shared_ptr<Transfer>& transfer, size_t index, const absl::Status& status,
               const std::string& provider);
 
   const EngineDeps deps_;
   BufferRegistry* const buffers_;
   PeerDirectory* const peers_;
-  const EngineLimits limits_;
 
   struct Worker {
-    std::shared_ptr<StageSender> sender;
+    uint64_t transfer_id = 0;
+    // The thread owns the sender while it runs; shutdown and Cancel reach it through here.
+    std::weak_ptr<StageSender> sender;
     std::thread thread;
     std::shared_ptr<std::atomic<bool>> done;
   };
@@ -89,6 +102,7 @@ class TransferEngine {
   std::list<Worker> workers_ ABSL_GUARDED_BY(workers_mu_);
 
   mutable absl::Mutex mu_;
+  EngineLimits limits_ ABSL_GUARDED_BY(mu_);
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t finished_count_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<uint64_t, std::shared_ptr<Transfer>> transfers_ ABSL_GUARDED_BY(mu_);

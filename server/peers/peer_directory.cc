@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/grpc_status.h"
+#include "base/echo.h"
 #include "base/status_macros.h"
 #include "grpcpp/grpcpp.h"
 #include "server/peers/protocol.h"
@@ -73,13 +74,7 @@ absl::StatusOr<PeerDirectory::Link*> PeerDirectory::FindLink(const std::string& 
 
 absl::StatusOr<RemoteBuffer> PeerDirectory::Resolve(const std::string& node,
                                                     const std::string& name, absl::Time deadline) {
-  ferry::v1::Peer::Stub* stub;
-  {
-    absl::MutexLock lock(&mu_);
-    auto link = FindLink(node);
-    if (!link.ok()) return link.status();
-    stub = (*link)->stub.get();
-  }
+  ASSIGN_OR_RETURN(std::shared_ptr<ferry::v1::Peer::Stub> stub, Stub(node));
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(deadline));
   ferry::v1::ResolveBufferRequest req;
@@ -89,7 +84,7 @@ absl::StatusOr<RemoteBuffer> PeerDirectory::Resolve(const std::string& node,
   grpc::Status s = stub->ResolveBuffer(&ctx, req, &resp);
   if (!s.ok()) {
     if (s.error_code() == grpc::StatusCode::NOT_FOUND) {
-      return absl::NotFoundError(absl::StrCat("no buffer named '", name, "' on ", node));
+      return absl::NotFoundError(absl::StrCat("no buffer named ", Echo(name), " on ", node));
     }
     return PeerError(s, absl::StrCat("ResolveBuffer(", name, ") on ", node));
   }
@@ -108,10 +103,44 @@ absl::StatusOr<RemoteBuffer> PeerDirectory::Resolve(const std::string& node,
   return out;
 }
 
-absl::StatusOr<ferry::v1::Peer::Stub*> PeerDirectory::Stub(const std::string& node) {
+absl::StatusOr<std::shared_ptr<ferry::v1::Peer::Stub>> PeerDirectory::Stub(const std::string& node) {
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(Link* link, FindLink(node));
-  return link->stub.get();
+  return link->stub;
+}
+
+std::vector<std::string> PeerDirectory::Update(const std::map<std::string, std::string>& peers) {
+  std::vector<std::string> changes;
+  std::vector<std::shared_ptr<fabric::Endpoint>> closing;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto it = links_.begin(); it != links_.end();) {
+      if (it->first == self_ || peers.contains(it->first)) {
+        ++it;
+        continue;
+      }
+      changes.push_back(absl::StrCat("peer ", it->first, " removed"));
+      if (it->second.connected.endpoint) closing.push_back(std::move(it->second.connected.endpoint));
+      it = links_.erase(it);
+    }
+    for (const auto& [name, address] : peers) {
+      if (name == self_) continue;
+      auto [it, added] = links_.try_emplace(name);
+      Link& link = it->second;
+      if (added) {
+        link.address = address;
+        changes.push_back(absl::StrCat("peer ", name, " added at ", address));
+      } else if (link.address != address) {
+        changes.push_back(absl::StrCat("peer ", name, " moved from ", link.address, " to ", address));
+        link.address = address;
+        link.stub.reset();
+        link.incarnation = 0;
+        if (link.connected.endpoint) closing.push_back(std::move(link.connected.endpoint));
+      }
+    }
+  }
+  for (auto& e : closing) e->Close();
+  return changes;
 }
 
 absl::StatusOr<PeerEndpoint> PeerDirectory::Endpoint(const std::string& node, uint64_t incarnation,
@@ -124,20 +153,26 @@ absl::StatusOr<PeerEndpoint> PeerDirectory::Endpoint(const std::string& node, ui
     connect_mu = (*link)->connect_mu;
   }
   absl::MutexLock connecting(connect_mu.get());
-  ferry::v1::Peer::Stub* stub;
+  std::shared_ptr<ferry::v1::Peer::Stub> stub;
   {
     absl::MutexLock lock(&mu_);
-    Link& l = links_.at(node);
+    ASSIGN_OR_RETURN(Link * link, FindLink(node));  // it may have been removed meanwhile
+    Link& l = *link;
     bool fresh = incarnation == 0 || incarnation == l.incarnation;
     if (l.connected.endpoint && !l.connected.endpoint->broken() && fresh) return l.connected;
-    stub = l.stub.get();
+    stub = l.stub;
   }
   uint64_t peer_incarnation = 0;
-  ASSIGN_OR_RETURN(PeerEndpoint connected, Connect(node, stub, deadline, &peer_incarnation));
+  ASSIGN_OR_RETURN(PeerEndpoint connected, Connect(node, stub.get(), deadline, &peer_incarnation));
   PeerEndpoint old;
   {
     absl::MutexLock lock(&mu_);
-    Link& l = links_.at(node);
+    auto found = links_.find(node);
+    if (found == links_.end()) {
+      connected.endpoint->Close();
+      return absl::UnavailableError(absl::StrCat("peer ", node, " was removed from the configuration"));
+    }
+    Link& l = found->second;
     old = std::move(l.connected);
     l.connected = connected;
     l.incarnation = peer_incarnation;
@@ -164,6 +199,9 @@ absl::StatusOr<PeerEndpoint> PeerDirectory::Connect(const std::string& node,
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(deadline));
     grpc::Status s = stub->Hello(&ctx, hello, &welcome);
+    if (s.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
+      return absl::FailedPreconditionError(absl::StrCat("peer ", node, " refused Hello: ", s.error_message()));
+    }
     if (!s.ok()) {
       return absl::UnavailableError(absl::StrCat("peer ", node, " did not answer Hello: ", s.error_message()));
     }

@@ -63,8 +63,13 @@ class PeerDirectory {
   // since `incarnation` (0: any).
   absl::StatusOr<PeerEndpoint> Endpoint(const std::string& node, uint64_t incarnation,
                                         absl::Time deadline);
-  // The Peer stub for `node` (Stage calls); NOT_FOUND for an unknown node.
-  absl::StatusOr<ferry::v1::Peer::Stub*> Stub(const std::string& node);
+  // The Peer stub for `node` (Stage calls); NOT_FOUND for an unknown node. Shared: a peer
+  // removed meanwhile keeps its stub alive for the calls that still use it.
+  absl::StatusOr<std::shared_ptr<ferry::v1::Peer::Stub>> Stub(const std::string& node);
+  // Makes the configured peers `peers` (a SIGHUP reload): new ones are added, removed ones
+  // dropped (their endpoints closed; transfers to them fail UNAVAILABLE), a changed address
+  // reconnects. Returns one line per change, for the log.
+  std::vector<std::string> Update(const std::map<std::string, std::string>& peers);
   const std::string& self() const { return self_; }
   // Closes every endpoint (agent shutdown).
   void CloseAll();
@@ -72,7 +77,7 @@ class PeerDirectory {
  private:
   struct Link {
     std::string address;
-    std::unique_ptr<ferry::v1::Peer::Stub> stub;
+    std::shared_ptr<ferry::v1::Peer::Stub> stub;
     PeerEndpoint connected;
     uint64_t incarnation = 0;
     // Serialises connection set-up to this peer, so it is not dialled twice at once.

@@ -5,5 +5,6 @@
 #include <cstdint>
 
 namespace ferry::server {
-inline constexpr uint32_t kPeerProtocolVersion = 1;
+// 2: tcp connections open with a hello frame (transport/tcp/wire.h).
+inline constexpr uint32_t kPeerProtocolVersion = 2;
 }  // namespace ferry::server

@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/grpc_status.h"
 #include "server/agent_core.h"
+#include "server/local/session_call.h"
 #include "server/tensors/tensor_meta.h"
 
 namespace ferry::server {
@@ -50,6 +51,14 @@ grpc::Status TensorService::Recv(grpc::ServerContext* ctx, const ferry::v1::Recv
   if (ctx->IsCancelled() && resp->allocated()) {
     // Nobody will get the response, so nobody would free the buffer.
     core_->buffers().Free(resp->buffer().id()).IgnoreError();
+  } else if (resp->allocated()) {
+    // The landing buffer is the receiving client's now: freed when its session ends.
+    auto session = SessionOfCall(*ctx, core_->sessions());
+    if (session.ok() && *session != 0) {
+      core_->buffers().Adopt(resp->buffer().id(), core_->sessions().OwnerFor(*session)).IgnoreError();
+      auto buffer = core_->buffers().Get(resp->buffer().id(), "buffer");
+      if (buffer.ok()) DescribeLanding(*core_, **buffer, resp->mutable_buffer());
+    }
   }
   return grpc::Status::OK;
 }

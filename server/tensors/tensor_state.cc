@@ -91,7 +91,7 @@ absl::Status TensorState::AwaitTransfer(uint64_t id) {
   ASSIGN_OR_RETURN(std::shared_ptr<Transfer> transfer, engine_->Find(id));
   // The engine ends every transfer at its deadline, so this wait is bounded.
   transfer->AwaitFinished(absl::InfiniteFuture());
-  ferry::v1::TransferResult result = transfer->Result(false);
+  ferry::v1::TransferResult result = transfer->Result();
   if (result.state() == ferry::v1::SUCCEEDED) return absl::OkStatus();
   return absl::Status(static_cast<absl::StatusCode>(result.code()), result.message());
 }

@@ -44,6 +44,9 @@ absl::StatusOr<std::unique_ptr<TcpEndpoint>> TcpEndpoint::Connect(const std::str
   for (uint32_t i = 0; i < connections; ++i) {
     auto fd = ConnectTcp(address);
     if (!fd.ok()) return fd.status();
+    const RequestHeader hello = {kRequestMagic, WireOp::kHello, 0, 0, 0, 0, kWireVersion};
+    absl::Status said = SendAll(fd->get(), &hello, sizeof(hello));
+    if (!said.ok()) return said;
     conns.push_back(std::make_unique<TcpConnection>(std::move(*fd), address));
   }
   return std::unique_ptr<TcpEndpoint>(new TcpEndpoint(address, std::move(conns), stripe_min_bytes));

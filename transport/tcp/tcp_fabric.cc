@@ -1,5 +1,6 @@
 #include "transport/tcp/tcp_fabric.h"
 
+#include <arpa/inet.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
@@ -74,18 +75,22 @@ absl::StatusOr<std::unique_ptr<TcpFabric>> TcpFabric::Create(const TcpOptions& o
 }
 
 TcpFabric::TcpFabric(TcpOptions options, UniqueFd listener, std::string address)
-    : options_(std::move(options)), address_(std::move(address)), listener_(std::move(listener)) {
+    : options_(std::move(options)), address_(std::move(address)), listener_(std::move(listener)),
+      limits_(options_.max_connections, options_.max_connections_per_source) {
   accept_thread_ = std::thread([this] { AcceptLoop(); });
 }
 
-TcpFabric::~TcpFabric() {
-  {
-    absl::MutexLock lock(&mu_);
-    stopping_ = true;
-    for (auto& in : incoming_) shutdown(in->fd.get(), SHUT_RDWR);
-  }
+void TcpFabric::StopServing() {
+  absl::MutexLock lock(&mu_);
+  if (stopping_) return;
+  stopping_ = true;
+  for (auto& in : incoming_) shutdown(in->fd.get(), SHUT_RDWR);
   // shutdown() wakes a thread blocked in accept().
   shutdown(listener_.get(), SHUT_RDWR);
+}
+
+TcpFabric::~TcpFabric() {
+  StopServing();
   accept_thread_.join();
   std::vector<std::unique_ptr<Incoming>> incoming;
   {
@@ -130,41 +135,117 @@ void TcpFabric::Notify(uint32_t imm) {
   if (handler) handler(imm);
 }
 
+namespace {
+
+std::string SourceAddress(const sockaddr_storage& from) {
+  char text[INET6_ADDRSTRLEN] = "?";
+  if (from.ss_family == AF_INET) {
+    inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(&from)->sin_addr, text, sizeof(text));
+  } else if (from.ss_family == AF_INET6) {
+    inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(&from)->sin6_addr, text, sizeof(text));
+  }
+  return text;
+}
+
+}  // namespace
+
+void TcpFabric::JoinFinishedLocked() {
+  // Reap connections whose peers left, so a long-lived agent does not collect threads.
+  for (auto it = incoming_.begin(); it != incoming_.end();) {
+    if ((*it)->done) {
+      (*it)->thread.join();
+      it = incoming_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void TcpFabric::BackOff(absl::Duration backoff) {
+  absl::MutexLock lock(&mu_);
+  auto stopped = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return stopping_; };
+  mu_.AwaitWithTimeout(absl::Condition(&stopped), backoff);
+}
+
 void TcpFabric::AcceptLoop() {
+  constexpr absl::Duration kFirstBackoff = absl::Milliseconds(5);
+  constexpr absl::Duration kMaxBackoff = absl::Seconds(1);
+  absl::Duration backoff = kFirstBackoff;
+  uint64_t refused = 0;  // connections over a cap, logged now and then, not each
   while (true) {
-    int fd = accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC);
-    absl::MutexLock lock(&mu_);
-    if (stopping_) {
-      if (fd >= 0) ::close(fd);
-      return;
+    sockaddr_storage from = {};
+    socklen_t from_len = sizeof(from);
+    int fd = accept4(listener_.get(), reinterpret_cast<sockaddr*>(&from), &from_len, SOCK_CLOEXEC);
+    UniqueFd conn(fd);
+    {
+      absl::MutexLock lock(&mu_);
+      if (stopping_) return;
+      JoinFinishedLocked();
     }
-    if (fd < 0) {
+    if (!conn.valid()) {
       if (errno == EINTR || errno == ECONNABORTED) continue;
-      spdlog::error("tcp: accept() on {} failed: {}", address_, strerror(errno));
-      return;
-    }
-    // Reap connections whose peers left, so a long-lived agent does not collect threads.
-    for (auto it = incoming_.begin(); it != incoming_.end();) {
-      if ((*it)->done) {
-        (*it)->thread.join();
-        it = incoming_.erase(it);
-      } else {
-        ++it;
+      // Out of fds (EMFILE, ENFILE) or kernel memory (ENOBUFS, ENOMEM): they come back as
+      // connections close. The listener must outlive a bad moment: wait, and try again.
+      if (backoff == kFirstBackoff || backoff == kMaxBackoff) {
+        spdlog::warn("tcp: accept() on {} failed: {}; retrying in {}", address_, strerror(errno),
+                     absl::FormatDuration(backoff));
       }
+      BackOff(backoff);
+      backoff = std::min(backoff * 2, kMaxBackoff);
+      continue;
+    }
+    backoff = kFirstBackoff;
+    std::string source = SourceAddress(from);
+    if (!limits_.Admit(source)) {
+      if (refused++ % 1000 == 0) {
+        spdlog::warn("tcp: refused a connection from {} to {}: {} open (caps {} in total, {} per "
+                     "address); {} refused so far", source, address_, limits_.total(),
+                     options_.max_connections, options_.max_connections_per_source, refused);
+      }
+      continue;  // `conn` closes
     }
     // Acks are tiny and must not wait for Nagle (40 ms with delayed ACKs).
     int one = 1;
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    setsockopt(conn.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
     auto in = std::make_unique<Incoming>();
-    in->fd.Reset(fd);
+    in->fd = std::move(conn);
+    in->source = source;
     Incoming* raw = in.get();
+    absl::MutexLock lock(&mu_);
+    if (stopping_) {
+      limits_.Release(source);
+      return;
+    }
     in->thread = std::thread([this, raw] {
-      Serve(raw->fd.get());
+      if (AwaitHello(raw->fd.get())) Serve(raw->fd.get());
+      shutdown(raw->fd.get(), SHUT_RDWR);
+      limits_.Release(raw->source);
       absl::MutexLock lock(&mu_);
       raw->done = true;
     });
     incoming_.push_back(std::move(in));
   }
+}
+
+bool TcpFabric::AwaitHello(int fd) {
+  timeval limit = {static_cast<time_t>(options_.handshake_timeout_ms / 1000),
+                   static_cast<suseconds_t>(options_.handshake_timeout_ms % 1000) * 1000};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof(limit));
+  RequestHeader hello;
+  absl::Status s = RecvAll(fd, &hello, sizeof(hello));
+  timeval none = {0, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &none, sizeof(none));
+  if (!s.ok()) {
+    spdlog::debug("tcp: closing a connection that sent no hello within {} ms: {}",
+                  options_.handshake_timeout_ms, s.ToString());
+    return false;
+  }
+  if (hello.magic != kRequestMagic || hello.op != WireOp::kHello || hello.imm != kWireVersion) {
+    spdlog::warn("tcp: closing a connection whose first frame is not a version {} hello",
+                 kWireVersion);
+    return false;
+  }
+  return true;
 }
 
 void TcpFabric::Serve(int fd) {

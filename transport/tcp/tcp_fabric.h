@@ -11,8 +11,10 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "base/unique_fd.h"
 #include "transport/fabric.h"
+#include "transport/tcp/incoming_limits.h"
 #include "transport/tcp/region_table.h"
 #include "transport/tcp/wire.h"
 
@@ -25,14 +27,20 @@ struct TcpOptions {
   uint32_t connections = 4;
   // Ops of at least twice this size are split into parts of at least this size.
   uint64_t stripe_min_bytes = 1ull << 20;
+  // Incoming connections at most, in total and from one IP address; more are closed at once.
+  uint32_t max_connections = 1024;
+  uint32_t max_connections_per_source = 64;
+  // A new connection that has not sent its hello frame within this is closed.
+  uint32_t handshake_timeout_ms = 5000;
 };
 
 class TcpFabric : public fabric::Fabric {
  public:
   static absl::StatusOr<std::unique_ptr<TcpFabric>> Create(const TcpOptions& options);
-  // Stops accepting, closes every incoming connection and joins their threads. Endpoints
-  // this fabric created must be closed first; regions must be destroyed first.
+  // Stops serving (as StopServing) and joins the threads. Endpoints this fabric created
+  // must be closed first; regions must be destroyed first.
   ~TcpFabric() override;
+  void StopServing() override;
 
   std::string provider() const override { return "tcp"; }
   std::string address() const override { return address_; }
@@ -47,8 +55,13 @@ class TcpFabric : public fabric::Fabric {
  private:
   TcpFabric(TcpOptions options, UniqueFd listener, std::string address);
   void AcceptLoop();
+  // Waits `backoff` after a failed accept(), or less if the fabric stops meanwhile.
+  void BackOff(absl::Duration backoff);
+  void JoinFinishedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Serves one incoming connection until it closes: the target side of every op.
   void Serve(int fd);
+  // Reads the hello frame within the handshake timeout; false: close the connection.
+  bool AwaitHello(int fd);
   // Serves one request; write acks are appended to `acks` for Serve to send. Returns false
   // when the connection must close.
   bool ServeOne(int fd, std::vector<ResponseHeader>& acks);
@@ -57,6 +70,7 @@ class TcpFabric : public fabric::Fabric {
 
   struct Incoming {
     UniqueFd fd;
+    std::string source;  // IP address, for the per-source cap
     std::thread thread;
     bool done = false;
   };
@@ -65,6 +79,7 @@ class TcpFabric : public fabric::Fabric {
   const std::string address_;
   RegionTable regions_;
   UniqueFd listener_;
+  IncomingLimits limits_;
   std::thread accept_thread_;
 
   absl::Mutex mu_;

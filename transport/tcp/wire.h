@@ -10,7 +10,12 @@ namespace ferry::tcp {
 inline constexpr uint32_t kRequestMagic = 0x46524551;   // "FREQ"
 inline constexpr uint32_t kResponseMagic = 0x46525350;  // "FRSP"
 
-enum class WireOp : uint32_t { kWrite = 1, kWriteImm = 2, kRead = 3 };
+// kHello is the first frame of every connection (no payload, no answer; `imm` carries
+// kWireVersion): a connection that sends anything else first, or nothing within the
+// listener's handshake timeout, is closed before any memory is touched.
+enum class WireOp : uint32_t { kWrite = 1, kWriteImm = 2, kRead = 3, kHello = 4 };
+
+inline constexpr uint32_t kWireVersion = 2;
 
 // Why a target refused a request; the target's memory is untouched in every case.
 enum class Refusal : uint32_t { kNone = 0, kBadKey = 1, kOutOfBounds = 2, kAccess = 3, kBadOp = 4 };

@@ -1,0 +1,64 @@
+#include "client/agent_session.h"
+
+#include <unistd.h>
+
+#include <chrono>
+#include <future>
+
+#include "absl/strings/str_cat.h"
+#include "base/grpc_status.h"
+#include "client/agent_channel.h"
+#include "ferry/v1/agent.grpc.pb.h"
+
+namespace ferry {
+
+absl::StatusOr<std::shared_ptr<AgentSession>> AgentSession::Open(const std::string& target,
+                                                                 absl::Duration timeout,
+                                                                 const std::string& client) {
+  auto channel = ConnectAgentChannel(target, timeout);
+  if (!channel.ok()) return channel.status();
+  std::shared_ptr<AgentSession> session(new AgentSession(*channel));
+  ferry::v1::OpenSessionRequest req;
+  req.set_client(client);
+  req.set_pid(static_cast<uint32_t>(getpid()));
+  auto stub = ferry::v1::Agent::NewStub(session->channel_);
+  auto reader = std::shared_ptr<grpc::ClientReader<ferry::v1::SessionEvent>>(
+      stub->OpenSession(&session->call_, req));
+  std::promise<absl::StatusOr<uint64_t>> first;
+  auto opened = first.get_future();
+  session->reader_ = std::thread([reader, first = std::move(first)]() mutable {
+    ferry::v1::SessionEvent event;
+    if (reader->Read(&event)) {
+      first.set_value(event.session());
+      while (reader->Read(&event)) {
+      }
+      reader->Finish().IgnoreError();
+      return;
+    }
+    absl::Status why = FromGrpcStatus(reader->Finish());
+    first.set_value(why.ok() ? absl::UnavailableError("OpenSession ended without a session id") : why);
+  });
+  if (opened.wait_for(std::chrono::microseconds(absl::ToInt64Microseconds(timeout))) !=
+      std::future_status::ready) {
+    return absl::UnavailableError(absl::StrCat("ferryd at ", target, " did not open a session within ",
+                                               absl::FormatDuration(timeout)));
+    // `session` goes: its destructor cancels the call and joins the reader.
+  }
+  auto id = opened.get();
+  if (!id.ok()) {
+    return absl::Status(id.status().code(), absl::StrCat("OpenSession: ", id.status().message()));
+  }
+  session->id_ = *id;
+  return session;
+}
+
+AgentSession::~AgentSession() {
+  call_.TryCancel();
+  if (reader_.joinable()) reader_.join();
+}
+
+void AgentSession::Attach(grpc::ClientContext* ctx) const {
+  ctx->AddMetadata("ferry-session", absl::StrCat(id_));
+}
+
+}  // namespace ferry

@@ -1,0 +1,119 @@
+#include "server/config_reload.h"
+
+#include <functional>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "server/agent_core.h"
+#include "spdlog/spdlog.h"
+
+namespace ferry::server {
+namespace {
+
+std::string Join(const std::vector<std::string>& v) { return absl::StrJoin(v, ","); }
+
+std::string Peers(const std::map<std::string, std::string>& peers) {
+  return absl::StrJoin(peers, ",", absl::PairFormatter("="));
+}
+
+std::string Nics(const config::NicFilter& n) {
+  return absl::StrCat("allow=", Join(n.allow), " deny=", Join(n.deny));
+}
+
+EngineLimits LimitsOf(const config::Config& c, const EngineLimits& base) {
+  EngineLimits limits = base;
+  limits.max_op_bytes = c.max_op_bytes;
+  limits.max_ops_per_submit = c.max_ops_per_submit;
+  limits.default_timeout = absl::Milliseconds(c.default_timeout_ms);
+  limits.max_timeout = absl::Milliseconds(c.max_timeout_ms);
+  return limits;
+}
+
+}  // namespace
+
+std::vector<std::string> RestartOnlyChanges(const config::Config& a, const config::Config& b) {
+  // Each key as text, so one table covers every type.
+  using Show = std::function<std::string(const config::Config&)>;
+  const std::vector<std::pair<const char*, Show>> keys = {
+      {"node", [](const auto& c) { return c.node; }},
+      {"listen.local", [](const auto& c) { return c.local_socket; }},
+      {"listen.local_tcp", [](const auto& c) { return c.local_tcp; }},
+      {"listen.peer", [](const auto& c) { return c.peer_listen; }},
+      {"host_pool.size", [](const auto& c) { return absl::StrCat(c.host_pool_bytes); }},
+      {"providers", [](const auto& c) { return Join(c.providers); }},
+      {"tcp.connections", [](const auto& c) { return absl::StrCat(c.tcp_connections); }},
+      {"tcp.listen", [](const auto& c) { return c.tcp_listen; }},
+      {"limits.tcp_max_connections", [](const auto& c) { return absl::StrCat(c.tcp_max_connections); }},
+      {"limits.tcp_max_connections_per_peer",
+       [](const auto& c) { return absl::StrCat(c.tcp_max_connections_per_peer); }},
+      {"limits.tcp_handshake_timeout_ms",
+       [](const auto& c) { return absl::StrCat(c.tcp_handshake_timeout_ms); }},
+      {"verbs", [](const auto& c) {
+         const auto& v = c.verbs;
+         return absl::StrCat(v.device, "/", v.port, "/", v.gid_index, "/", v.timeout, "/",
+                             v.retry_cnt, "/", v.rnr_retry, "/", v.send_queue_depth, "/",
+                             v.signal_every, "/", v.inline_threshold);
+       }},
+      {"topology", [](const auto& c) { return c.topology; }},
+      {"nics", [](const auto& c) { return Nics(c.nics); }},
+      {"gpu", [](const auto& c) {
+         return absl::StrCat(c.gpu_backend, "/", c.gpu_sim_count, "/", c.gpu_pool_bytes, "/",
+                             c.gpu_sim_copy_bytes_per_sec);
+       }},
+  };
+  std::vector<std::string> changed;
+  for (const auto& [key, show] : keys) {
+    if (show(a) != show(b)) changed.push_back(key);
+  }
+  return changed;
+}
+
+ReloadReport ApplyReload(AgentCore& core, config::Config& running, const config::Config& next) {
+  ReloadReport report;
+  auto policy = core.policies().Replace(next.policy);
+  if (policy.ok()) {
+    std::string over;
+    for (const auto& [k, v] : (*policy)->overrides) absl::StrAppend(&over, " ", k, "=", v);
+    report.applied.push_back(absl::StrCat("policy: generation ", (*policy)->generation,
+                                          over.empty() ? "" : "; run-time settings kept on top:",
+                                          over));
+    running.policy = next.policy;
+  } else {
+    report.not_applied.push_back(absl::StrCat("policy: refused, the current one stays: ",
+                                              policy.status().message()));
+  }
+  if (next.peers != running.peers) {
+    for (const auto& change : core.peers().Update(next.peers)) {
+      report.applied.push_back(absl::StrCat("peers: ", change));
+    }
+    // The tensor API (Send/Recv) keeps its own peer map until it shares the directory.
+    report.not_applied.push_back(
+        absl::StrCat("peers: the tensor API keeps the peers it started with (", Peers(running.peers),
+                     ") until a restart"));
+    running.peers = next.peers;
+  }
+  if (next.log_level != running.log_level) {
+    spdlog::set_level(spdlog::level::from_str(next.log_level));
+    report.applied.push_back(absl::StrCat("log.level: ", running.log_level, " -> ", next.log_level));
+    running.log_level = next.log_level;
+  }
+  EngineLimits limits = LimitsOf(next, core.engine().limits());
+  if (limits.max_op_bytes != core.engine().limits().max_op_bytes ||
+      limits.max_ops_per_submit != core.engine().limits().max_ops_per_submit ||
+      limits.default_timeout != core.engine().limits().default_timeout ||
+      limits.max_timeout != core.engine().limits().max_timeout) {
+    core.engine().SetLimits(limits);
+    report.applied.push_back("limits: new Submits use the reloaded limits");
+    running.max_op_bytes = next.max_op_bytes;
+    running.max_ops_per_submit = next.max_ops_per_submit;
+    running.default_timeout_ms = next.default_timeout_ms;
+    running.max_timeout_ms = next.max_timeout_ms;
+  }
+  for (const auto& key : RestartOnlyChanges(running, next)) {
+    report.not_applied.push_back(absl::StrCat(key, ": changed in the file; needs a restart, the "
+                                              "running value stays"));
+  }
+  return report;
+}
+
+}  // namespace ferry::server

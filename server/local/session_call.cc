@@ -1,0 +1,53 @@
+#include "server/local/session_call.h"
+
+#include <atomic>
+#include <string>
+
+namespace ferry::server {
+namespace {
+
+class SessionReactor : public grpc::ServerWriteReactor<ferry::v1::SessionEvent> {
+ public:
+  SessionReactor(SessionRegistry* sessions, uint64_t id) : sessions_(sessions), id_(id) {
+    event_.set_session(id);
+    StartWrite(&event_);
+  }
+
+  // The one event is out; the call now stays open, idle, until it is cancelled.
+  void OnWriteDone(bool ok) override {
+    if (!ok) FinishOnce(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the client went away"));
+  }
+  void OnCancel() override { FinishOnce(grpc::Status::CANCELLED); }
+  void OnDone() override {
+    sessions_->Close(id_);
+    delete this;
+  }
+
+ private:
+  // A failed write and the cancel may both want to end the call, on different threads.
+  void FinishOnce(const grpc::Status& status) {
+    if (!finished_.exchange(true)) Finish(status);
+  }
+
+  SessionRegistry* const sessions_;
+  std::atomic<bool> finished_{false};
+  const uint64_t id_;
+  ferry::v1::SessionEvent event_;
+};
+
+}  // namespace
+
+grpc::ServerWriteReactor<ferry::v1::SessionEvent>* StartSessionCall(
+    SessionRegistry* sessions, const ferry::v1::OpenSessionRequest& request) {
+  return new SessionReactor(sessions, sessions->Open(request.client(), request.pid()));
+}
+
+absl::StatusOr<uint64_t> SessionOfCall(const grpc::ServerContextBase& ctx,
+                                       const SessionRegistry& sessions) {
+  const auto& metadata = ctx.client_metadata();
+  auto it = metadata.find(kSessionMetadata);
+  if (it == metadata.end()) return 0;
+  return sessions.Resolve(absl::string_view(it->second.data(), it->second.size()));
+}
+
+}  // namespace ferry::server

@@ -1,0 +1,24 @@
+#pragma once
+// The gRPC side of sessions: the OpenSession call that a session lives in, and the session
+// a call names in its metadata.
+
+#include <cstdint>
+
+#include "absl/status/statusor.h"
+#include "ferry/v1/agent.grpc.pb.h"
+#include "grpcpp/grpcpp.h"
+#include "server/local/sessions.h"
+
+namespace ferry::server {
+
+// Serves one OpenSession call: opens the session, tells the client its id, and closes the
+// session when the call ends (cancelled by the client, its connection gone, or the server
+// shutting down). Deletes itself when gRPC is done with it.
+grpc::ServerWriteReactor<ferry::v1::SessionEvent>* StartSessionCall(
+    SessionRegistry* sessions, const ferry::v1::OpenSessionRequest& request);
+
+// The session named by the call's "ferry-session" metadata; 0 when it names none.
+absl::StatusOr<uint64_t> SessionOfCall(const grpc::ServerContextBase& ctx,
+                                       const SessionRegistry& sessions);
+
+}  // namespace ferry::server

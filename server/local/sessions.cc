@@ -1,0 +1,60 @@
+#include "server/local/sessions.h"
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "spdlog/spdlog.h"
+
+namespace ferry::server {
+
+uint64_t SessionRegistry::Open(const std::string& client, uint32_t pid) {
+  absl::MutexLock lock(&mu_);
+  uint64_t id = next_id_++;
+  std::string what = client.empty() ? "client" : client.substr(0, 64);
+  open_.emplace(id, absl::StrCat("session ", id, " (", what, ", pid ", pid, ")"));
+  spdlog::debug("session {} opened by {} (pid {})", id, what, pid);
+  return id;
+}
+
+void SessionRegistry::Close(uint64_t id) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (open_.erase(id) == 0) return;
+  }
+  // After the erase: an Allocate racing with this close either lands before the sweep (and
+  // is swept) or sees the session closed and frees its buffer itself.
+  size_t freed = buffers_->FreeOwnedBy(id);
+  spdlog::debug("session {} ended; {} buffer(s) freed", id, freed);
+}
+
+absl::StatusOr<uint64_t> SessionRegistry::Resolve(absl::string_view value) const {
+  if (value.empty()) return 0;
+  uint64_t id = 0;
+  if (!absl::SimpleAtoi(value, &id) || id == 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(kSessionMetadata, ": '", value.substr(0, 32), "' is not a session id"));
+  }
+  if (!IsOpen(id)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(kSessionMetadata, ": session ", id, " is not open (it ended)"));
+  }
+  return id;
+}
+
+bool SessionRegistry::IsOpen(uint64_t id) const {
+  absl::MutexLock lock(&mu_);
+  return open_.contains(id);
+}
+
+BufferOwner SessionRegistry::OwnerFor(uint64_t id) const {
+  if (id == 0) return {};
+  absl::MutexLock lock(&mu_);
+  auto it = open_.find(id);
+  return {id, it == open_.end() ? absl::StrCat("session ", id) : it->second};
+}
+
+size_t SessionRegistry::count() const {
+  absl::MutexLock lock(&mu_);
+  return open_.size();
+}
+
+}  // namespace ferry::server

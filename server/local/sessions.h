@@ -1,0 +1,47 @@
+#pragma once
+// The local clients' sessions. A session lives exactly as long as the client's OpenSession
+// call: the client ends it by cancelling the call, and the agent sees it end when the
+// client exits or crashes (its connection closes). What a session owns is freed then, so
+// the pools' accounting returns to zero however clients leave.
+
+#include <cstdint>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "server/buffer_registry.h"
+
+namespace ferry::server {
+
+// The metadata key that names the caller's session on every Agent / Tensors call.
+inline constexpr char kSessionMetadata[] = "ferry-session";
+
+class SessionRegistry {
+ public:
+  explicit SessionRegistry(BufferRegistry* buffers) : buffers_(buffers) {}
+
+  // A new session for `client` (what it is: "ferryctl", "python") running as `pid`.
+  uint64_t Open(const std::string& client, uint32_t pid);
+  // Ends the session and frees every buffer it owns (memory still used by a transfer in
+  // flight goes back when that transfer finishes). Idempotent.
+  void Close(uint64_t id);
+
+  // The session a call names in its metadata value (`value` empty: none, 0).
+  // FAILED_PRECONDITION naming the key for a malformed id or one that is not open.
+  absl::StatusOr<uint64_t> Resolve(absl::string_view value) const;
+  bool IsOpen(uint64_t id) const;
+  // What a buffer of the session shows as its owner; "" for session 0 (persists).
+  BufferOwner OwnerFor(uint64_t id) const;
+  size_t count() const;
+
+ private:
+  BufferRegistry* const buffers_;
+  mutable absl::Mutex mu_;
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  absl::flat_hash_map<uint64_t, std::string> open_ ABSL_GUARDED_BY(mu_);  // id -> label
+};
+
+}  // namespace ferry::server
