@@ -70,7 +70,7 @@ absl::StatusOr<std::unique_ptr<AgentProcess>> AgentProcess::Start(const AgentSpe
   std::string ferryd = spec.ferryd;
   if (ferryd.empty()) ferryd = std::getenv("FERRYD") ? std::getenv("FERRYD") : FERRY_FERRYD_PATH;
 
-  auto pid = SpawnChild({ferryd, "--config", agent->config_path_}, agent->log_path_);
+  auto pid = SpawnChild({ferryd, "--config", agent->config_path_}, agent->log_path_, spec.open_files);
   if (!pid.ok()) return pid.status();
   agent->pid_ = *pid;
   absl::Time deadline = absl::Now() + timeout;
@@ -83,8 +83,10 @@ absl::StatusOr<std::unique_ptr<AgentProcess>> AgentProcess::Start(const AgentSpe
                                               ") exited at start:\n", text.str()));
     }
     if (access(agent->socket_.c_str(), F_OK) == 0) {
-      auto client = Client::Connect(agent->socket_, absl::Milliseconds(500));
-      if (client.ok() && (*client)->GetInfo().ok()) return agent;
+      // Ours, not an agent that still serves the socket while it stops.
+      auto client = Client::Connect(agent->socket_, absl::Milliseconds(500), "launcher");
+      auto info = client.ok() ? (*client)->GetInfo() : client.status();
+      if (info.ok() && info->pid() == static_cast<uint32_t>(agent->pid_)) return agent;
     }
     absl::SleepFor(absl::Milliseconds(20));
   }

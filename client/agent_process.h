@@ -31,6 +31,8 @@ struct AgentSpec {
   std::string local_tcp;
   // ferryd binary; empty: $FERRYD, else the one this build made.
   std::string ferryd;
+  // The agent's RLIMIT_NOFILE (0: inherited).
+  uint64_t open_files = 0;
 };
 
 // A free TCP port on 127.0.0.1 at the time of the call.

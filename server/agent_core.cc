@@ -1,8 +1,10 @@
 #include "server/agent_core.h"
 
+#include <algorithm>
 #include <random>
 
 #include "absl/strings/str_cat.h"
+#include "base/open_files.h"
 #include "base/status_macros.h"
 #include "spdlog/spdlog.h"
 #include "transport/tcp/socket.h"
@@ -40,7 +42,15 @@ absl::StatusOr<std::unique_ptr<AgentCore>> AgentCore::Create(const config::Confi
   providers.providers = config.providers;
   providers.tcp.listen_address = TcpListenAddress(config);
   providers.tcp.connections = config.tcp_connections;
-  providers.tcp.max_connections = config.tcp_max_connections;
+  // Connections must never take the agent's last fds (base/open_files.h says why).
+  const uint64_t fd_budget = ConnectionFdBudget(RaiseOpenFileLimit());
+  providers.tcp.max_connections =
+      static_cast<uint32_t>(std::min<uint64_t>(config.tcp_max_connections, fd_budget));
+  if (providers.tcp.max_connections < config.tcp_max_connections) {
+    spdlog::info("tcp: at most {} incoming connections (limits.tcp_max_connections {} is more "
+                 "than the open-file limit allows)", providers.tcp.max_connections,
+                 config.tcp_max_connections);
+  }
   providers.tcp.max_connections_per_source = config.tcp_max_connections_per_peer;
   providers.tcp.handshake_timeout_ms = config.tcp_handshake_timeout_ms;
   providers.verbs.device = config.verbs.device;

@@ -1,6 +1,13 @@
 #include "server/agent_service.h"
 
+#include <unistd.h>
+
+#include <fstream>
+#include <string>
+
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
 #include "server/agent_core.h"
 #include "server/local/session_call.h"
 #include "base/grpc_status.h"
@@ -22,6 +29,19 @@ void FillPolicy(const PolicySnapshot& snap, ferry::v1::PolicyState* out) {
     o->set_key(key);
     o->set_value(value);
   }
+}
+
+// Threads of this process, from /proc/self/status ("Threads:"); 0 if unreadable.
+uint64_t ThreadCount() {
+  std::ifstream status("/proc/self/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    uint64_t n = 0;
+    if (line.rfind("Threads:", 0) == 0 && absl::SimpleAtoi(absl::StripAsciiWhitespace(line.substr(8)), &n)) {
+      return n;
+    }
+  }
+  return 0;
 }
 
 ResultPage PageOf(const ferry::v1::WaitRequest& req) {
@@ -50,6 +70,8 @@ grpc::Status AgentService::GetInfo(grpc::ServerContext*, const ferry::v1::GetInf
   resp->set_host_pool_used_bytes(core_->pool().used());
   resp->set_host_buffer_bytes(core_->buffers().host_bytes());
   resp->set_sessions(core_->sessions().count());
+  resp->set_pid(static_cast<uint32_t>(getpid()));
+  resp->set_threads(ThreadCount());
   for (const auto& name : core_->peers().Names()) resp->add_peers(name);
   resp->set_transfers_active(core_->engine().active());
   resp->set_transfers_done(core_->engine().finished());

@@ -13,7 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "client/agent_process.h"
-#include "tests/accounting.h"
+#include "tests/agent_pair.h"
 #include "client/ferry_client.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
@@ -23,66 +23,6 @@ namespace ferry {
 namespace {
 
 using ::testing::HasSubstr;
-
-std::string MakeTempDir() {
-  char tmpl[] = "/tmp/ferry-test-XXXXXX";
-  EXPECT_NE(mkdtemp(tmpl), nullptr);
-  return tmpl;
-}
-
-void Fill(Buffer& b, uint32_t seed) {
-  std::mt19937 rng(seed);
-  for (uint64_t i = 0; i < b.size(); ++i) b.data()[i] = static_cast<char>(rng());
-}
-
-// Two agents that know each other.
-struct Pair {
-  std::string dir;
-  std::unique_ptr<AgentProcess> a, b;
-  std::unique_ptr<Client> ca, cb;
-  uint16_t port_a = 0, port_b = 0;
-
-  absl::Status Start(const std::string& extra_yaml = "") {
-    dir = MakeTempDir();
-    auto pa = PickFreePort();
-    auto pb = PickFreePort();
-    if (!pa.ok() || !pb.ok()) return absl::InternalError("no free port");
-    port_a = *pa;
-    port_b = *pb;
-    auto sa = AgentProcess::Start(SpecA(extra_yaml));
-    if (!sa.ok()) return sa.status();
-    a = std::move(*sa);
-    absl::Status s = StartB(extra_yaml);
-    if (!s.ok()) return s;
-    auto c = Client::Connect(a->socket());
-    if (!c.ok()) return c.status();
-    ca = std::move(*c);
-    return absl::OkStatus();
-  }
-  AgentSpec SpecA(const std::string& extra) const {
-    return {"node-a", dir, port_a, {{"node-b", absl::StrFormat("127.0.0.1:%d", port_b)}}, extra};
-  }
-  absl::Status StartB(const std::string& extra = "") {
-    auto sb = AgentProcess::Start(
-        {"node-b", dir, port_b, {{"node-a", absl::StrFormat("127.0.0.1:%d", port_a)}}, extra});
-    if (!sb.ok()) return sb.status();
-    b = std::move(*sb);
-    auto c = Client::Connect(b->socket());
-    if (!c.ok()) return c.status();
-    cb = std::move(*c);
-    return absl::OkStatus();
-  }
-  ~Pair() {
-    ca.reset();
-    cb.reset();
-    for (auto* agent : {a.get(), b.get()}) {
-      if (agent && agent->running()) ExpectAccountingAtZero(agent->socket(), agent->node());
-    }
-    if (a) a->Stop();
-    if (b) b->Stop();
-    if (!dir.empty()) std::system(("rm -rf " + dir).c_str());
-  }
-};
 
 class AgentIntegrationTest : public ::testing::Test {
  protected:

@@ -63,8 +63,9 @@ absl::StatusOr<PeerDirectory::Link*> PeerDirectory::FindLink(const std::string& 
   if (!link.stub) {
     grpc::ChannelArguments args;
     // Reconnect quickly after a peer restarts instead of waiting out gRPC's long backoff.
+    // Not GRPC_ARG_MIN_RECONNECT_BACKOFF_MS: it is also the connect timeout, and at 100 ms a
+    // busy peer (one out of fds, accepting slowly) would look dead.
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-    args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
     link.stub = ferry::v1::Peer::NewStub(
         grpc::CreateCustomChannel(link.address, grpc::InsecureChannelCredentials(), args));

@@ -184,6 +184,10 @@ void TcpFabric::AcceptLoop() {
     }
     if (!conn.valid()) {
       if (errno == EINTR || errno == ECONNABORTED) continue;
+      {
+        absl::MutexLock lock(&mu_);
+        ++stats_.accept_errors;
+      }
       // Out of fds (EMFILE, ENFILE) or kernel memory (ENOBUFS, ENOMEM): they come back as
       // connections close. The listener must outlive a bad moment: wait, and try again.
       if (backoff == kFirstBackoff || backoff == kMaxBackoff) {
@@ -197,6 +201,10 @@ void TcpFabric::AcceptLoop() {
     backoff = kFirstBackoff;
     std::string source = SourceAddress(from);
     if (!limits_.Admit(source)) {
+      {
+        absl::MutexLock lock(&mu_);
+        ++stats_.refused;
+      }
       if (refused++ % 1000 == 0) {
         spdlog::warn("tcp: refused a connection from {} to {}: {} open (caps {} in total, {} per "
                      "address); {} refused so far", source, address_, limits_.total(),
@@ -216,6 +224,7 @@ void TcpFabric::AcceptLoop() {
       limits_.Release(source);
       return;
     }
+    ++stats_.accepted;
     in->thread = std::thread([this, raw] {
       if (AwaitHello(raw->fd.get())) Serve(raw->fd.get());
       shutdown(raw->fd.get(), SHUT_RDWR);
@@ -225,6 +234,13 @@ void TcpFabric::AcceptLoop() {
     });
     incoming_.push_back(std::move(in));
   }
+}
+
+ListenerStats TcpFabric::listener_stats() const {
+  absl::MutexLock lock(&mu_);
+  ListenerStats stats = stats_;
+  stats.open = limits_.total();
+  return stats;
 }
 
 bool TcpFabric::AwaitHello(int fd) {

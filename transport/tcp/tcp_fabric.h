@@ -34,6 +34,14 @@ struct TcpOptions {
   uint32_t handshake_timeout_ms = 5000;
 };
 
+// What the data listener has seen, for GetInfo and tests.
+struct ListenerStats {
+  uint64_t accepted = 0;       // connections admitted
+  uint64_t refused = 0;        // closed at once: over a cap
+  uint64_t accept_errors = 0;  // accept() failures waited out (EMFILE, ENOBUFS, ...)
+  uint32_t open = 0;           // incoming connections now
+};
+
 class TcpFabric : public fabric::Fabric {
  public:
   static absl::StatusOr<std::unique_ptr<TcpFabric>> Create(const TcpOptions& options);
@@ -41,6 +49,7 @@ class TcpFabric : public fabric::Fabric {
   // must be closed first; regions must be destroyed first.
   ~TcpFabric() override;
   void StopServing() override;
+  ListenerStats listener_stats() const;
 
   std::string provider() const override { return "tcp"; }
   std::string address() const override { return address_; }
@@ -82,8 +91,9 @@ class TcpFabric : public fabric::Fabric {
   IncomingLimits limits_;
   std::thread accept_thread_;
 
-  absl::Mutex mu_;
+  mutable absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  ListenerStats stats_ ABSL_GUARDED_BY(mu_);
   std::vector<std::unique_ptr<Incoming>> incoming_ ABSL_GUARDED_BY(mu_);
   ImmediateHandler immediate_handler_ ABSL_GUARDED_BY(mu_);
 };

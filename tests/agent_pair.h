@@ -1,0 +1,80 @@
+#pragma once
+// Two real agents that know each other, with a client on each, for the integration suites.
+// Tearing a pair down checks the accounting invariant on both agents (tests/accounting.h).
+
+#include <cstdlib>
+#include <memory>
+#include <random>
+#include <string>
+
+#include "absl/strings/str_format.h"
+#include "client/agent_process.h"
+#include "client/ferry_client.h"
+#include "gtest/gtest.h"
+#include "tests/accounting.h"
+
+namespace ferry {
+
+inline std::string MakeTempDir() {
+  char tmpl[] = "/tmp/ferry-test-XXXXXX";
+  EXPECT_NE(mkdtemp(tmpl), nullptr);
+  return tmpl;
+}
+
+inline void Fill(Buffer& b, uint32_t seed) {
+  std::mt19937 rng(seed);
+  for (uint64_t i = 0; i < b.size(); ++i) b.data()[i] = static_cast<char>(rng());
+}
+
+// Two agents that know each other.
+struct Pair {
+  std::string dir;
+  std::unique_ptr<AgentProcess> a, b;
+  std::unique_ptr<Client> ca, cb;
+  uint16_t port_a = 0, port_b = 0;
+  uint64_t b_open_files = 0;  // node-b's RLIMIT_NOFILE (0: inherited)
+
+  absl::Status Start(const std::string& extra_yaml = "") {
+    dir = MakeTempDir();
+    auto pa = PickFreePort();
+    auto pb = PickFreePort();
+    if (!pa.ok() || !pb.ok()) return absl::InternalError("no free port");
+    port_a = *pa;
+    port_b = *pb;
+    auto sa = AgentProcess::Start(SpecA(extra_yaml));
+    if (!sa.ok()) return sa.status();
+    a = std::move(*sa);
+    absl::Status s = StartB(extra_yaml);
+    if (!s.ok()) return s;
+    auto c = Client::Connect(a->socket());
+    if (!c.ok()) return c.status();
+    ca = std::move(*c);
+    return absl::OkStatus();
+  }
+  AgentSpec SpecA(const std::string& extra) const {
+    return {"node-a", dir, port_a, {{"node-b", absl::StrFormat("127.0.0.1:%d", port_b)}}, extra};
+  }
+  absl::Status StartB(const std::string& extra = "") {
+    AgentSpec spec{"node-b", dir, port_b, {{"node-a", absl::StrFormat("127.0.0.1:%d", port_a)}}, extra};
+    spec.open_files = b_open_files;
+    auto sb = AgentProcess::Start(spec);
+    if (!sb.ok()) return sb.status();
+    b = std::move(*sb);
+    auto c = Client::Connect(b->socket());
+    if (!c.ok()) return c.status();
+    cb = std::move(*c);
+    return absl::OkStatus();
+  }
+  ~Pair() {
+    ca.reset();
+    cb.reset();
+    for (auto* agent : {a.get(), b.get()}) {
+      if (agent && agent->running()) ExpectAccountingAtZero(agent->socket(), agent->node());
+    }
+    if (a) a->Stop();
+    if (b) b->Stop();
+    if (!dir.empty()) std::system(("rm -rf " + dir).c_str());
+  }
+};
+
+}  // namespace ferry
