@@ -29,12 +29,13 @@ test: build
 test-unit: build
 	cd $(BUILD) && ctest --output-on-failure -j$(JOBS) -L unit
 
-# The standard suite (loopback, baselines in the same run) and the staging suite; results
-# in bench/results/<date>.{json,txt,png} and <date>-staging.{json,txt}.
+# The standard suite (loopback, baselines in the same run), the staging suite and the
+# fairness suite; results in bench/results/<date>.{json,txt,png} and <date>-<suite>.{json,txt}.
 bench: build
 	mkdir -p bench/results
 	$(BUILD)/bench/ferry-bench --suite standard --out bench/results
 	$(BUILD)/bench/ferry-bench --suite staging --out bench/results
+	$(BUILD)/bench/ferry-bench --suite fairness --out bench/results
 
 clean:
 	rm -rf $(BUILD)

@@ -1,6 +1,6 @@
 // ferry-bench: perftest-style numbers for ferry with baselines measured in the same run.
 //
-//   ferry-bench [--suite standard|quick|staging] [--op write|read] [--min-size 4KiB] [--max-size 1GiB]
+//   ferry-bench [--suite standard|quick|staging|fairness] [--op write|read] [--min-size 4KiB] [--max-size 1GiB]
 //               [--seconds S] [--clients C] [--outstanding K] [--streams N]
 //               [--kv BLOCKS:SIZE] [--long BYTES] [--agents SOCKET_A,SOCKET_B]
 //               [--no-baselines] [--out DIR]
@@ -23,6 +23,7 @@
 #include "absl/time/clock.h"
 #include "base/byte_size.h"
 #include "bench/baselines.h"
+#include "bench/fairness_suite.h"
 #include "bench/ferry_runner.h"
 #include "bench/report.h"
 #include "bench/staging_suite.h"
@@ -72,8 +73,8 @@ absl::StatusOr<Options> Parse(int argc, char** argv) {
         o.seconds = 0.2;
         o.long_bytes = 2ull << 30;
         o.kv_blocks = 1024;
-      } else if (v != "standard" && v != "staging") {
-        s = absl::InvalidArgumentError("--suite: standard, quick or staging");
+      } else if (v != "standard" && v != "staging" && v != "fairness") {
+        s = absl::InvalidArgumentError("--suite: standard, quick, staging or fairness");
       }
     } else if (f == "--op") {
       if (v == "write") o.ops = {ferry::v1::WRITE};
@@ -187,17 +188,23 @@ int Run(int argc, char** argv) {
   report.date = absl::FormatTime("%Y-%m-%d", absl::Now(), absl::UTCTimeZone());
   report.machine = DescribeMachine();
   std::printf("ferry-bench on %s\n", report.machine.c_str());
-  if (o.suite == "staging") {
-    StagingOptions so;
-    so.fixtures = FERRY_FIXTURES;
-    so.seconds = std::max(o.seconds, 1.0);
-    // --max-size names the write size here (default 256 MiB).
-    if (o.max_size != (1ull << 30)) so.size = o.max_size;
-    if (!RunStagingSuite(so, report)) return 1;
+  if (o.suite == "staging" || o.suite == "fairness") {
+    if (o.suite == "staging") {
+      StagingOptions so;
+      so.fixtures = FERRY_FIXTURES;
+      so.seconds = std::max(o.seconds, 1.0);
+      // --max-size names the write size here (default 256 MiB).
+      if (o.max_size != (1ull << 30)) so.size = o.max_size;
+      if (!RunStagingSuite(so, report)) return 1;
+    } else {
+      FairnessOptions fo;
+      fo.seconds = std::max(o.seconds * 4, 2.0);
+      if (!RunFairnessSuite(fo, report)) return 1;
+    }
     std::string table = FormatTable(report);
     std::printf("\n%s", table.c_str());
     if (!o.out.empty()) {
-      std::string base = absl::StrCat(o.out, "/", report.date, "-staging");
+      std::string base = absl::StrCat(o.out, "/", report.date, "-", o.suite);
       std::ofstream(base + ".json") << FormatJson(report);
       std::ofstream(base + ".txt") << "machine: " << report.machine << "\n\n" << table;
       std::printf("\nwrote %s.{json,txt}\n", base.c_str());

@@ -225,7 +225,8 @@ absl::Status ParseInto(const Context& ctx, const YAML::Node& root, Config& c) {
   }
   if (auto limits = root["limits"]) {
     RETURN_IF_ERROR(CheckKeys(ctx, limits, "limits", {"max_op_bytes", "max_ops_per_submit", "default_timeout_ms",
-                                                     "max_timeout_ms", "tcp_max_connections",
+                                                     "max_timeout_ms", "slice_bytes",
+                                                     "peer_window_bytes", "tcp_max_connections",
                                                      "tcp_max_connections_per_peer",
                                                      "tcp_handshake_timeout_ms"}));
     if (auto n = limits["max_op_bytes"]) {
@@ -240,6 +241,14 @@ absl::Status ParseInto(const Context& ctx, const YAML::Node& root, Config& c) {
     }
     if (auto n = limits["max_timeout_ms"]) {
       ASSIGN_OR_RETURN(c.max_timeout_ms, ReadCount(ctx, n, "limits.max_timeout_ms", 1, 86400000));
+    }
+    if (auto n = limits["slice_bytes"]) {
+      ASSIGN_OR_RETURN(c.slice_bytes, ReadByteSize(ctx, n, "limits.slice_bytes"));
+      if (c.slice_bytes < 4096) return ctx.Error(n, "limits.slice_bytes", "must be at least 4KiB");
+    }
+    if (auto n = limits["peer_window_bytes"]) {
+      ASSIGN_OR_RETURN(c.peer_window_bytes, ReadByteSize(ctx, n, "limits.peer_window_bytes"));
+      if (c.peer_window_bytes == 0) return ctx.Error(n, "limits.peer_window_bytes", "must be positive");
     }
     if (auto n = limits["tcp_max_connections"]) {
       ASSIGN_OR_RETURN(c.tcp_max_connections, ReadCount(ctx, n, "limits.tcp_max_connections", 1, 1u << 20));

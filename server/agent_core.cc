@@ -81,6 +81,8 @@ absl::StatusOr<std::unique_ptr<AgentCore>> AgentCore::Create(const config::Confi
   limits.max_ops_per_submit = config.max_ops_per_submit;
   limits.default_timeout = absl::Milliseconds(config.default_timeout_ms);
   limits.max_timeout = absl::Milliseconds(config.max_timeout_ms);
+  limits.slice_bytes = config.slice_bytes;
+  limits.peer_window_bytes = config.peer_window_bytes;
   EngineDeps deps;
   deps.buffers = core->buffers_.get();
   deps.peers = core->peers_.get();

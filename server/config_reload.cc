@@ -26,6 +26,7 @@ EngineLimits LimitsOf(const config::Config& c, const EngineLimits& base) {
   limits.max_ops_per_submit = c.max_ops_per_submit;
   limits.default_timeout = absl::Milliseconds(c.default_timeout_ms);
   limits.max_timeout = absl::Milliseconds(c.max_timeout_ms);
+  limits.slice_bytes = c.slice_bytes;
   return limits;
 }
 
@@ -44,6 +45,7 @@ std::vector<std::string> RestartOnlyChanges(const config::Config& a, const confi
       {"tcp.connections", [](const auto& c) { return absl::StrCat(c.tcp_connections); }},
       {"tcp.listen", [](const auto& c) { return c.tcp_listen; }},
       {"limits.tcp_max_connections", [](const auto& c) { return absl::StrCat(c.tcp_max_connections); }},
+      {"limits.peer_window_bytes", [](const auto& c) { return absl::StrCat(c.peer_window_bytes); }},
       {"limits.tcp_max_connections_per_peer",
        [](const auto& c) { return absl::StrCat(c.tcp_max_connections_per_peer); }},
       {"limits.tcp_handshake_timeout_ms",
@@ -101,13 +103,15 @@ ReloadReport ApplyReload(AgentCore& core, config::Config& running, const config:
   if (limits.max_op_bytes != core.engine().limits().max_op_bytes ||
       limits.max_ops_per_submit != core.engine().limits().max_ops_per_submit ||
       limits.default_timeout != core.engine().limits().default_timeout ||
-      limits.max_timeout != core.engine().limits().max_timeout) {
+      limits.max_timeout != core.engine().limits().max_timeout ||
+      limits.slice_bytes != core.engine().limits().slice_bytes) {
     core.engine().SetLimits(limits);
     report.applied.push_back("limits: new Submits use the reloaded limits");
     running.max_op_bytes = next.max_op_bytes;
     running.max_ops_per_submit = next.max_ops_per_submit;
     running.default_timeout_ms = next.default_timeout_ms;
     running.max_timeout_ms = next.max_timeout_ms;
+    running.slice_bytes = next.slice_bytes;
   }
   for (const auto& key : RestartOnlyChanges(running, next)) {
     report.not_applied.push_back(absl::StrCat(key, ": changed in the file; needs a restart, the "

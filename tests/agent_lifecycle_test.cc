@@ -345,14 +345,14 @@ TEST(AgentLifecycleTest, SigtermOfTheReceiverFailsTransfersUnavailable) {
   Pair pair;
   ASSERT_TRUE(pair.Start().ok());
   auto src = pair.ca->Alloc(64 << 20);
-  auto dst = pair.cb->Alloc(64 << 20, "stopping");
+  // Persisting: the point is the agent stopping, not its client leaving (that frees it).
+  auto dst = pair.cb->Alloc(64 << 20, "stopping", "host", /*persist=*/true);
   ASSERT_TRUE(src.ok() && dst.ok());
   std::vector<OpSpec> ops;
   for (int i = 0; i < 512; ++i) ops.push_back({ferry::v1::WRITE, (*src)->id(), 0, "node-b", "stopping", 0, 64 << 20});
   auto id = pair.ca->Submit(ops, absl::Seconds(60));
   ASSERT_TRUE(id.ok()) << id.status();
   absl::SleepFor(absl::Milliseconds(100));
-  pair.cb.reset();
   EXPECT_EQ(pair.b->Stop(), 0);
   auto result = pair.ca->Wait(*id, absl::Seconds(60));
   ASSERT_TRUE(result.ok()) << result.status();

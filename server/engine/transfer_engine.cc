@@ -7,7 +7,9 @@
 #include "base/byte_range.h"
 #include "base/echo.h"
 #include "base/status_macros.h"
+#include "server/engine/slice_planner.h"
 #include "server/engine/stage_sender.h"
+#include "transport/parts_completion.h"
 #include "spdlog/spdlog.h"
 
 namespace ferry::server {
@@ -187,6 +189,8 @@ void TransferEngine::Post(const std::shared_ptr<Transfer>& transfer, absl::Time 
   // One endpoint per peer for the whole batch.
   std::map<std::string, absl::StatusOr<PeerEndpoint>> endpoints;
   std::vector<StagedOp> staged;
+  std::map<std::string, std::vector<SliceWork>> work;  // direct slices, by peer
+  const EngineLimits limits = this->limits();
   // Held for the whole loop: an early completion may finish the transfer meanwhile.
   PlannedOps planned = transfer->ops();
   if (!planned) return;  // cancelled before it was posted
@@ -227,20 +231,37 @@ void TransferEngine::Post(const std::shared_ptr<Transfer>& transfer, absl::Time 
       Settle(transfer, i, missing, peer.provider);
       continue;
     }
-    fabric::LocalSlice local_slice{region, op.local_offset, op.length};
-    fabric::RemoteSlice remote_slice{key->second.address + op.remote_offset, key->second.key};
     // The completion holds the ops (and so the buffers) until the fabric is done with
     // them, even when the transfer was settled earlier (deadline, cancel).
     fabric::Completion done = [this, transfer, planned, i, provider = peer.provider](absl::Status s) {
       Settle(transfer, i, RemoteOutcome(std::move(s), (*planned)[i]), provider);
     };
     transfer->MarkPosted(i);
-    absl::Status posted = op.type == ferry::v1::WRITE
-                              ? peer.endpoint->PostWrite(local_slice, remote_slice, std::move(done))
-                              : peer.endpoint->PostRead(local_slice, remote_slice, std::move(done));
-    if (!posted.ok()) Settle(transfer, i, posted, peer.provider);
+    std::vector<SliceRange> slices = PlanSlices(op.length, limits.slice_bytes);
+    auto joined = std::make_shared<fabric::PartsCompletion>(static_cast<int>(slices.size()),
+                                                            std::move(done));
+    std::vector<SliceWork>& to_peer = work[op.remote->node];
+    for (const SliceRange& slice : slices) {
+      to_peer.push_back({peer.endpoint, op.type == ferry::v1::READ,
+                         {region, op.local_offset + slice.offset, slice.length},
+                         {key->second.address + op.remote_offset + slice.offset, key->second.key},
+                         [joined](absl::Status s) { joined->PartDone(std::move(s)); }});
+    }
+  }
+  // Each peer's slices go to its queue at once, after planning: nothing completes meanwhile.
+  for (auto& [node, slices] : work) {
+    QueueFor(node, limits)->Enqueue(transfer->id(), std::move(slices),
+                                    [transfer] { return !transfer->finished(); });
   }
   if (!staged.empty()) StartStaging(transfer, std::move(planned), std::move(staged));
+}
+
+std::shared_ptr<FairQueue> TransferEngine::QueueFor(const std::string& node,
+                                                    const EngineLimits& limits) {
+  absl::MutexLock lock(&mu_);
+  auto& queue = queues_[node];
+  if (!queue) queue = std::make_shared<FairQueue>(limits.peer_window_bytes);
+  return queue;
 }
 
 void TransferEngine::StartStaging(const std::shared_ptr<Transfer>& transfer, PlannedOps planned,

@@ -18,6 +18,7 @@
 
 #include "server/buffer_registry.h"
 #include "server/engine/bounce_pools.h"
+#include "server/engine/fair_queue.h"
 #include "server/engine/leg_planner.h"
 #include "server/engine/transfer.h"
 #include "server/gpu_pools.h"
@@ -34,6 +35,10 @@ struct EngineLimits {
   absl::Duration max_timeout = absl::Minutes(10);
   // Finished transfers kept for Wait/Watch after they end.
   size_t history = 4096;
+  // Direct ops are cut into slices of at most this, and at most peer_window_bytes of them
+  // are on the wire to one peer at once, transfers taking turns (server/engine/fair_queue).
+  uint64_t slice_bytes = 512 << 10;
+  uint64_t peer_window_bytes = 4 << 20;
 };
 
 class StageSender;
@@ -79,6 +84,8 @@ class TransferEngine {
                                               const EngineLimits& limits, absl::Time deadline);
   void Post(const std::shared_ptr<Transfer>& transfer, absl::Time deadline);
   void OnFinished(uint64_t id);
+  // The queue of direct slices to `node`, made on first use.
+  std::shared_ptr<FairQueue> QueueFor(const std::string& node, const EngineLimits& limits);
   void ReapExpired();
 
   // Runs a transfer's staged ops on a thread of its own.
@@ -109,6 +116,7 @@ class TransferEngine {
   absl::flat_hash_map<uint64_t, std::shared_ptr<Transfer>> active_ ABSL_GUARDED_BY(mu_);
   std::deque<uint64_t> history_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  absl::flat_hash_map<std::string, std::shared_ptr<FairQueue>> queues_ ABSL_GUARDED_BY(mu_);
   std::thread reaper_;
 };
 

@@ -4,34 +4,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "transport/parts_completion.h"
 #include "transport/tcp/socket.h"
 #include "transport/tcp/tcp_connection.h"
 
 namespace ferry::tcp {
 namespace {
 
-// Joins the completions of an op's parts into the op's one completion: the first error
-// wins, and the op completes when its last part does.
-class PartsCompletion {
- public:
-  PartsCompletion(int parts, fabric::Completion done) : remaining_(parts), done_(std::move(done)) {}
-
-  void PartDone(absl::Status status) {
-    bool last;
-    {
-      absl::MutexLock lock(&mu_);
-      if (!status.ok() && first_error_.ok()) first_error_ = status;
-      last = --remaining_ == 0;
-    }
-    if (last) std::move(done_)(first_error_);
-  }
-
- private:
-  absl::Mutex mu_;
-  int remaining_;
-  absl::Status first_error_;
-  fabric::Completion done_;
-};
+using fabric::PartsCompletion;
 
 constexpr uint64_t kStripeAlign = 4096;
 

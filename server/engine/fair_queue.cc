@@ -1,0 +1,106 @@
+#include "server/engine/fair_queue.h"
+
+#include <utility>
+
+#include "absl/status/status.h"
+
+namespace ferry::server {
+
+void FairQueue::Enqueue(uint64_t id, std::vector<SliceWork> slices, std::function<bool()> wanted) {
+  if (slices.empty()) return;
+  {
+    absl::MutexLock lock(&mu_);
+    auto [it, fresh] = pending_.try_emplace(id);
+    if (fresh) {
+      it->second.wanted = std::move(wanted);
+      turns_.push_back(id);
+    }
+    queued_ += slices.size();
+    for (auto& s : slices) it->second.slices.push_back(std::move(s));
+  }
+  Pump();
+}
+
+void FairQueue::Pump() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (pumping_) {
+      again_ = true;  // the pumping thread takes another look before it stops
+      return;
+    }
+    pumping_ = true;
+  }
+  while (true) {
+    std::vector<std::pair<SliceWork, std::function<bool()>>> batch;
+    {
+      absl::MutexLock lock(&mu_);
+      // One slice per transfer per turn, while the window has room (and always one, so a
+      // slice larger than the window still goes).
+      while (!turns_.empty() && (in_flight_ < window_bytes_ || in_flight_ == 0)) {
+        uint64_t id = turns_.front();
+        turns_.pop_front();
+        Pending& p = pending_.at(id);
+        SliceWork work = std::move(p.slices.front());
+        p.slices.pop_front();
+        --queued_;
+        in_flight_ += work.local.length;
+        batch.emplace_back(std::move(work), p.wanted);
+        if (p.slices.empty()) {
+          pending_.erase(id);
+        } else {
+          turns_.push_back(id);
+        }
+      }
+      if (batch.empty()) {
+        if (!again_) {
+          pumping_ = false;
+          return;
+        }
+      }
+      again_ = false;
+    }
+    for (auto& [work, wanted] : batch) Post(std::move(work), wanted);
+  }
+}
+
+void FairQueue::Post(SliceWork work, const std::function<bool()>& wanted) {
+  const uint64_t bytes = work.local.length;
+  if (wanted && !wanted()) {
+    Release(bytes);
+    std::move(work.done)(absl::CancelledError("the transfer ended before this slice was posted"));
+    return;
+  }
+  // Held by the posted completion and here: a post refused now never runs its completion.
+  auto done = std::make_shared<fabric::Completion>(std::move(work.done));
+  fabric::Completion on_done = [self = shared_from_this(), done, bytes](absl::Status s) {
+    self->Release(bytes);
+    std::move (*done)(std::move(s));
+  };
+  absl::Status posted = work.read
+                            ? work.endpoint->PostRead(work.local, work.remote, std::move(on_done))
+                            : work.endpoint->PostWrite(work.local, work.remote, std::move(on_done));
+  if (!posted.ok()) {
+    Release(bytes);
+    std::move (*done)(std::move(posted));
+  }
+}
+
+void FairQueue::Release(uint64_t bytes) {
+  {
+    absl::MutexLock lock(&mu_);
+    in_flight_ -= bytes;
+  }
+  Pump();
+}
+
+uint64_t FairQueue::in_flight_bytes() const {
+  absl::MutexLock lock(&mu_);
+  return in_flight_;
+}
+
+size_t FairQueue::queued() const {
+  absl::MutexLock lock(&mu_);
+  return queued_;
+}
+
+}  // namespace ferry::server

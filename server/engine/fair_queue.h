@@ -1,0 +1,66 @@
+#pragma once
+// The slices waiting for the wire to one peer. At most `window_bytes` are posted and not yet
+// complete; transfers take turns slice by slice, so a small op never queues behind a huge
+// batch and a cancelled transfer stops at its posted slices. One per peer, shared by every
+// transfer to it.
+//
+// Threads: Enqueue from any thread; slices are posted by whichever thread pumps the queue
+// (the enqueuer, or the one completing a slice), never with the queue's lock held, and at
+// most one thread pumps at a time, so a completion that runs inside a post (a broken
+// connection) does not recurse.
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <list>
+#include <memory>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
+#include "transport/fabric.h"
+
+namespace ferry::server {
+
+// One slice of a direct op, ready to post.
+struct SliceWork {
+  std::shared_ptr<fabric::Endpoint> endpoint;
+  bool read = false;  // PostRead into `local`, else PostWrite from it
+  fabric::LocalSlice local;
+  fabric::RemoteSlice remote;
+  fabric::Completion done;  // runs exactly once: the slice's outcome, or CANCELLED unposted
+};
+
+class FairQueue : public std::enable_shared_from_this<FairQueue> {
+ public:
+  explicit FairQueue(uint64_t window_bytes) : window_bytes_(window_bytes) {}
+
+  // Queues the slices of transfer `id` (in order) and posts what the window allows.
+  // `wanted` is asked before each of them is posted: false (the transfer ended) skips
+  // the slice, whose completion then runs with CANCELLED.
+  void Enqueue(uint64_t id, std::vector<SliceWork> slices, std::function<bool()> wanted);
+
+  uint64_t in_flight_bytes() const;
+  size_t queued() const;
+
+ private:
+  struct Pending {
+    std::deque<SliceWork> slices;
+    std::function<bool()> wanted;
+  };
+  void Pump();
+  void Post(SliceWork work, const std::function<bool()>& wanted);
+  void Release(uint64_t bytes);
+
+  const uint64_t window_bytes_;
+  mutable absl::Mutex mu_;
+  uint64_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::flat_hash_map<uint64_t, Pending> pending_ ABSL_GUARDED_BY(mu_);
+  std::list<uint64_t> turns_ ABSL_GUARDED_BY(mu_);  // transfers with slices, next first
+  size_t queued_ ABSL_GUARDED_BY(mu_) = 0;
+  bool pumping_ ABSL_GUARDED_BY(mu_) = false;
+  bool again_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace ferry::server

@@ -1,0 +1,170 @@
+// The engine's slicing and per-peer fair queue, through their public interfaces, against a
+// fake endpoint that completes ops only when the test says so (as a slow wire would).
+
+#include <deque>
+
+#include "absl/synchronization/mutex.h"
+#include "gtest/gtest.h"
+#include "server/engine/fair_queue.h"
+#include "server/engine/slice_planner.h"
+
+namespace ferry::server {
+namespace {
+
+TEST(SlicePlannerTest, SmallOpsStayWholeLargeOnesAreCutIntoAlignedEqualSlices) {
+  auto one = PlanSlices(4096, 1 << 20);
+  ASSERT_EQ(one.size(), 1u);
+  EXPECT_EQ(one[0].length, 4096u);
+  auto exact = PlanSlices(4 << 20, 1 << 20);
+  ASSERT_EQ(exact.size(), 4u);
+  for (const auto& s : exact) EXPECT_EQ(s.length, 1u << 20);
+  auto odd = PlanSlices((3 << 20) + 1, 1 << 20);
+  ASSERT_EQ(odd.size(), 4u);
+  uint64_t total = 0, expect = 0;
+  for (const auto& s : odd) {
+    EXPECT_EQ(s.offset, expect);
+    EXPECT_LE(s.length, 1u << 20);
+    if (&s != &odd.back()) EXPECT_EQ(s.length % 4096, 0u);
+    expect += s.length;
+    total += s.length;
+  }
+  EXPECT_EQ(total, (3u << 20) + 1);
+  // A slice size below the alignment is the alignment.
+  EXPECT_EQ(PlanSlices(16384, 100).size(), 4u);
+}
+
+// Records every post; the test completes them in order.
+class HeldEndpoint : public fabric::Endpoint {
+ public:
+  absl::Status PostWrite(const fabric::LocalSlice& src, const fabric::RemoteSlice& dst,
+                         fabric::Completion done) override {
+    absl::MutexLock lock(&mu_);
+    if (refuse_) return absl::UnavailableError("refused");
+    posted_.push_back({src.length, dst.address, std::move(done)});
+    return absl::OkStatus();
+  }
+  absl::Status PostWriteWithImmediate(const fabric::LocalSlice& src, const fabric::RemoteSlice& dst,
+                                      uint32_t, fabric::Completion done) override {
+    return PostWrite(src, dst, std::move(done));
+  }
+  absl::Status PostRead(const fabric::LocalSlice& dst, const fabric::RemoteSlice& src,
+                        fabric::Completion done) override {
+    return PostWrite(dst, src, std::move(done));
+  }
+  bool broken() const override { return false; }
+  void Close() override {}
+
+  // Completes the oldest posted op with OK; false if none is posted.
+  bool CompleteOne() {
+    fabric::Completion done;
+    {
+      absl::MutexLock lock(&mu_);
+      if (posted_.empty()) return false;
+      done = std::move(posted_.front().done);
+      posted_.pop_front();
+    }
+    std::move(done)(absl::OkStatus());
+    return true;
+  }
+  size_t posted() const {
+    absl::MutexLock lock(&mu_);
+    return posted_.size();
+  }
+  uint64_t address(size_t i) const {
+    absl::MutexLock lock(&mu_);
+    return posted_[i].address;
+  }
+  void Refuse() {
+    absl::MutexLock lock(&mu_);
+    refuse_ = true;
+  }
+
+ private:
+  struct Posted {
+    uint64_t length;
+    uint64_t address;
+    fabric::Completion done;
+  };
+  mutable absl::Mutex mu_;
+  std::deque<Posted> posted_;
+  bool refuse_ = false;
+};
+
+std::vector<SliceWork> Slices(const std::shared_ptr<HeldEndpoint>& ep, int count, uint64_t length,
+                              uint64_t base, int* done, int* cancelled = nullptr,
+                              absl::Status* last = nullptr) {
+  std::vector<SliceWork> out;
+  for (int i = 0; i < count; ++i) {
+    out.push_back({ep, false, {nullptr, 0, length}, {base + static_cast<uint64_t>(i), 0},
+                   [done, cancelled, last](absl::Status s) {
+                     ++*done;
+                     if (cancelled != nullptr && absl::IsCancelled(s)) ++*cancelled;
+                     if (last != nullptr) *last = s;
+                   }});
+  }
+  return out;
+}
+
+TEST(FairQueueTest, TheWindowBoundsWhatIsPostedAndCompletionsPostMore) {
+  auto ep = std::make_shared<HeldEndpoint>();
+  auto queue = std::make_shared<FairQueue>(4 << 20);
+  int done = 0;
+  queue->Enqueue(1, Slices(ep, 16, 1 << 20, 0, &done), nullptr);
+  EXPECT_EQ(ep->posted(), 4u);
+  EXPECT_EQ(queue->in_flight_bytes(), 4u << 20);
+  EXPECT_EQ(queue->queued(), 12u);
+  while (ep->CompleteOne()) {
+  }
+  EXPECT_EQ(done, 16);
+  EXPECT_EQ(queue->in_flight_bytes(), 0u);
+  EXPECT_EQ(queue->queued(), 0u);
+}
+
+TEST(FairQueueTest, ASmallOpPostedBehindAHugeBatchGoesOutAtTheNextTurn) {
+  auto ep = std::make_shared<HeldEndpoint>();
+  auto queue = std::make_shared<FairQueue>(4 << 20);
+  int big_done = 0, small_done = 0;
+  queue->Enqueue(1, Slices(ep, 4096, 1 << 20, 0, &big_done), nullptr);  // 4 GiB
+  queue->Enqueue(2, Slices(ep, 1, 4096, 1ull << 40, &small_done), nullptr);
+  // The first completion frees room for the batch's turn, the second for the small op's.
+  ASSERT_TRUE(ep->CompleteOne());
+  ASSERT_TRUE(ep->CompleteOne());
+  size_t posted = ep->posted();
+  ASSERT_GE(posted, 4u);
+  bool small_posted = false;
+  for (size_t i = 0; i < posted; ++i) small_posted |= ep->address(i) == (1ull << 40);
+  EXPECT_TRUE(small_posted) << "the 4 KiB op still waits behind the batch";
+  for (int i = 0; i < 8; ++i) ep->CompleteOne();
+  EXPECT_EQ(small_done, 1);
+  EXPECT_LT(big_done, 20);
+}
+
+TEST(FairQueueTest, SlicesOfAnEndedTransferAreNotPostedAndReportCancelled) {
+  auto ep = std::make_shared<HeldEndpoint>();
+  auto queue = std::make_shared<FairQueue>(2 << 20);
+  int done = 0, cancelled = 0;
+  bool wanted = true;
+  queue->Enqueue(1, Slices(ep, 10, 1 << 20, 0, &done, &cancelled), [&wanted] { return wanted; });
+  EXPECT_EQ(ep->posted(), 2u);
+  wanted = false;  // cancelled: the two on the wire finish, the other eight never go
+  while (ep->CompleteOne()) {
+  }
+  EXPECT_EQ(done, 10) << "every slice reports once";
+  EXPECT_EQ(cancelled, 8);
+  EXPECT_EQ(queue->in_flight_bytes(), 0u);
+}
+
+TEST(FairQueueTest, APostRefusedNowCompletesWithTheRefusalAndFreesTheWindow) {
+  auto ep = std::make_shared<HeldEndpoint>();
+  ep->Refuse();
+  auto queue = std::make_shared<FairQueue>(1 << 20);
+  int done = 0;
+  absl::Status last;
+  queue->Enqueue(1, Slices(ep, 5, 1 << 20, 0, &done, nullptr, &last), nullptr);
+  EXPECT_EQ(done, 5);
+  EXPECT_EQ(last.code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(queue->in_flight_bytes(), 0u);
+}
+
+}  // namespace
+}  // namespace ferry::server
