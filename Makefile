@@ -1,11 +1,12 @@
 # make demo   install what is missing, build, run two agents and move verified data
 # make test   install what is missing, build, run every test (ctest)
 # make bench  install what is missing, build, run the benchmark suite
+# make soak   install what is missing, build, run the soak (minutes; not part of make test)
 BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all deps configure build demo test test-unit bench clean
+.PHONY: all deps configure build demo test test-unit bench soak clean
 
 all: build
 
@@ -36,6 +37,11 @@ bench: build
 	$(BUILD)/bench/ferry-bench --suite standard --out bench/results
 	$(BUILD)/bench/ferry-bench --suite staging --out bench/results
 	$(BUILD)/bench/ferry-bench --suite fairness --out bench/results
+
+# Not part of `make test`: 64 clients x 1000 WRITE+READ of random sizes with checksums, the
+# receiving agent restarted 3 times; prints mismatches (must be 0), errors by code, RSS.
+soak: build
+	$(BUILD)/bench/ferry-soak --clients 64 --iterations 1000 --restarts 3
 
 clean:
 	rm -rf $(BUILD)

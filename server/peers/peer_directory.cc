@@ -14,9 +14,12 @@ namespace ferry::server {
 namespace {
 
 absl::Status PeerError(const grpc::Status& s, const std::string& what) {
-  // A peer that cannot be reached is UNAVAILABLE whatever gRPC's exact code.
-  auto code = s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ? absl::StatusCode::kUnavailable
-                                                                    : static_cast<absl::StatusCode>(s.error_code());
+  // A peer that cannot be reached, or that cancelled our call as it stopped, is UNAVAILABLE
+  // whatever gRPC's exact code.
+  auto code = s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED ||
+                      s.error_code() == grpc::StatusCode::CANCELLED
+                  ? absl::StatusCode::kUnavailable
+                  : static_cast<absl::StatusCode>(s.error_code());
   return absl::Status(code, absl::StrCat(what, ": ", s.error_message()));
 }
 
