@@ -221,8 +221,9 @@ absl::StatusOr<ferry::v1::PolicyState> Client::GetPolicy() {
 }
 
 absl::StatusOr<ferry::v1::PolicyState> Client::SetPolicy(
-    const std::vector<std::pair<std::string, std::string>>& settings) {
+    const std::vector<std::pair<std::string, std::string>>& settings, bool clear_overrides) {
   ferry::v1::SetPolicyRequest req;
+  req.set_clear_overrides(clear_overrides);
   for (const auto& [key, value] : settings) {
     auto* s = req.add_settings();
     s->set_key(key);

@@ -111,8 +111,11 @@ class Client {
 
   // The GDR / staging policy, and changing it at run time (key=value settings).
   absl::StatusOr<ferry::v1::PolicyState> GetPolicy();
+  // Run-time settings override the config file's policy until cleared (`clear_overrides`:
+  // drop the earlier ones first; with no settings, back to the file's policy).
   absl::StatusOr<ferry::v1::PolicyState> SetPolicy(
-      const std::vector<std::pair<std::string, std::string>>& settings);
+      const std::vector<std::pair<std::string, std::string>>& settings,
+      bool clear_overrides = false);
 
   ferry::v1::Agent::Stub& stub() { return *stub_; }
   const AgentSession& session() const { return *session_; }

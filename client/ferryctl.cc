@@ -59,7 +59,10 @@ PATH may be relative, or HOST:PORT for the agent's TCP listener):
   cancel TRANSFER_ID [--json]           end a running transfer; prints how it ended
   policy get [--json]                   the GDR / staging policy in force
   policy set KEY=VALUE ...              change it now (gdr, gdr_max_path, fallback,
-                                        staging_chunk, staging_depth)
+                                        staging_chunk, staging_depth); these run-time
+                                        settings override the config file, also after
+                                        SIGHUP, until
+  policy reset                          drops them: the config file's policy again
 On a terminal, put and get show their progress on stderr.
 
 Offline commands (no agent needed):
@@ -327,6 +330,10 @@ int Info(Client& c, const Args& a) {
               static_cast<unsigned long long>(info->transfers_active()),
               static_cast<unsigned long long>(info->transfers_done()));
   std::printf("policy      generation %llu\n", static_cast<unsigned long long>(info->policy_generation()));
+  std::printf("sessions    %llu, buffers hold %s of the host pool\nprocess     pid %u, %llu threads\n",
+              static_cast<unsigned long long>(info->sessions()),
+              FormatByteSize(info->host_buffer_bytes()).c_str(), info->pid(),
+              static_cast<unsigned long long>(info->threads()));
   for (const auto& g : info->gpus()) {
     std::printf("gpu %-7d %s %s, pool %s used of %s, fragmentation %.2f\n", g.index(),
                 g.backend().c_str(), g.pci().empty() ? "-" : g.pci().c_str(),
@@ -354,8 +361,10 @@ int Policy(Client& c, const Args& a) {
       settings.emplace_back(a.words[i].substr(0, eq), a.words[i].substr(eq + 1));
     }
     state = c.SetPolicy(settings);
+  } else if (a.words[0] == "reset" && a.words.size() == 1) {
+    state = c.SetPolicy({}, /*clear_overrides=*/true);
   } else {
-    return Usage("policy get | policy set KEY=VALUE ...");
+    return Usage("policy get | policy set KEY=VALUE ... | policy reset");
   }
   if (!state.ok()) return Fail(state.status());
   if (a.json) {
@@ -366,6 +375,13 @@ int Policy(Client& c, const Args& a) {
                 static_cast<unsigned long long>(state->generation()), state->gdr().c_str(),
                 state->gdr_max_path().c_str(), state->fallback().c_str(),
                 FormatByteSize(state->staging_chunk_bytes()).c_str(), state->staging_depth());
+    // Which keys the run-time settings hold, over the config file's (until policy reset).
+    std::string overrides;
+    for (const auto& o : state->overrides()) absl::StrAppend(&overrides, " ", o.key(), "=", o.value());
+    std::string line = overrides.empty()
+                           ? " none (the config file's policy)"
+                           : absl::StrCat(overrides, " (over the config file; reset drops them)");
+    std::printf("run-time      %s\n", line.c_str());
   }
   return kOk;
 }

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/functional/any_invocable.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -84,6 +85,35 @@ class NotificationStream {
   bool done_ = false;
 };
 
+// The same stream on gRPC's callback API (see TensorClient::OpenNotificationReader): no
+// thread is blocked on it, and WaitUntil waits only until a deadline, so that a caller that
+// must stay responsive (Python, for Ctrl-C) can wait in slices.
+class NotificationReader {
+ public:
+  // Cancels the stream if it is still open.
+  ~NotificationReader();
+  // True once Next has something to return (a notification or the end); waits for that
+  // until `deadline`.
+  bool WaitUntil(absl::Time deadline);
+  // As NotificationStream::Next; waits without limit when nothing is there yet.
+  absl::StatusOr<std::optional<ferry::v1::Notification>> Next();
+  // Ends the stream from another thread (Next then reports CANCELLED).
+  void Cancel();
+
+ private:
+  friend class TensorClient;
+  class Reactor;
+  explicit NotificationReader(std::shared_ptr<Reactor> reactor) : reactor_(std::move(reactor)) {}
+  // Shared with gRPC, which reports to it until the stream's end even after we are gone.
+  std::shared_ptr<Reactor> reactor_;
+};
+
+// Runs once when an asynchronous call (TensorClient::SendAsync, ...) ends, on one of gRPC's
+// threads, or inline on the caller's when the request cannot even be sent. It must not
+// block: gRPC's few callback threads end every other call too. Hand the result on instead.
+template <typename T>
+using CallDone = absl::AnyInvocable<void(absl::StatusOr<T>) &&>;
+
 ferry::v1::TensorMeta MakeMeta(ferry::v1::DType dtype, std::vector<int64_t> shape, std::string tag,
                                std::vector<int64_t> strides = {}, std::string device = "host");
 
@@ -122,6 +152,26 @@ class TensorClient {
                                                         uint32_t max_count = 0);
   absl::StatusOr<ferry::v1::CancelResponse> Cancel(const std::string& peer, const std::string& tag);
   absl::StatusOr<ferry::v1::ListPendingResponse> ListPending();
+
+  // The calls above without a thread waiting on each: they return at once and `done` gets
+  // what the blocking form would return. Any number may be outstanding; options.canceller
+  // cancels one at the agent (`done` then gets CANCELLED).
+  void SendAsync(uint64_t buffer, uint64_t offset, const ferry::v1::TensorMeta& meta,
+                 const std::string& peer, const CallOptions& options,
+                 CallDone<ferry::v1::SendResponse> done);
+  void RecvAsync(const std::string& peer, const std::string& tag, const RecvOptions& recv,
+                 const CallOptions& options, CallDone<ReceivedTensor> done);
+  void WriteBlocksAsync(uint64_t local_buffer, const std::string& peer,
+                        const std::string& remote_buffer, const std::vector<BlockSpec>& blocks,
+                        const std::string& notification, const CallOptions& options,
+                        CallDone<ferry::v1::WriteBlocksResponse> done);
+  void WaitNotificationAsync(const std::string& name, const std::string& from_node,
+                             const CallOptions& options,
+                             CallDone<ferry::v1::Notification> done);
+  // OpenNotifications on gRPC's callback API.
+  std::unique_ptr<NotificationReader> OpenNotificationReader(const std::string& prefix,
+                                                             absl::Duration timeout,
+                                                             uint32_t max_count = 0);
 
  private:
   std::shared_ptr<AgentSession> session_;

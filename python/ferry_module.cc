@@ -2,16 +2,28 @@
 // Client (buffers) and TensorClient (Send/Recv, blocks, notifications); the Pythonic API
 // (numpy / torch, futures) lives in ferry/__init__.py. Every blocking call releases the GIL,
 // and every error is raised as ferry.errors.Error carrying the gRPC status code and message.
+//
+// Send, Recv, WriteBlocks and WaitNotification run on gRPC's callback API and return a Call
+// at once: no thread waits for any of them. Python either waits on the Call (the blocking
+// forms, in slices so that Ctrl-C is seen) or gives it a Completions queue and a key (the
+// futures: one Python thread per client drains the queue and completes them).
 
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <memory>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/functional/any_invocable.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "client/ferry_client.h"
 #include "client/tensor_client.h"
 #include "python/dlpack.h"
@@ -38,9 +50,15 @@ T Take(absl::StatusOr<T> s) {
   return *std::move(s);
 }
 
-CallOptions Options(double timeout_s, std::shared_ptr<CallCanceller> canceller) {
+// `timeout_s`: seconds; None waits without limit (the agent gets the largest timeout_ms its
+// uint32 field holds, about 49.7 days); zero or less: the default 60 s.
+CallOptions Options(std::optional<double> timeout_s, std::shared_ptr<CallCanceller> canceller) {
   CallOptions o;
-  o.timeout = timeout_s > 0 ? absl::Seconds(timeout_s) : absl::Seconds(60);
+  if (!timeout_s) {
+    o.timeout = absl::InfiniteDuration();
+  } else {
+    o.timeout = *timeout_s > 0 ? absl::Seconds(*timeout_s) : absl::Seconds(60);
+  }
   o.canceller = std::move(canceller);
   return o;
 }
@@ -215,6 +233,204 @@ py::list PendingList(const google::protobuf::RepeatedPtrField<v1::PendingTensor>
   return out;
 }
 
+// --- results: what the calls return to Python -------------------------------------------
+
+py::object SendResult(const std::shared_ptr<Session>&, v1::SendResponse resp) {
+  py::dict d;
+  d["bytes"] = resp.bytes();
+  d["duration_us"] = resp.duration_us();
+  d["landing_buffer"] = resp.landing_buffer();
+  return d;
+}
+
+py::object RecvResult(const std::shared_ptr<Session>& s, ReceivedTensor got) {
+  py::dict d;
+  d["meta"] = MetaDict(got.meta);
+  d["offset"] = got.offset;
+  d["bytes"] = got.bytes;
+  d["allocated"] = got.allocated;
+  // A buffer the agent allocated belongs to the caller: freed when collected.
+  d["buffer"] = got.buffer ? py::cast(std::make_shared<PyBuffer>(s, std::move(got.buffer),
+                                                                got.allocated))
+                           : py::none();
+  return d;
+}
+
+py::object WriteBlocksResult(const std::shared_ptr<Session>&, v1::WriteBlocksResponse resp) {
+  py::dict d;
+  d["bytes"] = resp.bytes();
+  d["duration_us"] = resp.duration_us();
+  return d;
+}
+
+py::object NotificationResult(const std::shared_ptr<Session>&, v1::Notification n) {
+  return NotificationDict(n);
+}
+
+// --- calls in flight ----------------------------------------------------------------------
+
+// How long a blocking call waits with the GIL released before it lets Python handle
+// signals: Ctrl-C interrupts a call within about this much.
+constexpr absl::Duration kSignalSlice = absl::Milliseconds(50);
+
+// The keys of async calls that ended, for the one Python thread per client that completes
+// their futures (ferry.Client's _Completer). gRPC's threads only push here: they never wait
+// for the GIL, so a busy interpreter does not hold up every other call's completion.
+class Completions {
+ public:
+  void Push(uint64_t key) {
+    absl::MutexLock lock(&mu_);
+    keys_.push_back(key);
+  }
+  // The keys pushed since the last call, waiting for one if there are none; empty once
+  // closed. Waits with the GIL released.
+  std::vector<uint64_t> Next() {
+    py::gil_scoped_release release;
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(this, &Completions::ReadyLocked));
+    return std::exchange(keys_, {});
+  }
+  void Close() {
+    absl::MutexLock lock(&mu_);
+    closed_ = true;
+  }
+
+ private:
+  bool ReadyLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return closed_ || !keys_.empty(); }
+
+  absl::Mutex mu_;
+  std::vector<uint64_t> keys_ ABSL_GUARDED_BY(mu_);
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+// One call in flight, shared by the gRPC callback that ends it and the Python Call that
+// waits for it. It holds no Python object: the callback runs without the GIL.
+class CallState {
+ public:
+  // Makes the call's Python result, under the GIL, from what the agent answered.
+  using Build = absl::AnyInvocable<py::object(const std::shared_ptr<Session>&) &&>;
+
+  // `completions` (may be null: a blocking call) learns `key` when the call ends.
+  CallState(std::shared_ptr<Completions> completions, uint64_t key)
+      : completions_(std::move(completions)), key_(key) {}
+
+  // Run once by the completion callback, on any thread, without the GIL.
+  void End(absl::Status status, Build build) {
+    {
+      absl::MutexLock lock(&mu_);
+      status_ = std::move(status);
+      build_ = std::move(build);
+      done_ = true;
+    }
+    if (completions_) completions_->Push(key_);
+  }
+  // True once the call ended; waits for that until `deadline` (call without the GIL).
+  bool WaitUntil(absl::Time deadline) {
+    absl::MutexLock lock(&mu_);
+    mu_.AwaitWithDeadline(absl::Condition(&done_), deadline);
+    return done_;
+  }
+  bool done() const {
+    absl::MutexLock lock(&mu_);
+    return done_;
+  }
+  // The outcome of an ended call; the builder only to the first caller.
+  std::pair<absl::Status, Build> Take() {
+    absl::MutexLock lock(&mu_);
+    return {status_, std::move(build_)};
+  }
+  const std::shared_ptr<CallCanceller>& canceller() const { return canceller_; }
+
+ private:
+  const std::shared_ptr<Completions> completions_;
+  const uint64_t key_;
+  const std::shared_ptr<CallCanceller> canceller_ = std::make_shared<CallCanceller>();
+  mutable absl::Mutex mu_;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status status_ ABSL_GUARDED_BY(mu_);
+  Build build_ ABSL_GUARDED_BY(mu_);
+};
+
+// The CallDone that ends `state` with the result `to_python` will make of the answer.
+template <typename T>
+CallDone<T> EndState(std::shared_ptr<CallState> state,
+                     py::object (*to_python)(const std::shared_ptr<Session>&, T)) {
+  return [state = std::move(state), to_python](absl::StatusOr<T> r) mutable {
+    if (!r.ok()) {
+      state->End(r.status(), nullptr);
+      return;
+    }
+    state->End(absl::OkStatus(), [value = *std::move(r), to_python](
+                                     const std::shared_ptr<Session>& s) mutable {
+      return to_python(s, std::move(value));
+    });
+  };
+}
+
+// Waits until `wait_until(deadline)` says it is done or `until` passed; false then. The wait
+// is cut into kSignalSlice pieces with the GIL released; between them Python runs its signal
+// handlers, and if one raises (KeyboardInterrupt) `cancel` cancels what was waited for and
+// the exception propagates. Call with the GIL held.
+template <typename WaitUntil, typename Cancel>
+bool WaitInSlices(absl::Time until, WaitUntil wait_until, Cancel cancel) {
+  while (true) {
+    bool done;
+    {
+      py::gil_scoped_release release;
+      done = wait_until(std::min(until, absl::Now() + kSignalSlice));
+    }
+    if (done) return true;
+    if (PyErr_CheckSignals() != 0) {
+      cancel();
+      throw py::error_already_set();
+    }
+    if (absl::Now() >= until) return false;
+  }
+}
+
+// A timeout from Python as a point in time: seconds, or None (no limit).
+absl::Time Until(std::optional<double> timeout_s) {
+  if (!timeout_s) return absl::InfiniteFuture();
+  return absl::Now() + absl::Seconds(std::max(*timeout_s, 0.0));
+}
+
+// A call as Python sees it (_ferry.Call): wait() / result() wait for it, cancel() cancels it
+// at the agent. It keeps the session alive while the call runs.
+class PyCall {
+ public:
+  PyCall(std::shared_ptr<Session> session, std::shared_ptr<CallState> state)
+      : session_(std::move(session)), state_(std::move(state)) {}
+
+  // Waits up to `timeout_s` seconds (None: without limit); true when the call ended. Ctrl-C
+  // cancels the call at the agent and raises KeyboardInterrupt (see WaitInSlices).
+  bool Wait(std::optional<double> timeout_s) {
+    return WaitInSlices(
+        Until(timeout_s), [this](absl::Time t) { return state_->WaitUntil(t); },
+        [this] { state_->canceller()->Cancel(); });
+  }
+
+  // What the blocking call returns, once it ended (waits as Wait(None)); raises its error.
+  // The same object each time: a landing buffer must have one owner.
+  py::object Result() {
+    Wait(std::nullopt);
+    if (!result_) {
+      auto [status, build] = state_->Take();
+      if (!status.ok()) throw StatusError(std::move(status));
+      if (!build) throw StatusError(absl::InternalError("call: its result could not be made"));
+      result_ = std::move(build)(session_);
+    }
+    return result_;
+  }
+
+  bool done() const { return state_->done(); }
+  void Cancel() { state_->canceller()->Cancel(); }
+
+ private:
+  std::shared_ptr<Session> session_;
+  std::shared_ptr<CallState> state_;
+  py::object result_;
+};
+
 std::shared_ptr<Session> Connect(const std::string& target, double timeout_s) {
   auto session = std::make_shared<Session>();
   session->target = target;
@@ -261,10 +477,16 @@ PYBIND11_MODULE(_ferry, m) {
     return Take(tensors::TensorSpanBytes(BuildMeta(dtype, shape, strides, "host", "t"), "tensor"));
   });
 
-  py::class_<CallCanceller, std::shared_ptr<CallCanceller>>(m, "Canceller")
+  py::class_<Completions, std::shared_ptr<Completions>>(m, "Completions")
       .def(py::init<>())
-      .def("cancel", &CallCanceller::Cancel)
-      .def_property_readonly("cancelled", &CallCanceller::cancelled);
+      .def("next", &Completions::Next)
+      .def("close", &Completions::Close);
+
+  py::class_<PyCall>(m, "Call")
+      .def("wait", &PyCall::Wait, py::arg("timeout") = py::none())
+      .def("result", &PyCall::Result)
+      .def("done", &PyCall::done)
+      .def("cancel", &PyCall::Cancel);
 
   py::class_<PyBuffer, std::shared_ptr<PyBuffer>>(m, "Buffer", py::buffer_protocol())
       .def_property_readonly("id", &PyBuffer::id)
@@ -289,18 +511,17 @@ PYBIND11_MODULE(_ferry, m) {
                                {static_cast<py::ssize_t>(b.size())}, {1});
       });
 
-  py::class_<NotificationStream>(m, "NotificationStream")
-      .def("next", [](NotificationStream& s) -> py::object {
-        absl::StatusOr<std::optional<v1::Notification>> n;
-        {
-          py::gil_scoped_release release;
-          n = s.Next();
-        }
-        auto got = Take(std::move(n));
+  py::class_<NotificationReader>(m, "NotificationStream")
+      .def("next", [](NotificationReader& r) -> py::object {
+        // Interruptible as the calls are: Ctrl-C ends the stream and raises.
+        WaitInSlices(
+            absl::InfiniteFuture(), [&r](absl::Time t) { return r.WaitUntil(t); },
+            [&r] { r.Cancel(); });
+        auto got = Take(r.Next());  // ready: does not wait
         if (!got) return py::none();
         return NotificationDict(*got);
       })
-      .def("cancel", &NotificationStream::Cancel);
+      .def("cancel", &NotificationReader::Cancel);
 
   py::class_<Session, std::shared_ptr<Session>>(m, "Session")
       .def(py::init(&Connect), py::arg("target"), py::arg("timeout") = 5.0)
@@ -338,64 +559,50 @@ PYBIND11_MODULE(_ferry, m) {
         d["peers"] = std::vector<std::string>(i.peers().begin(), i.peers().end());
         return d;
       })
+      // The four calls below return a Call at once (see the comment at the top).
       .def("send",
-           [](Session& s, uint64_t buffer, uint64_t offset, const std::string& dtype,
-              const std::vector<int64_t>& shape, const std::vector<int64_t>& strides,
-              const std::string& device, const std::string& peer, const std::string& tag,
-              double timeout, std::shared_ptr<CallCanceller> canceller) {
+           [](std::shared_ptr<Session> s, uint64_t buffer, uint64_t offset,
+              const std::string& dtype, const std::vector<int64_t>& shape,
+              const std::vector<int64_t>& strides, const std::string& device,
+              const std::string& peer, const std::string& tag, std::optional<double> timeout,
+              std::shared_ptr<Completions> completions, uint64_t key) {
              v1::TensorMeta meta = BuildMeta(dtype, shape, strides, device, tag);
-             absl::StatusOr<v1::SendResponse> r;
-             {
-               py::gil_scoped_release release;
-               r = s.tensors->Send(buffer, offset, meta, peer, Options(timeout, canceller));
-             }
-             auto resp = Take(std::move(r));
-             py::dict d;
-             d["bytes"] = resp.bytes();
-             d["duration_us"] = resp.duration_us();
-             d["landing_buffer"] = resp.landing_buffer();
-             return d;
+             auto state = std::make_shared<CallState>(std::move(completions), key);
+             s->tensors->SendAsync(buffer, offset, meta, peer, Options(timeout, state->canceller()),
+                                   EndState(state, &SendResult));
+             return PyCall(s, state);
            },
            py::arg("buffer"), py::arg("offset"), py::arg("dtype"), py::arg("shape"),
            py::arg("strides"), py::arg("device"), py::arg("peer"), py::arg("tag"),
-           py::arg("timeout"), py::arg("canceller") = nullptr)
+           py::arg("timeout"), py::arg("completions") = nullptr, py::arg("key") = 0)
       .def("recv",
            [](std::shared_ptr<Session> s, const std::string& peer, const std::string& tag,
               uint64_t buffer, uint64_t offset, const std::string& expect_dtype,
-              std::optional<std::vector<int64_t>> expect_shape, double timeout,
-              std::shared_ptr<CallCanceller> canceller) {
+              std::optional<std::vector<int64_t>> expect_shape, std::optional<double> timeout,
+              std::shared_ptr<Completions> completions, uint64_t key) {
              RecvOptions recv;
              recv.buffer = buffer;
              recv.offset = offset;
-             if (!expect_dtype.empty()) recv.expect.set_dtype(Take(tensors::ParseDType(expect_dtype)));
+             if (!expect_dtype.empty()) {
+               recv.expect.set_dtype(Take(tensors::ParseDType(expect_dtype)));
+             }
              if (expect_shape) {
                for (int64_t d : *expect_shape) recv.expect.add_shape(d);
              }
-             absl::StatusOr<ReceivedTensor> r;
-             {
-               py::gil_scoped_release release;
-               r = s->tensors->Recv(peer, tag, recv, Options(timeout, canceller));
-             }
-             ReceivedTensor got = Take(std::move(r));
-             py::dict d;
-             d["meta"] = MetaDict(got.meta);
-             d["offset"] = got.offset;
-             d["bytes"] = got.bytes;
-             d["allocated"] = got.allocated;
-             // A buffer the agent allocated belongs to the caller: freed when collected.
-             d["buffer"] = got.buffer ? py::cast(std::make_shared<PyBuffer>(s, std::move(got.buffer),
-                                                                           got.allocated))
-                                      : py::none();
-             return d;
+             auto state = std::make_shared<CallState>(std::move(completions), key);
+             s->tensors->RecvAsync(peer, tag, recv, Options(timeout, state->canceller()),
+                                   EndState(state, &RecvResult));
+             return PyCall(s, state);
            },
            py::arg("peer"), py::arg("tag"), py::arg("buffer") = 0, py::arg("offset") = 0,
            py::arg("expect_dtype") = "", py::arg("expect_shape") = py::none(),
-           py::arg("timeout") = 60.0, py::arg("canceller") = nullptr)
+           py::arg("timeout") = 60.0, py::arg("completions") = nullptr, py::arg("key") = 0)
       .def("write_blocks",
-           [](Session& s, uint64_t local_buffer, const std::string& peer, const std::string& remote,
+           [](std::shared_ptr<Session> s, uint64_t local_buffer, const std::string& peer,
+              const std::string& remote,
               py::array_t<uint64_t, py::array::c_style | py::array::forcecast> blocks,
-              const std::string& notification, double timeout,
-              std::shared_ptr<CallCanceller> canceller) {
+              const std::string& notification, std::optional<double> timeout,
+              std::shared_ptr<Completions> completions, uint64_t key) {
              if (blocks.ndim() != 2 || blocks.shape(1) != 3) {
                throw StatusError(absl::InvalidArgumentError(
                    "blocks: must be N x 3 (local_offset, remote_offset, length)"));
@@ -405,38 +612,34 @@ PYBIND11_MODULE(_ferry, m) {
              for (py::ssize_t i = 0; i < blocks.shape(0); ++i) {
                specs[i] = {v(i, 0), v(i, 1), v(i, 2)};
              }
-             absl::StatusOr<v1::WriteBlocksResponse> r;
-             {
-               py::gil_scoped_release release;
-               r = s.tensors->WriteBlocks(local_buffer, peer, remote, specs, notification,
-                                          Options(timeout, canceller));
-             }
-             auto resp = Take(std::move(r));
-             py::dict d;
-             d["bytes"] = resp.bytes();
-             d["duration_us"] = resp.duration_us();
-             return d;
+             auto state = std::make_shared<CallState>(std::move(completions), key);
+             s->tensors->WriteBlocksAsync(local_buffer, peer, remote, specs, notification,
+                                          Options(timeout, state->canceller()),
+                                          EndState(state, &WriteBlocksResult));
+             return PyCall(s, state);
            },
            py::arg("local_buffer"), py::arg("peer"), py::arg("remote_buffer"), py::arg("blocks"),
-           py::arg("notification"), py::arg("timeout"), py::arg("canceller") = nullptr)
+           py::arg("notification"), py::arg("timeout"), py::arg("completions") = nullptr,
+           py::arg("key") = 0)
       .def("wait_notification",
-           [](Session& s, const std::string& name, const std::string& from_node, double timeout,
-              std::shared_ptr<CallCanceller> canceller) {
-             absl::StatusOr<v1::Notification> n;
-             {
-               py::gil_scoped_release release;
-               n = s.tensors->WaitNotification(name, from_node, Options(timeout, canceller));
-             }
-             return NotificationDict(Take(std::move(n)));
+           [](std::shared_ptr<Session> s, const std::string& name, const std::string& from_node,
+              std::optional<double> timeout, std::shared_ptr<Completions> completions,
+              uint64_t key) {
+             auto state = std::make_shared<CallState>(std::move(completions), key);
+             s->tensors->WaitNotificationAsync(name, from_node,
+                                               Options(timeout, state->canceller()),
+                                               EndState(state, &NotificationResult));
+             return PyCall(s, state);
            },
            py::arg("name"), py::arg("from_node"), py::arg("timeout"),
-           py::arg("canceller") = nullptr)
+           py::arg("completions") = nullptr, py::arg("key") = 0)
       .def("open_notifications",
            [](Session& s, const std::string& prefix, double timeout, uint32_t max_count) {
-             return s.tensors->OpenNotifications(
+             return s.tensors->OpenNotificationReader(
                  prefix, timeout > 0 ? absl::Seconds(timeout) : absl::ZeroDuration(), max_count);
            },
-           py::arg("prefix"), py::arg("timeout"), py::arg("max_count") = 0)
+           py::arg("prefix"), py::arg("timeout"), py::arg("max_count") = 0,
+           py::keep_alive<0, 1>())  // the stream keeps its session
       .def("cancel", [](Session& s, const std::string& peer, const std::string& tag) {
         absl::StatusOr<v1::CancelResponse> r;
         {

@@ -474,6 +474,17 @@ TEST(AgentLifecycleTest, SighupAppliesWhatItCanAndNamesWhatNeedsARestart) {
   EXPECT_EQ(policy->gdr_max_path(), "PXB");
   ASSERT_EQ(policy->overrides_size(), 1);
   EXPECT_EQ(policy->overrides(0).key(), "gdr");
+  // ferryctl shows which keys the run-time settings hold, and reset drops them.
+  std::string out;
+  EXPECT_EQ(RunCommand({FERRY_FERRYCTL, "--socket", (*agent)->socket(), "policy", "get"}, dir, &out), 0);
+  EXPECT_THAT(out, HasSubstr("run-time       gdr=never (over the config file"));
+  EXPECT_EQ(RunCommand({FERRY_FERRYCTL, "--socket", (*agent)->socket(), "policy", "reset"}, dir, &out), 0)
+      << out;
+  policy = (*c)->GetPolicy();
+  ASSERT_TRUE(policy.ok());
+  EXPECT_EQ(policy->gdr(), "auto") << "the file's again";
+  EXPECT_EQ(policy->gdr_max_path(), "PXB");
+  EXPECT_EQ(policy->overrides_size(), 0);
   // The reloaded limit holds for new Submits.
   auto big = (*c)->Alloc(2 << 20, "self-target");
   ASSERT_TRUE(big.ok());

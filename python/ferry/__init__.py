@@ -14,11 +14,15 @@ any other numpy array or torch tensor is first copied into a temporary agent buf
 Received tensors are zero-copy views of the buffer they landed in; the buffer is freed when
 the last view is collected. Every blocking call has a `timeout` (seconds) and an `_async`
 twin returning a ferry.Future whose cancel() cancels the transfer at the agent (the peer
-learns). Errors raise ferry.Error subclasses carrying the gRPC status code and message.
+learns); `timeout=None` waits without limit, and Ctrl-C interrupts a blocking call (it is
+cancelled at the agent). Errors raise ferry.Error subclasses carrying the gRPC status code
+and message.
 """
 
+import atexit
 import collections
 import concurrent.futures
+import itertools
 import os
 import socket as _socket
 import threading
@@ -144,11 +148,19 @@ class Buffer:
 
 
 class Future:
-    """The result of an _async call. cancel() cancels the call at the agent, even running."""
+    """The result of an _async call. cancel() cancels the call at the agent, even running.
 
-    def __init__(self, executor, fn, canceller):
-        self._canceller = canceller
-        self._future = executor.submit(fn)
+    No thread waits for the call: gRPC reports its end and the client's completer thread
+    completes the future, running add_done_callback functions there (keep them short, they
+    hold up the other futures)."""
+
+    def __init__(self):
+        self._future = concurrent.futures.Future()
+        # Running from the start: cancel() is the agent's business, not an executor's.
+        self._future.set_running_or_notify_cancel()
+        self._call = None  # _ferry.Call, until the future is complete
+        self._finish = None  # the blocking call's result from the Call's
+        self._keep = None  # what must live until the call ends (the tensor, a staging buffer)
 
     def result(self, timeout=None):
         return self._future.result(timeout)
@@ -163,12 +175,130 @@ class Future:
         self._future.add_done_callback(lambda _: fn(self))
 
     def cancel(self):
-        """Cancels the call; True unless it had already finished."""
-        if self._future.done():
+        """Cancels the call; True unless it had already finished. The future then ends with
+        ferry.Cancelled (or its result, if the call had just completed)."""
+        call = self._call
+        if call is None or self._future.done():
             return False
-        self._canceller.cancel()
-        self._future.cancel()
+        call.cancel()
         return True
+
+    def _attach(self, started):
+        self._call, self._finish, self._keep = started
+
+    def _fail(self, error):
+        self._future.set_exception(error)
+
+    def _complete(self):
+        """Called once the call ended (call.result() does not wait then)."""
+        try:
+            value = self._finish(self._call.result())
+        except BaseException as e:  # noqa: B902 - the future carries whatever it raised
+            self._future.set_exception(e)
+        else:
+            self._future.set_result(value)
+        # After the result is set: cancel() reads _call to know the future is not done.
+        self._call = self._finish = self._keep = None
+
+
+class _Completer:
+    """One thread per client that completes its futures: gRPC pushes the key of each call
+    that ended to a _ferry.Completions queue, and this thread takes them from it."""
+
+    def __init__(self):
+        self.queue = _ferry.Completions()
+        self._lock = threading.Lock()
+        self._keys = itertools.count(1)
+        self._futures = {}  # key -> Future whose call is running
+        self._early = set()  # keys of calls that ended before their future was tracked
+        self._thread = None
+        self._closed = False
+        self._orphaned = False  # the client was collected: end once nothing is outstanding
+
+    def key(self):
+        """A key for a call about to start; starts the thread on first use."""
+        with self._lock:
+            if self._closed:
+                raise FailedPrecondition("client: closed")
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="ferry-completer",
+                                                daemon=True)
+                self._thread.start()
+                _completers.add(self)
+            return next(self._keys)
+
+    def track(self, key, future):
+        """From the caller, once the call started: its end may have been reported already."""
+        with self._lock:
+            ended = key in self._early
+            if ended:
+                self._early.discard(key)
+            else:
+                self._futures[key] = future
+        if ended:
+            future._complete()
+
+    def _run(self):
+        while True:
+            keys = self.queue.next()  # the GIL released while it waits
+            if not keys:
+                return
+            for key in keys:
+                self._ended(key)
+            with self._lock:
+                if self._orphaned and not self._futures:
+                    return
+
+    def _ended(self, key):
+        # A method of its own: a local of _run would keep the last future (and a received
+        # buffer) alive until the next call ends.
+        with self._lock:
+            future = self._futures.pop(key, None)
+            if future is None:
+                self._early.add(key)
+        if future is not None:
+            future._complete()
+
+    def orphan(self):
+        """The client is gone: the thread ends once its last future completed (futures
+        outlive their client)."""
+        with self._lock:
+            self._orphaned = True
+            idle = not self._futures
+        if idle:
+            self.queue.close()
+
+    def close(self, wait=True):
+        """Stops the thread; with `wait`, once every outstanding future completed."""
+        with self._lock:
+            self._closed = True
+            pending = [f._future for f in self._futures.values()]
+            thread = self._thread
+        if wait and pending:
+            concurrent.futures.wait(pending)
+        self.queue.close()
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=None if wait else 1.0)
+
+
+# At exit, before the interpreter stops its threads: a completer thread must not be woken
+# into a finalizing interpreter.
+_completers = weakref.WeakSet()
+
+
+@atexit.register
+def _stop_completers():
+    for completer in list(_completers):
+        completer.close(wait=False)
+
+
+def _seconds(timeout):
+    """A timeout for _ferry: seconds as a float, or None (no limit)."""
+    return None if timeout is None else float(timeout)
+
+
+def _same(result):
+    return result
 
 
 class Client:
@@ -180,11 +310,12 @@ class Client:
         self._s = _ferry.Session(target, timeout)
         self._lock = threading.Lock()
         self._buffers = weakref.WeakValueDictionary()  # id -> _ferry.Buffer: a tensor's home
-        self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=32,
-                                                               thread_name_prefix="ferry")
+        self._completer = _Completer()
+        weakref.finalize(self, self._completer.orphan)
 
     def close(self):
-        self._executor.shutdown(wait=True)
+        """Waits for the outstanding futures, then stops completing new ones."""
+        self._completer.close(wait=True)
 
     def __enter__(self):
         return self
@@ -262,10 +393,18 @@ class Client:
         return None
 
     # --- tensors ---------------------------------------------------------------------------
+    # Each call has a _start_* half that starts it and returns (call, finish, keep): the
+    # _ferry.Call, the function that makes the blocking form's result from call.result(), and
+    # what must live until the call ended. The blocking form waits on the call (Ctrl-C
+    # cancels it); the _async form hands the three to a Future. `_ended`: (Completions, key)
+    # of a future, or () for a blocking call.
 
-    def send(self, tensor, peer, tag, timeout=60.0, dtype=None, _canceller=None):
+    def send(self, tensor, peer, tag, timeout=60.0, dtype=None):
         """Sends a numpy array or torch tensor; returns once it landed at `peer`.
         `dtype` overrides the element type (e.g. "bfloat16" for a numpy uint16 array)."""
+        return self._wait(self._start_send(tensor, peer, tag, timeout, dtype))
+
+    def _start_send(self, tensor, peer, tag, timeout=60.0, dtype=None, _ended=()):
         name, shape, strides, address, device = self._describe(tensor, dtype)
         span = _ferry.span_bytes(name, shape, strides)
         home = self._locate(address, span) if device == "host" else None
@@ -278,17 +417,22 @@ class Client:
                 np = _np()
                 np.copyto(staging.numpy(name, shape), np.asarray(tensor).view(
                     _NUMPY_VIEW.get(name, name)) if dtype else np.asarray(tensor))
-            home, strides, device = (staging, 0), [], "host"
+            home, strides, device = (staging.raw, 0), [], "host"
         buf, offset = home
-        return self._s.send(buf.id, offset, name, shape, strides, device, peer, tag,
-                            float(timeout), _canceller)
+        call = self._s.send(buf.id, offset, name, shape, strides, device, peer, tag,
+                            _seconds(timeout), *_ended)
+        return call, _same, (tensor, buf)
 
-    def recv(self, peer, tag, out=None, dtype=None, shape=None, timeout=60.0, like="numpy",
-             _canceller=None):
+    def recv(self, peer, tag, out=None, dtype=None, shape=None, timeout=60.0, like="numpy"):
         """Receives tensor `tag` from `peer`. With `out` (a tensor in a *named* agent buffer,
         contiguous) it lands there and the sender's dtype and shape must match `out`;
         otherwise the agent allocates the landing buffer and this returns a zero-copy view
-        (numpy, or torch with like="torch"). `dtype` / `shape` add expectations."""
+        (numpy, or torch with like="torch"). `dtype` / `shape` add expectations.
+        `timeout=None` waits without limit."""
+        return self._wait(self._start_recv(peer, tag, out, dtype, shape, timeout, like))
+
+    def _start_recv(self, peer, tag, out=None, dtype=None, shape=None, timeout=60.0,
+                    like="numpy", _ended=()):
         if out is not None:
             name, out_shape, strides, address, device = self._describe(out)
             span = _ferry.span_bytes(name, out_shape, strides)
@@ -297,38 +441,44 @@ class Client:
                 raise FailedPrecondition("out: must be a contiguous tensor in a named ferry "
                                          "buffer (Client.alloc(size, name=...))")
             buf, offset = home
-            self._s.recv(peer, tag, buf.id, offset, dtype_name(dtype) if dtype else name,
-                         list(shape) if shape is not None else out_shape, float(timeout),
-                         _canceller)
-            return out
-        r = self._s.recv(peer, tag, 0, 0, dtype_name(dtype) if dtype else "",
-                         list(shape) if shape is not None else None, float(timeout), _canceller)
-        meta = r["meta"]
-        if r["buffer"] is None:  # zero elements
-            if like == "torch":
-                torch = _torch()
-                return torch.empty(meta["shape"], dtype={v: k for k, v in _torch_dtypes().items()}[meta["dtype"]])
-            return _np().empty(meta["shape"], dtype=_NUMPY_VIEW.get(meta["dtype"], meta["dtype"]))
-        buf = Buffer(r["buffer"])
-        view = buf.torch if like == "torch" else buf.numpy
-        return view(meta["dtype"], meta["shape"], r["offset"], list(meta["strides"]) or None)
+            call = self._s.recv(peer, tag, buf.id, offset, dtype_name(dtype) if dtype else name,
+                                list(shape) if shape is not None else out_shape,
+                                _seconds(timeout), *_ended)
+            return call, lambda _: out, (out, buf)
+        call = self._s.recv(peer, tag, 0, 0, dtype_name(dtype) if dtype else "",
+                            list(shape) if shape is not None else None, _seconds(timeout),
+                            *_ended)
+        return call, lambda r: _received_view(r, like), None
 
-    def write_blocks(self, buffer, peer, remote_buffer, blocks, notify="", timeout=60.0,
-                     _canceller=None):
+    def write_blocks(self, buffer, peer, remote_buffer, blocks, notify="", timeout=60.0):
         """Writes (local_offset, remote_offset, length) blocks of `buffer` into the peer's
         named buffer, then notifies `notify` there once every block landed."""
+        return self._wait(self._start_write_blocks(buffer, peer, remote_buffer, blocks, notify,
+                                                   timeout))
+
+    def _start_write_blocks(self, buffer, peer, remote_buffer, blocks, notify="", timeout=60.0,
+                            _ended=()):
         buffer_id = buffer if isinstance(buffer, int) else buffer.id
         np = _np()
         arr = np.asarray(blocks, dtype=np.uint64)
         if arr.ndim == 1 and arr.size == 0:
             arr = arr.reshape(0, 3)
-        return self._s.write_blocks(buffer_id, peer, remote_buffer, arr, notify, float(timeout),
-                                    _canceller)
+        call = self._s.write_blocks(buffer_id, peer, remote_buffer, arr, notify,
+                                    _seconds(timeout), *_ended)
+        return call, _same, buffer
 
-    def wait_notification(self, name, from_node="", timeout=60.0, _canceller=None):
+    def wait_notification(self, name, from_node="", timeout=60.0):
         """Takes notification `name` (waiting up to `timeout`). A batch that failed raises."""
-        return Notification(**self._s.wait_notification(name, from_node, float(timeout),
-                                                         _canceller))
+        return self._wait(self._start_wait_notification(name, from_node, timeout))
+
+    def _start_wait_notification(self, name, from_node="", timeout=60.0, _ended=()):
+        call = self._s.wait_notification(name, from_node, _seconds(timeout), *_ended)
+        return call, lambda n: Notification(**n), None
+
+    @staticmethod
+    def _wait(started):
+        call, finish, _keep = started  # `_keep` lives in this frame until the call ended
+        return finish(call.result())
 
     def notifications(self, prefix="", timeout=None, max_count=0):
         """Yields notifications whose name starts with `prefix` until `timeout` seconds
@@ -352,18 +502,41 @@ class Client:
 
     # --- futures ---------------------------------------------------------------------------
 
-    def _async(self, fn, *args, **kwargs):
-        canceller = _ferry.Canceller()
-        return Future(self._executor, lambda: fn(*args, _canceller=canceller, **kwargs), canceller)
+    def _async(self, start, *args, **kwargs):
+        future = Future()
+        key = self._completer.key()
+        try:
+            started = start(*args, _ended=(self._completer.queue, key), **kwargs)
+        except Exception as e:  # noqa: B902 - bad input fails the future, as a failed call does
+            future._fail(e)
+            return future
+        future._attach(started)
+        self._completer.track(key, future)
+        return future
 
     def send_async(self, tensor, peer, tag, **kwargs):
-        return self._async(self.send, tensor, peer, tag, **kwargs)
+        return self._async(self._start_send, tensor, peer, tag, **kwargs)
 
     def recv_async(self, peer, tag, **kwargs):
-        return self._async(self.recv, peer, tag, **kwargs)
+        return self._async(self._start_recv, peer, tag, **kwargs)
 
     def write_blocks_async(self, buffer, peer, remote_buffer, blocks, **kwargs):
-        return self._async(self.write_blocks, buffer, peer, remote_buffer, blocks, **kwargs)
+        return self._async(self._start_write_blocks, buffer, peer, remote_buffer, blocks,
+                           **kwargs)
 
     def wait_notification_async(self, name, **kwargs):
-        return self._async(self.wait_notification, name, **kwargs)
+        return self._async(self._start_wait_notification, name, **kwargs)
+
+
+def _received_view(r, like):
+    """The tensor a receive returns: a zero-copy view of its landing buffer."""
+    meta = r["meta"]
+    if r["buffer"] is None:  # zero elements
+        if like == "torch":
+            torch = _torch()
+            return torch.empty(meta["shape"],
+                               dtype={v: k for k, v in _torch_dtypes().items()}[meta["dtype"]])
+        return _np().empty(meta["shape"], dtype=_NUMPY_VIEW.get(meta["dtype"], meta["dtype"]))
+    buf = Buffer(r["buffer"])
+    view = buf.torch if like == "torch" else buf.numpy
+    return view(meta["dtype"], meta["shape"], r["offset"], list(meta["strides"]) or None)

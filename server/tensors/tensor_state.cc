@@ -68,6 +68,12 @@ TensorState::TensorState(std::string node, std::map<std::string, std::string> pe
   next_send_id_ = ((static_cast<uint64_t>(rd()) << 32) | rd()) & ((1ull << 62) - 1);
 }
 
+uint32_t TensorState::EngineTimeoutMs(absl::Time deadline) const {
+  int64_t left_ms = absl::ToInt64Milliseconds(deadline - absl::Now());
+  int64_t cap_ms = absl::ToInt64Milliseconds(engine_->limits().max_timeout);
+  return static_cast<uint32_t>(std::clamp<int64_t>(left_ms, 1, std::min<int64_t>(cap_ms, UINT32_MAX)));
+}
+
 absl::StatusOr<ferry::v1::TensorPeer::Stub*> TensorState::Stub(const std::string& node) {
   absl::MutexLock lock(&mu_);
   auto it = stubs_.find(node);
@@ -236,8 +242,7 @@ absl::StatusOr<ferry::v1::SendResponse> TensorState::Send(const ferry::v1::SendR
       op->set_remote_offset(match.landing_offset() + done);
       op->set_length(std::min(chunk, bytes - done));
     }
-    int64_t left_ms = absl::ToInt64Milliseconds(deadline - absl::Now());
-    submit.set_timeout_ms(static_cast<uint32_t>(std::clamp<int64_t>(left_ms, 1, UINT32_MAX)));
+    submit.set_timeout_ms(EngineTimeoutMs(deadline));
     auto id = engine_->Submit(submit);
     // Bytes in flight land in the peer's buffer whatever the client does now, so the send
     // is settled (and the peer told) only after the transfer itself ended.
@@ -341,8 +346,7 @@ absl::StatusOr<ferry::v1::WriteBlocksResponse> TensorState::WriteBlocks(
     op->set_length(b.length());
     bytes += b.length();
   }
-  int64_t left_ms = absl::ToInt64Milliseconds(deadline - absl::Now());
-  submit.set_timeout_ms(static_cast<uint32_t>(std::clamp<int64_t>(left_ms, 1, UINT32_MAX)));
+  submit.set_timeout_ms(EngineTimeoutMs(deadline));
   auto id = engine_->Submit(submit);
   absl::Status written = id.ok() ? AwaitTransfer(*id) : RenameOps(id.status());
   if (written.ok() && client_gone && client_gone()) {

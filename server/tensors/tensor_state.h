@@ -54,6 +54,10 @@ class TensorState {
     uint64_t bytes = 0;
   };
 
+  // The timeout_ms of an engine Submit that should end by `deadline`: what is left of it,
+  // at most the engine's limits.max_timeout (a send with no deadline of its own then ends
+  // at that cap rather than being refused).
+  uint32_t EngineTimeoutMs(absl::Time deadline) const;
   absl::StatusOr<ferry::v1::TensorPeer::Stub*> Stub(const std::string& node);
   // Waits for transfer `id` to end (its own deadline bounds this) and returns its status.
   absl::Status AwaitTransfer(uint64_t id);
