@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <fstream>
 #include <sstream>
@@ -25,20 +26,33 @@
 
 namespace ferry {
 
+namespace {
+
+// The first port the kernel hands out for port 0 (ip_local_port_range), 32768 if unknown.
+uint16_t EphemeralLow() {
+  std::ifstream range("/proc/sys/net/ipv4/ip_local_port_range");
+  int low = 0;
+  return range >> low && low > 10000 && low < 65536 ? static_cast<uint16_t>(low) : 32768;
+}
+
+}  // namespace
+
 absl::StatusOr<uint16_t> PickFreePort() {
-  UniqueFd fd(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  if (!fd.valid()) return absl::ErrnoToStatus(errno, "socket()");
-  sockaddr_in addr = {};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    return absl::ErrnoToStatus(errno, "bind(127.0.0.1:0)");
+  // Below the ephemeral range: a port the kernel picked for us there may be handed to an
+  // agent's own port-0 listener (or to another test's) before our agent binds it.
+  static std::atomic<uint32_t> counter{static_cast<uint32_t>(getpid()) * 7919u};
+  const uint16_t low = 10000, high = EphemeralLow();
+  for (int attempt = 0; attempt < 200; ++attempt) {
+    uint16_t port = static_cast<uint16_t>(low + counter.fetch_add(104729u) % (high - low));
+    UniqueFd fd(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    if (!fd.valid()) return absl::ErrnoToStatus(errno, "socket()");
+    sockaddr_in addr = {};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = htons(port);
+    if (bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) return port;
   }
-  socklen_t len = sizeof(addr);
-  if (getsockname(fd.get(), reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    return absl::ErrnoToStatus(errno, "getsockname()");
-  }
-  return ntohs(addr.sin_port);
+  return absl::UnavailableError("no free port below the ephemeral range on 127.0.0.1");
 }
 
 absl::StatusOr<std::unique_ptr<AgentProcess>> AgentProcess::Start(const AgentSpec& spec,

@@ -35,7 +35,8 @@ struct AgentSpec {
   uint64_t open_files = 0;
 };
 
-// A free TCP port on 127.0.0.1 at the time of the call.
+// A free TCP port on 127.0.0.1 at the time of the call, below the ephemeral range (so that
+// no port-0 bind of an agent started meanwhile takes it first).
 absl::StatusOr<uint16_t> PickFreePort();
 
 class AgentProcess {

@@ -59,8 +59,8 @@ struct Config {
   uint32_t max_timeout_ms = 600000;    // a Submit may not ask for more
   // Direct ops are cut into slices; at most peer_window_bytes of them are on the wire to
   // one peer at once, and concurrent transfers take turns slice by slice.
-  uint64_t slice_bytes = 512 << 10;
-  uint64_t peer_window_bytes = 4 << 20;
+  uint64_t slice_bytes = 1 << 20;
+  uint64_t peer_window_bytes = 16 << 20;
   // tcp data listener: incoming connections at most, in total and from one address, and
   // how long one may take to send its first frame before it is closed.
   uint32_t tcp_max_connections = 1024;

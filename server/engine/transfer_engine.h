@@ -37,8 +37,8 @@ struct EngineLimits {
   size_t history = 4096;
   // Direct ops are cut into slices of at most this, and at most peer_window_bytes of them
   // are on the wire to one peer at once, transfers taking turns (server/engine/fair_queue).
-  uint64_t slice_bytes = 512 << 10;
-  uint64_t peer_window_bytes = 4 << 20;
+  uint64_t slice_bytes = 1 << 20;
+  uint64_t peer_window_bytes = 16 << 20;
 };
 
 class StageSender;

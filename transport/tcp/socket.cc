@@ -1,6 +1,7 @@
 #include "transport/tcp/socket.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -14,7 +15,6 @@
 #include "absl/strings/str_cat.h"
 
 namespace ferry::tcp {
-namespace {
 
 absl::Status SocketError(int err, const std::string& call) {
   // A peer that went away is UNAVAILABLE to callers, whatever errno says exactly.
@@ -24,6 +24,17 @@ absl::Status SocketError(int err, const std::string& call) {
   }
   return absl::ErrnoToStatus(err, call);
 }
+
+absl::Status SetNonBlocking(int fd) {
+  int flags = fcntl(fd, F_GETFL);
+  if (flags < 0) return absl::ErrnoToStatus(errno, "fcntl(F_GETFL)");
+  if (fcntl(fd, F_SETFL, flags | O_NONBLOCK) != 0) {
+    return absl::ErrnoToStatus(errno, "fcntl(F_SETFL, O_NONBLOCK)");
+  }
+  return absl::OkStatus();
+}
+
+namespace {
 
 absl::StatusOr<addrinfo*> Resolve(const HostPort& hp, bool passive) {
   addrinfo hints = {};

@@ -1,5 +1,6 @@
 #pragma once
-// Blocking TCP socket helpers for the tcp provider. Every error names the call and errno.
+// TCP socket helpers for the tcp provider: blocking ones for connecting and the hello, and
+// the errno mapping the event loops share. Every error names the call and errno.
 
 #include <sys/uio.h>
 
@@ -33,5 +34,12 @@ absl::Status RecvAll(int fd, void* data, uint64_t length);
 
 // Receives and drops `length` bytes (the payload of a refused WRITE).
 absl::Status Discard(int fd, uint64_t length);
+
+// Makes `fd` non-blocking, for the event loops.
+absl::Status SetNonBlocking(int fd);
+
+// `call` failed with `err`: UNAVAILABLE when the peer went away (reset, pipe, refused,
+// unreachable), otherwise the errno's own code.
+absl::Status SocketError(int err, const std::string& call);
 
 }  // namespace ferry::tcp

@@ -2,25 +2,73 @@
 
 #include <sys/socket.h>
 
+#include <algorithm>
+#include <cerrno>
+#include <climits>
 #include <cstring>
-#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/synchronization/notification.h"
 #include "transport/tcp/socket.h"
 
 namespace ferry::tcp {
+namespace {
 
-TcpConnection::TcpConnection(UniqueFd fd, std::string peer)
-    : fd_(std::move(fd)), peer_(std::move(peer)) {
-  sender_ = std::thread([this] { SendLoop(); });
-  receiver_ = std::thread([this] { RecvLoop(); });
+// Several queued requests leave in one sendmsg: headers and payloads interleaved, the
+// payloads still straight from their regions.
+constexpr size_t kMaxBatch = 32;
+constexpr uint64_t kMaxBatchBytes = 1 << 20;
+// Bytes one connection moves per wakeup in each direction before the loop's other
+// connections get their turn (level-triggered epoll calls it again at once).
+constexpr uint64_t kRoundBytes = 4 << 20;
+
+bool WouldBlock(int err) { return err == EAGAIN || err == EWOULDBLOCK; }
+
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<TcpConnection>> TcpConnection::Start(UniqueFd fd, std::string peer,
+                                                                    EventLoop* loop) {
+  absl::Status nonblocking = SetNonBlocking(fd.get());
+  if (!nonblocking.ok()) return nonblocking;
+  std::shared_ptr<TcpConnection> conn(new TcpConnection(std::move(fd), std::move(peer), loop));
+  // Registration happens on the loop thread, which owns the loop's table; requests queued
+  // meanwhile are sent by a Pump posted after this task.
+  bool posted = loop->Post([conn] {
+    Finished finished;
+    {
+      absl::MutexLock lock(&conn->mu_);
+      if (conn->failed_) return;
+      auto token = conn->loop_->Add(conn->fd_.get(), EPOLLIN, conn);
+      if (token.ok()) {
+        conn->token_ = *token;
+      } else {
+        conn->FailLocked(absl::UnavailableError(absl::StrCat("tcp: connection to ", conn->peer_,
+                                                             ": ", token.status().message())),
+                         finished);
+        if (!finished.empty()) ++conn->delivering_;
+      }
+    }
+    conn->Deliver(finished);
+  });
+  if (!posted) return absl::UnavailableError("tcp: the fabric's event loops have stopped");
+  return conn;
+}
+
+TcpConnection::TcpConnection(UniqueFd fd, std::string peer, EventLoop* loop)
+    : peer_(std::move(peer)), loop_(loop), fd_(std::move(fd)) {
+  // Never grows past kMaxBatch, so the iovecs pointing into it stay valid.
+  headers_.reserve(kMaxBatch);
 }
 
 TcpConnection::~TcpConnection() {
-  Fail(absl::UnavailableError(absl::StrCat("tcp: connection to ", peer_, " closed")));
-  sender_.join();
-  receiver_.join();
+  Finished finished;
+  {
+    absl::MutexLock lock(&mu_);
+    FailLocked(absl::UnavailableError(absl::StrCat("tcp: connection to ", peer_, " closed")),
+               finished);
+  }
+  for (auto& [done, status] : finished) std::move(done)(std::move(status));
 }
 
 bool TcpConnection::failed() const {
@@ -30,79 +78,271 @@ bool TcpConnection::failed() const {
 
 absl::Status TcpConnection::Enqueue(Request request) {
   absl::MutexLock lock(&mu_);
-  if (failed_) return absl::UnavailableError(absl::StrCat("tcp: connection to ", peer_, " is broken"));
+  if (failed_) {
+    return absl::UnavailableError(absl::StrCat("tcp: connection to ", peer_, " is broken"));
+  }
   queue_.push_back(std::move(request));
+  if (sending_) return absl::OkStatus();
+  sending_ = true;
+  if (!loop_->Post([self = shared_from_this()] { self->OnEvents(EPOLLOUT); })) {
+    queue_.pop_back();
+    sending_ = false;
+    return absl::UnavailableError("tcp: the fabric's event loops have stopped");
+  }
   return absl::OkStatus();
 }
 
-void TcpConnection::Fail(const absl::Status& why) {
-  std::vector<Request> failed;
+void TcpConnection::Close(const absl::Status& why) {
+  auto delivered = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return delivering_ == 0; };
   {
+    // Failed already: every op went to whoever failed it, counted in delivering_. Nothing is
+    // posted, so a closed endpoint may be dropped after its fabric (and its loops) are gone.
     absl::MutexLock lock(&mu_);
-    if (failed_) return;
-    failed_ = true;
-    shutdown(fd_.get(), SHUT_RDWR);  // wakes both threads
-    for (auto& r : queue_) failed.push_back(std::move(r));
-    for (auto& r : outstanding_) failed.push_back(std::move(r));
-    queue_.clear();
-    outstanding_.clear();
-  }
-  for (auto& r : failed) std::move(r.done)(why);
-}
-
-void TcpConnection::SendLoop() {
-  // Several queued requests leave in one sendmsg: headers and payloads interleaved, the
-  // payloads still straight from their regions.
-  constexpr size_t kMaxBatch = 32;
-  constexpr uint64_t kMaxBatchBytes = 1 << 20;
-  std::vector<RequestHeader> headers;
-  std::vector<iovec> iov;
-  headers.reserve(kMaxBatch);
-  iov.reserve(2 * kMaxBatch);
-  while (true) {
-    headers.clear();
-    iov.clear();
-    {
-      absl::MutexLock lock(&mu_);
-      mu_.Await(absl::Condition(
-          +[](TcpConnection* c) ABSL_NO_THREAD_SAFETY_ANALYSIS { return c->failed_ || !c->queue_.empty(); },
-          this));
-      if (failed_) return;
-      uint64_t bytes = 0;
-      while (!queue_.empty() && headers.size() < kMaxBatch && bytes < kMaxBatchBytes) {
-        Request request = std::move(queue_.front());
-        queue_.pop_front();
-        request.header.id = next_id_++;
-        headers.push_back(request.header);
-        if (request.header.op != WireOp::kRead) {
-          iov.push_back({request.local, request.header.length});
-          bytes += request.header.length;
-        } else {
-          iov.push_back({nullptr, 0});
-        }
-        // Outstanding before the bytes leave, so the answer always finds it.
-        outstanding_.push_back(std::move(request));
-      }
-    }
-    // Interleave: header i then payload i (empty for READ).
-    std::vector<iovec> wire;
-    wire.reserve(2 * headers.size());
-    for (size_t i = 0; i < headers.size(); ++i) {
-      wire.push_back({&headers[i], sizeof(RequestHeader)});
-      if (iov[i].iov_len > 0) wire.push_back(iov[i]);
-    }
-    absl::Status s = SendAll(fd_.get(), wire.data(), static_cast<int>(wire.size()));
-    if (!s.ok()) {
-      Fail(absl::UnavailableError(absl::StrCat("tcp: send to ", peer_, ": ", s.message())));
+    if (failed_) {
+      if (EventLoop::Current() == nullptr) mu_.Await(absl::Condition(&delivered));
       return;
     }
   }
+  if (EventLoop::Current() != nullptr) {
+    // A loop thread (a completion closing its endpoint) must not wait for a loop: fail here.
+    Fail(why);
+    return;
+  }
+  // Completions run on the loop, between its rounds of I/O on this connection.
+  absl::Notification failed;
+  if (loop_->Post([self = shared_from_this(), &why, &failed] {
+        self->Fail(why);
+        failed.Notify();
+      })) {
+    failed.WaitForNotification();
+  } else {
+    Fail(why);
+  }
+  absl::MutexLock lock(&mu_);
+  mu_.Await(absl::Condition(&delivered));
+}
+
+void TcpConnection::Fail(const absl::Status& why) {
+  Finished finished;
+  {
+    absl::MutexLock lock(&mu_);
+    FailLocked(why, finished);
+    if (!finished.empty()) ++delivering_;
+  }
+  Deliver(finished);
+}
+
+void TcpConnection::FailLocked(const absl::Status& why, Finished& finished) {
+  if (failed_) return;
+  failed_ = true;
+  // The peer sees the end at once; the fd itself closes once the loop forgot it.
+  if (fd_.valid()) shutdown(fd_.get(), SHUT_RDWR);
+  for (auto& r : queue_) finished.emplace_back(std::move(r.done), why);
+  for (auto& r : outstanding_) finished.emplace_back(std::move(r.done), why);
+  queue_.clear();
+  outstanding_.clear();
+  headers_.clear();
+  wire_.clear();
+  wire_pos_ = 0;
+  have_ = 0;
+  read_into_ = nullptr;
+  read_left_ = 0;
+  // Not from the destructor: then the loop holds no reference, so it no longer watches us.
+  if (auto self = weak_from_this().lock()) {
+    loop_->Post([self] {
+      absl::MutexLock lock(&self->mu_);
+      if (self->token_) self->loop_->Remove(*self->token_);
+      self->token_.reset();
+      self->fd_.Reset();
+    });
+  }
+}
+
+void TcpConnection::Deliver(Finished& finished) {
+  if (finished.empty()) return;
+  for (auto& [done, status] : finished) std::move(done)(std::move(status));
+  absl::MutexLock lock(&mu_);
+  --delivering_;
+}
+
+void TcpConnection::OnEvents(uint32_t events) {
+  Finished finished;
+  {
+    absl::MutexLock lock(&mu_);
+    if (failed_) return;
+    if (events & (EPOLLIN | EPOLLERR | EPOLLHUP)) ReceiveLocked(finished);
+    if ((events & EPOLLOUT) && !failed_) SendLocked(finished);
+    if (!finished.empty()) ++delivering_;
+  }
+  Deliver(finished);
+}
+
+void TcpConnection::SetWantOutLocked(bool want) {
+  if (want == want_out_ || !token_) return;
+  const uint32_t events = want ? (EPOLLIN | EPOLLOUT) : EPOLLIN;
+  absl::Status s = loop_->Modify(*token_, events);
+  if (s.ok()) want_out_ = want;
+}
+
+void TcpConnection::TakeBatchLocked() {
+  headers_.clear();
+  wire_.clear();
+  wire_pos_ = 0;
+  uint64_t bytes = 0;
+  while (!queue_.empty() && headers_.size() < kMaxBatch && bytes < kMaxBatchBytes) {
+    Request request = std::move(queue_.front());
+    queue_.pop_front();
+    request.header.id = next_id_++;
+    headers_.push_back(request.header);
+    wire_.push_back({&headers_.back(), sizeof(RequestHeader)});
+    if (request.header.op != WireOp::kRead && request.header.length > 0) {
+      wire_.push_back({request.local, request.header.length});
+      bytes += request.header.length;
+    }
+    // Outstanding before the bytes leave, so the answer always finds it.
+    outstanding_.push_back(std::move(request));
+  }
+}
+
+void TcpConnection::SendLocked(Finished& finished) {
+  uint64_t sent = 0;
+  while (!failed_) {
+    if (sent >= kRoundBytes) {
+      SetWantOutLocked(true);
+      return;
+    }
+    if (wire_pos_ == wire_.size()) {
+      TakeBatchLocked();
+      if (wire_.empty()) {
+        sending_ = false;
+        SetWantOutLocked(false);
+        return;
+      }
+    }
+    msghdr msg = {};
+    msg.msg_iov = &wire_[wire_pos_];
+    msg.msg_iovlen = std::min<size_t>(wire_.size() - wire_pos_, IOV_MAX);
+    ssize_t n = sendmsg(fd_.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (WouldBlock(errno)) {
+        SetWantOutLocked(true);  // the rest when the socket has room
+        return;
+      }
+      FailLocked(absl::UnavailableError(absl::StrCat("tcp: send to ", peer_, ": ",
+                                                     SocketError(errno, "sendmsg()").message())),
+                 finished);
+      return;
+    }
+    sent += static_cast<uint64_t>(n);
+    size_t left = static_cast<size_t>(n);
+    while (wire_pos_ < wire_.size() && left >= wire_[wire_pos_].iov_len) {
+      left -= wire_[wire_pos_].iov_len;
+      ++wire_pos_;
+    }
+    if (wire_pos_ < wire_.size()) {
+      wire_[wire_pos_].iov_base = static_cast<char*>(wire_[wire_pos_].iov_base) + left;
+      wire_[wire_pos_].iov_len -= left;
+    }
+  }
+}
+
+void TcpConnection::ReceiveLocked(Finished& finished) {
+  char* buf = reinterpret_cast<char*>(acks_.data());
+  uint64_t received = 0;
+  while (!failed_ && received < kRoundBytes) {
+    ssize_t n;
+    if (read_left_ > 0) {
+      // READ payload goes straight into the destination region.
+      n = recv(fd_.get(), read_into_, read_left_, MSG_DONTWAIT);
+    } else {
+      // The target answers in request order, so the kind of each coming answer is known:
+      // read at most the WRITE acks known to be next, never into a READ's payload.
+      size_t writes_ahead = 0;
+      for (const Request& r : outstanding_) {
+        if (r.header.op == WireOp::kRead || writes_ahead == kMaxAcks) break;
+        ++writes_ahead;
+      }
+      size_t want = std::max<size_t>(writes_ahead, 1) * sizeof(ResponseHeader);
+      n = recv(fd_.get(), buf + have_, want - have_, MSG_DONTWAIT);
+    }
+    if (n == 0) {
+      FailLocked(absl::UnavailableError(
+                     absl::StrCat("tcp: connection to ", peer_, ": recv(): closed by peer")),
+                 finished);
+      return;
+    }
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (WouldBlock(errno)) return;
+      FailLocked(absl::UnavailableError(absl::StrCat("tcp: connection to ", peer_, ": ",
+                                                     SocketError(errno, "recv()").message())),
+                 finished);
+      return;
+    }
+    received += static_cast<uint64_t>(n);
+    if (read_left_ > 0) {
+      read_into_ += n;
+      read_left_ -= static_cast<uint64_t>(n);
+      if (read_left_ == 0) {
+        finished.emplace_back(std::move(outstanding_.front().done), absl::OkStatus());
+        outstanding_.pop_front();
+      }
+      continue;
+    }
+    have_ += static_cast<size_t>(n);
+    size_t complete = have_ / sizeof(ResponseHeader);
+    for (size_t i = 0; i < complete; ++i) {
+      absl::Status s = AnswerLocked(acks_[i], finished);
+      if (s.ok() && read_left_ > 0 && i + 1 < complete) {
+        s = absl::DataLossError("answers after a READ header arrived with it");
+      }
+      if (!s.ok()) {
+        FailLocked(
+            absl::UnavailableError(absl::StrCat("tcp: connection to ", peer_, ": ", s.message())),
+            finished);
+        return;
+      }
+    }
+    // Keep a partial header for the next round.
+    size_t rest = have_ - complete * sizeof(ResponseHeader);
+    std::memmove(buf, buf + complete * sizeof(ResponseHeader), rest);
+    have_ = rest;
+  }
+}
+
+absl::Status TcpConnection::AnswerLocked(const ResponseHeader& resp, Finished& finished) {
+  if (resp.magic != kResponseMagic) return absl::DataLossError("bad response header");
+  if (outstanding_.empty() || outstanding_.front().header.id != resp.id) {
+    return absl::DataLossError(absl::StrCat("answer for unexpected request ", resp.id));
+  }
+  Request& front = outstanding_.front();
+  if (resp.refusal != Refusal::kNone) {
+    finished.emplace_back(std::move(front.done), Refused(resp.refusal, front.header));
+    outstanding_.pop_front();
+    return absl::OkStatus();
+  }
+  if (front.header.op == WireOp::kRead) {
+    // Exactly what was asked: more would run past the destination slice.
+    if (resp.length != front.header.length) {
+      return absl::DataLossError(absl::StrCat("READ answer of ", resp.length, " bytes for ",
+                                              front.header.length, " asked"));
+    }
+    if (resp.length > 0) {
+      read_into_ = front.local;
+      read_left_ = resp.length;
+      return absl::OkStatus();  // completes once its payload is in
+    }
+  }
+  finished.emplace_back(std::move(front.done), absl::OkStatus());
+  outstanding_.pop_front();
+  return absl::OkStatus();
 }
 
 absl::Status TcpConnection::Refused(Refusal refusal, const RequestHeader& h) const {
-  std::string what = absl::StrFormat("%s of %d bytes at 0x%x key 0x%x on %s",
-                                     h.op == WireOp::kRead ? "READ" : "WRITE", h.length, h.address,
-                                     h.key, peer_);
+  std::string what =
+      absl::StrFormat("%s of %d bytes at 0x%x key 0x%x on %s",
+                      h.op == WireOp::kRead ? "READ" : "WRITE", h.length, h.address, h.key, peer_);
   switch (refusal) {
     case Refusal::kBadKey:
       return absl::PermissionDeniedError(absl::StrCat("remote key unknown or revoked: ", what));
@@ -113,76 +353,6 @@ absl::Status TcpConnection::Refused(Refusal refusal, const RequestHeader& h) con
     default:
       return absl::InternalError(absl::StrCat("peer refused the op: ", what));
   }
-}
-
-void TcpConnection::RecvLoop() {
-  // The target answers in request order, so the kind of each coming answer is known: a run
-  // of WRITE acks is read in one recv, while a READ answer's payload goes straight into its
-  // destination region (never through this buffer).
-  constexpr size_t kMaxAcks = 64;
-  std::vector<ResponseHeader> acks(kMaxAcks);
-  size_t have = 0;  // bytes of acks[] already received
-  while (true) {
-    size_t writes_ahead = 0;
-    {
-      absl::MutexLock lock(&mu_);
-      for (const Request& r : outstanding_) {
-        if (r.header.op == WireOp::kRead || writes_ahead == kMaxAcks) break;
-        ++writes_ahead;
-      }
-    }
-    // Expect at least one answer; at most the WRITE acks we know are coming.
-    size_t want = std::max<size_t>(writes_ahead, 1) * sizeof(ResponseHeader);
-    char* buf = reinterpret_cast<char*>(acks.data());
-    absl::Status s = absl::OkStatus();
-    while (s.ok() && have < sizeof(ResponseHeader)) {
-      ssize_t n = recv(fd_.get(), buf + have, want - have, 0);
-      if (n > 0) {
-        have += static_cast<size_t>(n);
-      } else if (n == 0) {
-        s = absl::UnavailableError("recv(): connection closed by peer");
-      } else if (errno != EINTR) {
-        s = absl::ErrnoToStatus(errno, "recv()");
-      }
-    }
-    size_t complete = have / sizeof(ResponseHeader);
-    for (size_t i = 0; s.ok() && i < complete; ++i) s = Answer(acks[i]);
-    if (!s.ok()) {
-      Fail(absl::UnavailableError(absl::StrCat("tcp: connection to ", peer_, ": ", s.message())));
-      return;
-    }
-    // Keep a partial header for the next round.
-    size_t rest = have - complete * sizeof(ResponseHeader);
-    std::memmove(buf, buf + complete * sizeof(ResponseHeader), rest);
-    have = rest;
-  }
-}
-
-absl::Status TcpConnection::Answer(const ResponseHeader& resp) {
-  if (resp.magic != kResponseMagic) return absl::DataLossError("bad response header");
-  Request request;
-  {
-    absl::MutexLock lock(&mu_);
-    if (outstanding_.empty() || outstanding_.front().header.id != resp.id) {
-      return absl::DataLossError(absl::StrCat("answer for unexpected request ", resp.id));
-    }
-    request = std::move(outstanding_.front());
-    outstanding_.pop_front();
-  }
-  absl::Status result = absl::OkStatus();
-  if (resp.refusal != Refusal::kNone) {
-    result = Refused(resp.refusal, request.header);
-  } else if (request.header.op == WireOp::kRead) {
-    // READ payload goes straight into the destination region.
-    absl::Status r = RecvAll(fd_.get(), request.local, resp.length);
-    if (!r.ok()) {
-      result = absl::UnavailableError(absl::StrCat("tcp: READ from ", peer_, ": ", r.message()));
-      std::move(request.done)(result);
-      return result;
-    }
-  }
-  std::move(request.done)(result);
-  return absl::OkStatus();
 }
 
 }  // namespace ferry::tcp

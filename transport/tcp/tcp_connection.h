@@ -1,20 +1,29 @@
 #pragma once
-// One TCP connection of an endpoint: a queue of requests, the ops awaiting their answer,
-// and the two threads that move them.
+// One TCP connection of an endpoint, driven by one of the fabric's outgoing event loops: a
+// queue of requests, the ops awaiting their answer, and the state of a send or a READ
+// payload that spans several wakeups. No thread of its own.
 
+#include <sys/uio.h>
+
+#include <array>
 #include <deque>
+#include <memory>
+#include <optional>
 #include <string>
-#include <thread>
+#include <utility>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "base/unique_fd.h"
 #include "transport/fabric.h"
+#include "transport/tcp/event_loop.h"
 #include "transport/tcp/wire.h"
 
 namespace ferry::tcp {
 
-class TcpConnection {
+class TcpConnection : public EventLoop::Handler,
+                      public std::enable_shared_from_this<TcpConnection> {
  public:
   struct Request {
     RequestHeader header;
@@ -22,36 +31,80 @@ class TcpConnection {
     fabric::Completion done;
   };
 
-  TcpConnection(UniqueFd fd, std::string peer);
-  // Closes (failing what is outstanding) and joins the threads.
-  ~TcpConnection();
+  // Takes a connected socket that has sent its hello and serves it on `loop`.
+  static absl::StatusOr<std::shared_ptr<TcpConnection>> Start(UniqueFd fd, std::string peer,
+                                                              EventLoop* loop);
+  // Close() must have run (TcpEndpoint does it); fails whatever is left, on this thread.
+  ~TcpConnection() override;
 
-  // Queues a request; UNAVAILABLE (and `request.done` is not run) once the connection failed.
+  // Any thread. Queues a request; UNAVAILABLE (and `request.done` is not run) once the
+  // connection failed.
   absl::Status Enqueue(Request request);
-  // Fails every queued and outstanding request with `why` and shuts the socket. Idempotent.
-  void Fail(const absl::Status& why);
+  // Any thread. Fails every queued and outstanding request with `why` and closes the socket.
+  // Idempotent. The completions run on a loop thread: this connection's loop, or the calling
+  // thread when that is a loop thread (a completion), since a loop must never wait for
+  // another. Off the loops it returns after every completion of this connection has run; on
+  // a loop thread after those it failed (another loop may still be finishing a completion of
+  // an op that succeeded just before).
+  void Close(const absl::Status& why);
   bool failed() const;
 
- private:
-  void SendLoop();
-  void RecvLoop();
-  // Completes the oldest outstanding request with its answer (reading a READ's payload).
-  // Errors mean the stream is unusable.
-  absl::Status Answer(const ResponseHeader& resp);
-  absl::Status Refused(Refusal refusal, const RequestHeader& header) const;
+  void OnEvents(uint32_t events) override;
 
-  UniqueFd fd_;
+ private:
+  using Finished = std::vector<std::pair<fabric::Completion, absl::Status>>;
+
+  TcpConnection(UniqueFd fd, std::string peer, EventLoop* loop);
+  // Fails now, on the calling thread. mu_ is held by the loop while it moves bytes, so no
+  // syscall is reading or writing a request's memory when its completion runs.
+  void Fail(const absl::Status& why);
+  void FailLocked(const absl::Status& why, Finished& finished) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Loop thread: sends queued requests until the socket is full, the queue is empty or this
+  // round's share is spent.
+  void SendLocked(Finished& finished) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Loop thread: takes the next batch of queued requests into wire_.
+  void TakeBatchLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Loop thread: reads answers (and READ payloads) until the socket is empty or this round's
+  // share is spent.
+  void ReceiveLocked(Finished& finished) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Completes the oldest outstanding request with its answer, or starts reading its READ
+  // payload. Errors mean the stream is unusable.
+  absl::Status AnswerLocked(const ResponseHeader& resp, Finished& finished)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SetWantOutLocked(bool want) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status Refused(Refusal refusal, const RequestHeader& header) const;
+  // Runs completions gathered under mu_, after it is released.
+  void Deliver(Finished& finished);
+
   const std::string peer_;
-  uint64_t next_id_ = 1;  // used by SendLoop only
+  EventLoop* const loop_;
 
   mutable absl::Mutex mu_;
+  UniqueFd fd_ ABSL_GUARDED_BY(mu_);
+  std::optional<uint64_t> token_ ABSL_GUARDED_BY(mu_);  // registered with loop_
   bool failed_ ABSL_GUARDED_BY(mu_) = false;
+  int delivering_ ABSL_GUARDED_BY(mu_) = 0;  // rounds running completions now
   std::deque<Request> queue_ ABSL_GUARDED_BY(mu_);
-  // Sent and not yet answered, in id order: the target answers in that order.
+  // Sent (or being sent) and not yet answered, in id order: the target answers in that order.
   std::deque<Request> outstanding_ ABSL_GUARDED_BY(mu_);
+  // A Pump task is posted or EPOLLOUT is armed: the loop will send what is queued.
+  bool sending_ ABSL_GUARDED_BY(mu_) = false;
+  bool want_out_ ABSL_GUARDED_BY(mu_) = false;  // EPOLLOUT armed
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
 
-  std::thread sender_;
-  std::thread receiver_;
+  // The batch being sent: headers, and iovecs of header i then payload i (straight from the
+  // region), consumed from wire_pos_ as sendmsg takes them.
+  std::vector<RequestHeader> headers_ ABSL_GUARDED_BY(mu_);
+  std::vector<iovec> wire_ ABSL_GUARDED_BY(mu_);
+  size_t wire_pos_ ABSL_GUARDED_BY(mu_) = 0;
+
+  // Answers being received: a run of WRITE acks in one recv; a READ answer's payload goes
+  // straight into outstanding_.front()'s destination (never through this buffer).
+  static constexpr size_t kMaxAcks = 64;
+  std::array<ResponseHeader, kMaxAcks> acks_ ABSL_GUARDED_BY(mu_);
+  size_t have_ ABSL_GUARDED_BY(mu_) = 0;  // bytes of acks_ received
+  char* read_into_ ABSL_GUARDED_BY(mu_) = nullptr;
+  uint64_t read_left_ ABSL_GUARDED_BY(mu_) = 0;  // READ payload bytes still to come
 };
 
 }  // namespace ferry::tcp

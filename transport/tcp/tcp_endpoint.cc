@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "transport/parts_completion.h"
+#include "transport/tcp/event_loop.h"
 #include "transport/tcp/socket.h"
 #include "transport/tcp/tcp_connection.h"
 
@@ -19,21 +20,33 @@ constexpr uint64_t kStripeAlign = 4096;
 
 absl::StatusOr<std::unique_ptr<TcpEndpoint>> TcpEndpoint::Connect(const std::string& address,
                                                                   uint32_t connections,
-                                                                  uint64_t stripe_min_bytes) {
-  std::vector<std::unique_ptr<TcpConnection>> conns;
+                                                                  uint64_t stripe_min_bytes,
+                                                                  EventLoopPool* loops) {
+  std::vector<std::shared_ptr<TcpConnection>> conns;
+  // Connections made before a failure are closed: the caller sees the error, not an endpoint.
+  auto close_made = [&conns, &address](const absl::Status& why) {
+    for (auto& c : conns) {
+      c->Close(absl::UnavailableError(absl::StrCat("tcp: connecting to ", address, ": ",
+                                                   why.message())));
+    }
+    return why;
+  };
   for (uint32_t i = 0; i < connections; ++i) {
     auto fd = ConnectTcp(address);
-    if (!fd.ok()) return fd.status();
+    if (!fd.ok()) return close_made(fd.status());
     const RequestHeader hello = {kRequestMagic, WireOp::kHello, 0, 0, 0, 0, kWireVersion};
     absl::Status said = SendAll(fd->get(), &hello, sizeof(hello));
-    if (!said.ok()) return said;
-    conns.push_back(std::make_unique<TcpConnection>(std::move(*fd), address));
+    if (!said.ok()) return close_made(said);
+    // Consecutive loops: one endpoint's stripes move on several threads at once.
+    auto conn = TcpConnection::Start(std::move(*fd), address, loops->Next());
+    if (!conn.ok()) return close_made(conn.status());
+    conns.push_back(std::move(*conn));
   }
   return std::unique_ptr<TcpEndpoint>(new TcpEndpoint(address, std::move(conns), stripe_min_bytes));
 }
 
 TcpEndpoint::TcpEndpoint(std::string address,
-                         std::vector<std::unique_ptr<TcpConnection>> connections,
+                         std::vector<std::shared_ptr<TcpConnection>> connections,
                          uint64_t stripe_min_bytes)
     : address_(std::move(address)),
       connections_(std::move(connections)),
@@ -47,9 +60,9 @@ bool TcpEndpoint::broken() const {
 }
 
 void TcpEndpoint::Close() {
-  for (auto& c : connections_) {
-    c->Fail(absl::UnavailableError(absl::StrCat("tcp: endpoint to ", address_, " closed")));
-  }
+  const absl::Status why =
+      absl::UnavailableError(absl::StrCat("tcp: endpoint to ", address_, " closed"));
+  for (auto& c : connections_) c->Close(why);
 }
 
 absl::Status TcpEndpoint::PostWrite(const fabric::LocalSlice& src, const fabric::RemoteSlice& dst,

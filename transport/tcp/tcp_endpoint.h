@@ -1,7 +1,8 @@
 #pragma once
 // The initiator side of the tcp provider: several connections to one peer, ops striped
-// across them. Each connection has a sender thread (headers + payload from the region) and
-// a receiver thread (acks, and READ payloads straight into the region).
+// across them. The connections are spread over the fabric's outgoing event loops, which send
+// (headers + payload from the region) and receive (acks, and READ payloads straight into the
+// region) for every endpoint of the fabric: no thread per endpoint or connection.
 
 #include <atomic>
 #include <memory>
@@ -12,13 +13,17 @@
 
 namespace ferry::tcp {
 
+class EventLoopPool;
 class TcpConnection;
 
 class TcpEndpoint : public fabric::Endpoint {
  public:
+  // Connects (blocking: connect and hello) and hands the sockets to `loops`, which must
+  // outlive the endpoint's Close.
   static absl::StatusOr<std::unique_ptr<TcpEndpoint>> Connect(const std::string& address,
                                                               uint32_t connections,
-                                                              uint64_t stripe_min_bytes);
+                                                              uint64_t stripe_min_bytes,
+                                                              EventLoopPool* loops);
   ~TcpEndpoint() override;
 
   absl::Status PostWrite(const fabric::LocalSlice& src, const fabric::RemoteSlice& dst,
@@ -32,13 +37,13 @@ class TcpEndpoint : public fabric::Endpoint {
   void Close() override;
 
  private:
-  TcpEndpoint(std::string address, std::vector<std::unique_ptr<TcpConnection>> connections,
+  TcpEndpoint(std::string address, std::vector<std::shared_ptr<TcpConnection>> connections,
               uint64_t stripe_min_bytes);
   absl::Status Post(uint32_t op, const fabric::LocalSlice& local, const fabric::RemoteSlice& remote,
                     uint32_t imm, fabric::Completion done);
 
   const std::string address_;
-  const std::vector<std::unique_ptr<TcpConnection>> connections_;
+  const std::vector<std::shared_ptr<TcpConnection>> connections_;
   const uint64_t stripe_min_bytes_;
   std::atomic<uint32_t> next_connection_{0};
 };

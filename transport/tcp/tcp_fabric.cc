@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/blocking_counter.h"
 #include "spdlog/spdlog.h"
 #include "transport/tcp/socket.h"
 #include "transport/tcp/tcp_endpoint.h"
@@ -39,12 +40,16 @@ class TcpRegion : public fabric::MemoryRegion {
 
 class TcpPendingConnection : public fabric::PendingConnection {
  public:
-  TcpPendingConnection(std::string address, uint32_t connections, uint64_t stripe_min_bytes)
-      : address_(std::move(address)), connections_(connections), stripe_min_bytes_(stripe_min_bytes) {}
+  TcpPendingConnection(std::string address, uint32_t connections, uint64_t stripe_min_bytes,
+                       EventLoopPool* loops)
+      : address_(std::move(address)),
+        connections_(connections),
+        stripe_min_bytes_(stripe_min_bytes),
+        loops_(loops) {}
 
   const std::string& request() const override { return request_; }
   absl::StatusOr<std::shared_ptr<fabric::Endpoint>> Finish(const std::string& reply) override {
-    auto endpoint = TcpEndpoint::Connect(address_, connections_, stripe_min_bytes_);
+    auto endpoint = TcpEndpoint::Connect(address_, connections_, stripe_min_bytes_, loops_);
     if (!endpoint.ok()) return endpoint.status();
     return std::shared_ptr<fabric::Endpoint>(std::move(*endpoint));
   }
@@ -53,12 +58,9 @@ class TcpPendingConnection : public fabric::PendingConnection {
   const std::string address_;
   const uint32_t connections_;
   const uint64_t stripe_min_bytes_;
+  EventLoopPool* const loops_;
   const std::string request_;
 };
-
-uint32_t NeededAccess(WireOp op) {
-  return op == WireOp::kRead ? fabric::kRemoteRead : fabric::kRemoteWrite;
-}
 
 }  // namespace
 
@@ -71,33 +73,63 @@ absl::StatusOr<std::unique_ptr<TcpFabric>> TcpFabric::Create(const TcpOptions& o
   std::string host = hp->host.empty() || hp->host == "0.0.0.0" ? "127.0.0.1" : hp->host;
   if (host.find(':') != std::string::npos) host = absl::StrCat("[", host, "]");
   std::string address = absl::StrCat(host, ":", port);
-  return std::unique_ptr<TcpFabric>(new TcpFabric(options, std::move(*listener), address));
+  auto outgoing = EventLoopPool::Create(options.event_loops, "ferry-tcp-out");
+  if (!outgoing.ok()) return outgoing.status();
+  auto incoming = EventLoopPool::Create(options.event_loops, "ferry-tcp-in");
+  if (!incoming.ok()) return incoming.status();
+  return std::unique_ptr<TcpFabric>(new TcpFabric(options, std::move(*listener), address,
+                                                  std::move(*outgoing), std::move(*incoming)));
 }
 
-TcpFabric::TcpFabric(TcpOptions options, UniqueFd listener, std::string address)
-    : options_(std::move(options)), address_(std::move(address)), listener_(std::move(listener)),
-      limits_(options_.max_connections, options_.max_connections_per_source) {
+TcpFabric::TcpFabric(TcpOptions options, UniqueFd listener, std::string address,
+                     std::unique_ptr<EventLoopPool> outgoing,
+                     std::unique_ptr<EventLoopPool> incoming)
+    : options_(std::move(options)),
+      address_(std::move(address)),
+      listener_(std::move(listener)),
+      limits_(options_.max_connections, options_.max_connections_per_source),
+      outgoing_(std::move(outgoing)),
+      incoming_loops_(std::move(incoming)) {
   accept_thread_ = std::thread([this] { AcceptLoop(); });
 }
 
 void TcpFabric::StopServing() {
-  absl::MutexLock lock(&mu_);
-  if (stopping_) return;
-  stopping_ = true;
-  for (auto& in : incoming_) shutdown(in->fd.get(), SHUT_RDWR);
-  // shutdown() wakes a thread blocked in accept().
-  shutdown(listener_.get(), SHUT_RDWR);
+  std::vector<std::shared_ptr<IncomingConnection>> open;
+  {
+    absl::MutexLock lock(&mu_);
+    if (stopping_) return;
+    stopping_ = true;
+    for (auto& [raw, conn] : incoming_) open.push_back(conn);
+    // shutdown() wakes a thread blocked in accept().
+    shutdown(listener_.get(), SHUT_RDWR);
+  }
+  // Each connection closes on its own loop, between two of its rounds of I/O.
+  EventLoop* current = EventLoop::Current();
+  bool can_wait = current == nullptr || !incoming_loops_->Contains(current);
+  auto left = std::make_shared<absl::BlockingCounter>(static_cast<int>(open.size()));
+  for (auto& conn : open) {
+    if (!conn->loop()->Post([conn, left] {
+          conn->Close();
+          left->DecrementCount();
+        })) {
+      left->DecrementCount();
+    }
+  }
+  if (can_wait) left->Wait();
 }
 
 TcpFabric::~TcpFabric() {
   StopServing();
   accept_thread_.join();
-  std::vector<std::unique_ptr<Incoming>> incoming;
+  // Loops run the tasks already posted before they stop; the incoming ones hold pins, so
+  // they go first, then ours.
+  incoming_loops_.reset();
+  outgoing_.reset();
+  absl::flat_hash_map<IncomingConnection*, std::shared_ptr<IncomingConnection>> left;
   {
     absl::MutexLock lock(&mu_);
-    incoming.swap(incoming_);
+    left.swap(incoming_);
   }
-  for (auto& in : incoming) in->thread.join();
 }
 
 absl::StatusOr<std::unique_ptr<fabric::MemoryRegion>> TcpFabric::Register(void* data,
@@ -113,7 +145,8 @@ absl::StatusOr<std::unique_ptr<fabric::MemoryRegion>> TcpFabric::Register(void* 
 absl::StatusOr<std::unique_ptr<fabric::PendingConnection>> TcpFabric::BeginConnect(
     const std::string& peer_address) {
   return std::unique_ptr<fabric::PendingConnection>(
-      new TcpPendingConnection(peer_address, options_.connections, options_.stripe_min_bytes));
+      new TcpPendingConnection(peer_address, options_.connections, options_.stripe_min_bytes,
+                               outgoing_.get()));
 }
 
 absl::StatusOr<std::string> TcpFabric::AcceptConnect(const std::string& request) {
@@ -149,18 +182,6 @@ std::string SourceAddress(const sockaddr_storage& from) {
 
 }  // namespace
 
-void TcpFabric::JoinFinishedLocked() {
-  // Reap connections whose peers left, so a long-lived agent does not collect threads.
-  for (auto it = incoming_.begin(); it != incoming_.end();) {
-    if ((*it)->done) {
-      (*it)->thread.join();
-      it = incoming_.erase(it);
-    } else {
-      ++it;
-    }
-  }
-}
-
 void TcpFabric::BackOff(absl::Duration backoff) {
   absl::MutexLock lock(&mu_);
   auto stopped = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return stopping_; };
@@ -180,7 +201,6 @@ void TcpFabric::AcceptLoop() {
     {
       absl::MutexLock lock(&mu_);
       if (stopping_) return;
-      JoinFinishedLocked();
     }
     if (!conn.valid()) {
       if (errno == EINTR || errno == ECONNABORTED) continue;
@@ -212,28 +232,41 @@ void TcpFabric::AcceptLoop() {
       }
       continue;  // `conn` closes
     }
-    // Acks are tiny and must not wait for Nagle (40 ms with delayed ACKs).
-    int one = 1;
-    setsockopt(conn.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    auto in = std::make_unique<Incoming>();
-    in->fd = std::move(conn);
-    in->source = source;
-    Incoming* raw = in.get();
-    absl::MutexLock lock(&mu_);
-    if (stopping_) {
-      limits_.Release(source);
-      return;
-    }
-    ++stats_.accepted;
-    in->thread = std::thread([this, raw] {
-      if (AwaitHello(raw->fd.get())) Serve(raw->fd.get());
-      shutdown(raw->fd.get(), SHUT_RDWR);
-      limits_.Release(raw->source);
-      absl::MutexLock lock(&mu_);
-      raw->done = true;
-    });
-    incoming_.push_back(std::move(in));
+    if (!Serve(std::move(conn), source)) return;
   }
+}
+
+bool TcpFabric::Serve(UniqueFd fd, const std::string& source) {
+  // Acks are tiny and must not wait for Nagle (40 ms with delayed ACKs).
+  int one = 1;
+  setsockopt(fd.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  absl::Status nonblocking = SetNonBlocking(fd.get());
+  if (!nonblocking.ok()) {
+    spdlog::warn("tcp: dropping a connection from {}: {}", source, nonblocking.ToString());
+    limits_.Release(source);
+    return true;
+  }
+  IncomingConnection::Target target = {
+      &regions_, [this](uint32_t imm) { Notify(imm); },
+      [this](IncomingConnection* conn) { OnIncomingClosed(conn); }};
+  auto conn = std::make_shared<IncomingConnection>(std::move(fd), source,
+                                                   incoming_loops_->Next(), std::move(target));
+  const absl::Duration handshake = absl::Milliseconds(options_.handshake_timeout_ms);
+  absl::MutexLock lock(&mu_);
+  // Posted under mu_: StopServing's close of this connection is posted after its Start.
+  if (stopping_ || !conn->loop()->Post([conn, handshake] { conn->Start(handshake); })) {
+    limits_.Release(source);
+    return false;
+  }
+  ++stats_.accepted;
+  incoming_.emplace(conn.get(), conn);
+  return true;
+}
+
+void TcpFabric::OnIncomingClosed(IncomingConnection* conn) {
+  limits_.Release(conn->source());
+  absl::MutexLock lock(&mu_);
+  incoming_.erase(conn);
 }
 
 ListenerStats TcpFabric::listener_stats() const {
@@ -241,82 +274,6 @@ ListenerStats TcpFabric::listener_stats() const {
   ListenerStats stats = stats_;
   stats.open = limits_.total();
   return stats;
-}
-
-bool TcpFabric::AwaitHello(int fd) {
-  timeval limit = {static_cast<time_t>(options_.handshake_timeout_ms / 1000),
-                   static_cast<suseconds_t>(options_.handshake_timeout_ms % 1000) * 1000};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof(limit));
-  RequestHeader hello;
-  absl::Status s = RecvAll(fd, &hello, sizeof(hello));
-  timeval none = {0, 0};
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &none, sizeof(none));
-  if (!s.ok()) {
-    spdlog::debug("tcp: closing a connection that sent no hello within {} ms: {}",
-                  options_.handshake_timeout_ms, s.ToString());
-    return false;
-  }
-  if (hello.magic != kRequestMagic || hello.op != WireOp::kHello || hello.imm != kWireVersion) {
-    spdlog::warn("tcp: closing a connection whose first frame is not a version {} hello",
-                 kWireVersion);
-    return false;
-  }
-  return true;
-}
-
-void TcpFabric::Serve(int fd) {
-  // Acks of writes wait here while more requests are already readable, and leave in one
-  // send: a KV batch of thousands of small writes then costs a fraction of the syscalls.
-  std::vector<ResponseHeader> acks;
-  acks.reserve(kMaxCoalescedAcks);
-  while (true) {
-    if (!acks.empty()) {
-      char probe;
-      bool more = recv(fd, &probe, 1, MSG_PEEK | MSG_DONTWAIT) > 0;
-      if (!more || acks.size() >= kMaxCoalescedAcks) {
-        if (!SendAll(fd, acks.data(), acks.size() * sizeof(ResponseHeader)).ok()) return;
-        acks.clear();
-      }
-    }
-    if (!ServeOne(fd, acks)) return;
-  }
-}
-
-bool TcpFabric::ServeOne(int fd, std::vector<ResponseHeader>& acks) {
-  RequestHeader req;
-  if (!RecvAll(fd, &req, sizeof(req)).ok()) return false;
-  if (req.magic != kRequestMagic) {
-    spdlog::warn("tcp: dropping a connection that sent a bad request header");
-    return false;
-  }
-  ResponseHeader resp = {kResponseMagic, Refusal::kNone, req.id, 0};
-  bool is_write = req.op == WireOp::kWrite || req.op == WireOp::kWriteImm;
-  if (!is_write && req.op != WireOp::kRead) {
-    resp.refusal = Refusal::kBadOp;
-    // The payload length of an unknown op cannot be trusted: answer, then close.
-    acks.push_back(resp);
-    SendAll(fd, acks.data(), acks.size() * sizeof(ResponseHeader)).IgnoreError();
-    return false;
-  }
-  std::optional<RegionTable::Access> access;
-  resp.refusal = regions_.Acquire(req.key, req.address, req.length, NeededAccess(req.op), access);
-  if (is_write) {
-    // Refused writes still carry their payload on the stream: drain it, touch nothing.
-    absl::Status s = access ? RecvAll(fd, access->data(), req.length) : Discard(fd, req.length);
-    if (!s.ok()) return false;
-    access.reset();
-    if (req.op == WireOp::kWriteImm && resp.refusal == Refusal::kNone) Notify(req.imm);
-    acks.push_back(resp);
-    return true;
-  }
-  // A READ answer goes out at once, behind the acks that were waiting.
-  if (access) resp.length = req.length;
-  acks.push_back(resp);
-  iovec iov[2] = {{acks.data(), acks.size() * sizeof(ResponseHeader)},
-                  {access ? access->data() : nullptr, resp.length}};
-  bool sent = SendAll(fd, iov, access ? 2 : 1).ok();
-  acks.clear();
-  return sent;
 }
 
 }  // namespace ferry::tcp

@@ -3,6 +3,12 @@
 // The target side validates key, bounds and access before touching memory, as an HCA does.
 // Payloads go straight from the source region into the socket and from the socket straight
 // into the destination region: one kernel copy per side, none in user space.
+//
+// Threads: a few epoll loops for our endpoints' connections (they run every completion), a
+// few for accepted connections (they hold region pins while payloads move), and the accept
+// thread. Neither set grows with peers or connections. The two sets are apart so that a
+// completion that destroys a region (which waits for remote accesses inside it) never waits
+// for its own thread.
 
 #include <memory>
 #include <string>
@@ -10,10 +16,13 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "base/unique_fd.h"
 #include "transport/fabric.h"
+#include "transport/tcp/event_loop.h"
+#include "transport/tcp/incoming_connection.h"
 #include "transport/tcp/incoming_limits.h"
 #include "transport/tcp/region_table.h"
 #include "transport/tcp/wire.h"
@@ -32,6 +41,9 @@ struct TcpOptions {
   uint32_t max_connections_per_source = 64;
   // A new connection that has not sent its hello frame within this is closed.
   uint32_t handshake_timeout_ms = 5000;
+  // Event loops (threads) for outgoing connections, and as many again for incoming ones;
+  // 0: one per core, at most four.
+  uint32_t event_loops = 0;
 };
 
 // What the data listener has seen, for GetInfo and tests.
@@ -48,8 +60,12 @@ class TcpFabric : public fabric::Fabric {
   // Stops serving (as StopServing) and joins the threads. Endpoints this fabric created
   // must be closed first; regions must be destroyed first.
   ~TcpFabric() override;
+  // Returns once the incoming connections are closed (their pins released), except when
+  // called on one of their loops (an immediate handler), which cannot wait for itself.
   void StopServing() override;
   ListenerStats listener_stats() const;
+  // Loop threads per direction (TcpOptions::event_loops, resolved).
+  uint32_t event_loops() const { return static_cast<uint32_t>(outgoing_->size()); }
 
   std::string provider() const override { return "tcp"; }
   std::string address() const override { return address_; }
@@ -62,40 +78,34 @@ class TcpFabric : public fabric::Fabric {
   void SetImmediateHandler(ImmediateHandler handler) override;
 
  private:
-  TcpFabric(TcpOptions options, UniqueFd listener, std::string address);
+  TcpFabric(TcpOptions options, UniqueFd listener, std::string address,
+            std::unique_ptr<EventLoopPool> outgoing, std::unique_ptr<EventLoopPool> incoming);
   void AcceptLoop();
   // Waits `backoff` after a failed accept(), or less if the fabric stops meanwhile.
   void BackOff(absl::Duration backoff);
-  void JoinFinishedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Serves one incoming connection until it closes: the target side of every op.
-  void Serve(int fd);
-  // Reads the hello frame within the handshake timeout; false: close the connection.
-  bool AwaitHello(int fd);
-  // Serves one request; write acks are appended to `acks` for Serve to send. Returns false
-  // when the connection must close.
-  bool ServeOne(int fd, std::vector<ResponseHeader>& acks);
-  static constexpr size_t kMaxCoalescedAcks = 64;
+  // Hands an admitted connection to an incoming loop; false when the fabric is stopping.
+  bool Serve(UniqueFd fd, const std::string& source);
+  // An incoming connection closed (on its loop): its slot and its entry go.
+  void OnIncomingClosed(IncomingConnection* conn);
   void Notify(uint32_t imm);
-
-  struct Incoming {
-    UniqueFd fd;
-    std::string source;  // IP address, for the per-source cap
-    std::thread thread;
-    bool done = false;
-  };
 
   const TcpOptions options_;
   const std::string address_;
   RegionTable regions_;
   UniqueFd listener_;
   IncomingLimits limits_;
-  std::thread accept_thread_;
 
   mutable absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   ListenerStats stats_ ABSL_GUARDED_BY(mu_);
-  std::vector<std::unique_ptr<Incoming>> incoming_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<IncomingConnection*, std::shared_ptr<IncomingConnection>> incoming_
+      ABSL_GUARDED_BY(mu_);
   ImmediateHandler immediate_handler_ ABSL_GUARDED_BY(mu_);
+
+  // After everything they use: the destructor stops them first, explicitly.
+  std::unique_ptr<EventLoopPool> outgoing_;        // our endpoints' connections
+  std::unique_ptr<EventLoopPool> incoming_loops_;  // accepted connections
+  std::thread accept_thread_;
 };
 
 }  // namespace ferry::tcp

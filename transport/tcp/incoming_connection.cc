@@ -1,0 +1,259 @@
+#include "transport/tcp/incoming_connection.h"
+
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "spdlog/spdlog.h"
+#include "transport/fabric.h"
+
+namespace ferry::tcp {
+namespace {
+
+// Bytes one connection moves per wakeup in each direction before the loop's other
+// connections get their turn (level-triggered epoll calls it again at once).
+constexpr uint64_t kRoundBytes = 4 << 20;
+constexpr size_t kSinkBytes = 64 << 10;
+
+bool WouldBlock(int err) { return err == EAGAIN || err == EWOULDBLOCK; }
+
+uint32_t NeededAccess(WireOp op) {
+  return op == WireOp::kRead ? fabric::kRemoteRead : fabric::kRemoteWrite;
+}
+
+}  // namespace
+
+IncomingConnection::IncomingConnection(UniqueFd fd, std::string source, EventLoop* loop,
+                                       Target target)
+    : fd_(std::move(fd)), source_(std::move(source)), loop_(loop), target_(std::move(target)) {
+  acks_.reserve(kMaxCoalescedAcks + 1);
+}
+
+void IncomingConnection::Start(absl::Duration handshake) {
+  if (phase_ == Phase::kClosed) return;
+  auto token = loop_->Add(fd_.get(), EPOLLIN, shared_from_this());
+  if (!token.ok()) {
+    spdlog::warn("tcp: cannot serve a connection from {}: {}", source_, token.status().ToString());
+    Close();
+    return;
+  }
+  token_ = *token;
+  interest_ = EPOLLIN;
+  // A timer in the loop, not SO_RCVTIMEO: the socket is non-blocking and shares the thread.
+  loop_->RunAfter(handshake, [weak = weak_from_this(), handshake] {
+    auto self = weak.lock();
+    if (self == nullptr || self->phase_ != Phase::kHello) return;
+    spdlog::debug("tcp: closing a connection from {} that sent no hello within {}", self->source_,
+                  absl::FormatDuration(handshake));
+    self->Close();
+  });
+}
+
+void IncomingConnection::CloseSoon() {
+  loop_->Post([self = shared_from_this()] { self->Close(); });
+}
+
+void IncomingConnection::Close() {
+  if (phase_ == Phase::kClosed) return;
+  phase_ = Phase::kClosed;
+  if (token_) loop_->Remove(*token_);
+  token_.reset();
+  fd_.Reset();
+  // Regions are free to go once nothing of ours is inside them.
+  write_pin_.reset();
+  out_pin_.reset();
+  target_.closed(this);
+}
+
+void IncomingConnection::OnEvents(uint32_t /*events*/) {
+  // Level-triggered and one state machine: what to do next follows from the state alone.
+  if (phase_ == Phase::kClosed) return;
+  if (output_pending()) Flush();
+  if (phase_ != Phase::kClosed && !output_pending()) ReadRequests();
+  UpdateInterest();
+}
+
+void IncomingConnection::UpdateInterest() {
+  if (phase_ == Phase::kClosed || !token_) return;
+  // Reading waits while an answer is going out: answers keep request order, and a peer that
+  // does not read its answers cannot make us buffer without bound.
+  uint32_t want = output_pending() ? EPOLLOUT : EPOLLIN;
+  if (want == interest_) return;
+  absl::Status s = loop_->Modify(*token_, want);
+  if (!s.ok()) {
+    spdlog::warn("tcp: closing a connection from {}: {}", source_, s.ToString());
+    Close();
+    return;
+  }
+  interest_ = want;
+}
+
+void IncomingConnection::ReadRequests() {
+  uint64_t received = 0;
+  while (phase_ != Phase::kClosed && !output_pending() && received < kRoundBytes) {
+    ssize_t n;
+    if (phase_ == Phase::kPayload) {
+      // Into the pinned region, or (refused: touch nothing) into the sink.
+      n = write_pin_ ? recv(fd_.get(), write_into_, write_left_, MSG_DONTWAIT)
+                     : recv(fd_.get(), sink_.data(), std::min<uint64_t>(write_left_, sink_.size()),
+                            MSG_DONTWAIT);
+    } else {
+      n = recv(fd_.get(), reinterpret_cast<char*>(&header_) + header_have_,
+               sizeof(header_) - header_have_, MSG_DONTWAIT);
+    }
+    if (n == 0) {
+      Close();  // the peer left
+      return;
+    }
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (WouldBlock(errno)) break;
+      spdlog::debug("tcp: connection from {}: recv(): {}", source_, strerror(errno));
+      Close();
+      return;
+    }
+    received += static_cast<uint64_t>(n);
+    if (phase_ == Phase::kPayload) {
+      if (write_pin_) write_into_ += n;
+      write_left_ -= static_cast<uint64_t>(n);
+      if (write_left_ == 0) FinishWrite();
+      continue;
+    }
+    header_have_ += static_cast<size_t>(n);
+    if (header_have_ == sizeof(header_)) {
+      header_have_ = 0;
+      OnHeader();
+    }
+  }
+  // The socket is empty, or this round's share is spent (and nothing more may come to wake
+  // us): the waiting acks go now.
+  if (phase_ != Phase::kClosed && !acks_.empty() && !output_pending()) {
+    QueueOutput(nullptr, 0, std::nullopt);
+    Flush();
+  }
+}
+
+void IncomingConnection::OnHeader() {
+  if (phase_ == Phase::kHello) {
+    if (header_.magic != kRequestMagic || header_.op != WireOp::kHello ||
+        header_.imm != kWireVersion) {
+      spdlog::warn("tcp: closing a connection from {} whose first frame is not a version {} hello",
+                   source_, kWireVersion);
+      Close();
+      return;
+    }
+    phase_ = Phase::kHeader;
+    return;
+  }
+  OnRequest();
+}
+
+void IncomingConnection::OnRequest() {
+  const RequestHeader& req = header_;
+  if (req.magic != kRequestMagic) {
+    spdlog::warn("tcp: dropping a connection from {} that sent a bad request header", source_);
+    Close();
+    return;
+  }
+  ResponseHeader resp = {kResponseMagic, Refusal::kNone, req.id, 0};
+  bool is_write = req.op == WireOp::kWrite || req.op == WireOp::kWriteImm;
+  if (!is_write && req.op != WireOp::kRead) {
+    // The payload length of an unknown op cannot be trusted: answer, then close.
+    resp.refusal = Refusal::kBadOp;
+    acks_.push_back(resp);
+    close_after_output_ = true;
+    QueueOutput(nullptr, 0, std::nullopt);
+    Flush();
+    return;
+  }
+  std::optional<RegionTable::Access> access;
+  resp.refusal =
+      target_.regions->Acquire(req.key, req.address, req.length, NeededAccess(req.op), access);
+  if (is_write) {
+    // Refused writes still carry their payload on the stream: drain it, touch nothing.
+    write_answer_ = resp;
+    write_left_ = req.length;
+    write_imm_ = req.imm;
+    write_notify_ = req.op == WireOp::kWriteImm && resp.refusal == Refusal::kNone;
+    if (access) {
+      write_into_ = access->data();
+      write_pin_.emplace(std::move(*access));
+    } else if (sink_.empty()) {
+      sink_.resize(kSinkBytes);
+    }
+    phase_ = Phase::kPayload;
+    if (write_left_ == 0) FinishWrite();
+    return;
+  }
+  // A READ answer goes out at once, behind the acks that were waiting, its payload straight
+  // from the pinned region.
+  if (access) resp.length = req.length;
+  acks_.push_back(resp);
+  char* payload = access ? access->data() : nullptr;
+  QueueOutput(payload, resp.length, std::move(access));
+  Flush();
+}
+
+void IncomingConnection::FinishWrite() {
+  write_pin_.reset();
+  write_into_ = nullptr;
+  phase_ = Phase::kHeader;
+  if (write_notify_) target_.notify(write_imm_);
+  acks_.push_back(write_answer_);
+  if (acks_.size() >= kMaxCoalescedAcks) {
+    QueueOutput(nullptr, 0, std::nullopt);
+    Flush();
+  }
+}
+
+void IncomingConnection::QueueOutput(char* payload, uint64_t length,
+                                     std::optional<RegionTable::Access> pin) {
+  out_headers_.assign(acks_.begin(), acks_.end());
+  acks_.clear();
+  out_payload_ = payload;
+  if (pin) out_pin_.emplace(std::move(*pin));
+  out_sent_ = 0;
+  out_total_ = out_headers_.size() * sizeof(ResponseHeader) + length;
+}
+
+void IncomingConnection::Flush() {
+  const uint64_t header_bytes = out_headers_.size() * sizeof(ResponseHeader);
+  uint64_t sent = 0;
+  while (output_pending() && sent < kRoundBytes) {
+    iovec iov[2];
+    size_t count = 0;
+    if (out_sent_ < header_bytes) {
+      iov[count++] = {reinterpret_cast<char*>(out_headers_.data()) + out_sent_,
+                      header_bytes - out_sent_};
+    }
+    uint64_t payload_sent = out_sent_ > header_bytes ? out_sent_ - header_bytes : 0;
+    uint64_t payload_bytes = out_total_ - header_bytes;
+    if (payload_sent < payload_bytes) {
+      iov[count++] = {out_payload_ + payload_sent, payload_bytes - payload_sent};
+    }
+    msghdr msg = {};
+    msg.msg_iov = iov;
+    msg.msg_iovlen = count;
+    ssize_t n = sendmsg(fd_.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      if (WouldBlock(errno)) return;  // the rest when the socket has room
+      spdlog::debug("tcp: connection from {}: sendmsg(): {}", source_, strerror(errno));
+      Close();
+      return;
+    }
+    out_sent_ += static_cast<uint64_t>(n);
+    sent += static_cast<uint64_t>(n);
+  }
+  if (output_pending()) return;  // this round's share is spent
+  out_headers_.clear();
+  out_payload_ = nullptr;
+  out_pin_.reset();
+  out_sent_ = out_total_ = 0;
+  if (close_after_output_) Close();
+}
+
+}  // namespace ferry::tcp
