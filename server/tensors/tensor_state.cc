@@ -83,8 +83,8 @@ absl::StatusOr<ferry::v1::TensorPeer::Stub*> TensorState::Stub(const std::string
     return absl::NotFoundError(absl::StrCat("peer: unknown node '", node, "'"));
   }
   grpc::ChannelArguments args;
+  // Not GRPC_ARG_MIN_RECONNECT_BACKOFF_MS: it is also the connect timeout (see PeerDirectory).
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   auto stub = ferry::v1::TensorPeer::NewStub(
       grpc::CreateCustomChannel(a->second, grpc::InsecureChannelCredentials(), args));
