@@ -134,14 +134,23 @@ absl::StatusOr<std::shared_ptr<Buffer>> BufferRegistry::Allocate(uint64_t size,
   return buffer;
 }
 
-absl::Status BufferRegistry::Free(uint64_t id) {
+absl::Status BufferRegistry::Free(uint64_t id) { return FreeFor(id, kAnySession); }
+
+absl::Status BufferRegistry::FreeFor(uint64_t id, uint64_t session) {
   std::shared_ptr<Buffer> buffer;
   {
+    // The owner check and the removal under one lock: no Adopt or second Free in between.
     absl::MutexLock lock(&mu_);
     auto it = by_id_.find(id);
     if (it == by_id_.end()) {
       return absl::NotFoundError(absl::StrCat("id: buffer ", id,
                                               id > 0 && id < next_id_ ? " was freed" : " does not exist"));
+    }
+    uint64_t owner = it->second->owner();
+    if (session != kAnySession && owner != 0 && owner != session) {
+      return absl::PermissionDeniedError(absl::StrCat(
+          "id: buffer ", id, " belongs to ", it->second->owner_label(),
+          "; only its owner frees it (or it is freed when that session ends)"));
     }
     buffer = std::move(it->second);
     by_id_.erase(it);
@@ -149,22 +158,6 @@ absl::Status BufferRegistry::Free(uint64_t id) {
   }
   // `buffer` may still be held by transfers; the memory goes back when they finish.
   return absl::OkStatus();
-}
-
-absl::Status BufferRegistry::FreeFor(uint64_t id, uint64_t session) {
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = by_id_.find(id);
-    if (it != by_id_.end()) {
-      uint64_t owner = it->second->owner();
-      if (owner != 0 && owner != session) {
-        return absl::PermissionDeniedError(absl::StrCat(
-            "id: buffer ", id, " belongs to ", it->second->owner_label(),
-            "; only its owner frees it (or it is freed when that session ends)"));
-      }
-    }
-  }
-  return Free(id);
 }
 
 size_t BufferRegistry::FreeOwnedBy(uint64_t session) {

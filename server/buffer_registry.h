@@ -85,10 +85,12 @@ class BufferRegistry {
   absl::StatusOr<std::shared_ptr<Buffer>> Allocate(uint64_t size, const std::string& name,
                                                    const std::string& device = "host",
                                                    BufferOwner owner = {});
-  // NOT_FOUND for an unknown or already freed id.
+  // Frees whoever owns it (the agent's own bookkeeping). NOT_FOUND for an unknown or
+  // already freed id.
   absl::Status Free(uint64_t id);
   // Free on behalf of `session` (0: a caller outside any session): PERMISSION_DENIED for
   // a buffer another session owns; persisting buffers anyone may free.
+  static constexpr uint64_t kAnySession = ~0ull;
   absl::Status FreeFor(uint64_t id, uint64_t session);
   // Frees every buffer `session` owns (the session ended). Returns how many.
   size_t FreeOwnedBy(uint64_t session);

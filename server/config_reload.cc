@@ -99,12 +99,12 @@ ReloadReport ApplyReload(AgentCore& core, config::Config& running, const config:
     report.applied.push_back(absl::StrCat("log.level: ", running.log_level, " -> ", next.log_level));
     running.log_level = next.log_level;
   }
-  EngineLimits limits = LimitsOf(next, core.engine().limits());
-  if (limits.max_op_bytes != core.engine().limits().max_op_bytes ||
-      limits.max_ops_per_submit != core.engine().limits().max_ops_per_submit ||
-      limits.default_timeout != core.engine().limits().default_timeout ||
-      limits.max_timeout != core.engine().limits().max_timeout ||
-      limits.slice_bytes != core.engine().limits().slice_bytes) {
+  const EngineLimits current = core.engine().limits();
+  const EngineLimits limits = LimitsOf(next, current);
+  if (limits.max_op_bytes != current.max_op_bytes ||
+      limits.max_ops_per_submit != current.max_ops_per_submit ||
+      limits.default_timeout != current.default_timeout ||
+      limits.max_timeout != current.max_timeout || limits.slice_bytes != current.slice_bytes) {
     core.engine().SetLimits(limits);
     report.applied.push_back("limits: new Submits use the reloaded limits");
     running.max_op_bytes = next.max_op_bytes;

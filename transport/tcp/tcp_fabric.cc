@@ -192,7 +192,6 @@ void TcpFabric::AcceptLoop() {
   constexpr absl::Duration kFirstBackoff = absl::Milliseconds(5);
   constexpr absl::Duration kMaxBackoff = absl::Seconds(1);
   absl::Duration backoff = kFirstBackoff;
-  uint64_t refused = 0;  // connections over a cap, logged now and then, not each
   while (true) {
     sockaddr_storage from = {};
     socklen_t from_len = sizeof(from);
@@ -221,11 +220,13 @@ void TcpFabric::AcceptLoop() {
     backoff = kFirstBackoff;
     std::string source = SourceAddress(from);
     if (!limits_.Admit(source)) {
+      uint64_t refused;
       {
         absl::MutexLock lock(&mu_);
-        ++stats_.refused;
+        refused = ++stats_.refused;
       }
-      if (refused++ % 1000 == 0) {
+      // Logged now and then, not for each one of a flood.
+      if (refused % 1000 == 1) {
         spdlog::warn("tcp: refused a connection from {} to {}: {} open (caps {} in total, {} per "
                      "address); {} refused so far", source, address_, limits_.total(),
                      options_.max_connections, options_.max_connections_per_source, refused);
