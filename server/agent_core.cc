@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/open_files.h"
 #include "base/status_macros.h"
+#include "server/peers/stage_client.h"
 #include "spdlog/spdlog.h"
 #include "transport/tcp/socket.h"
 #include "transport/providers.h"
@@ -89,9 +90,10 @@ absl::StatusOr<std::unique_ptr<AgentCore>> AgentCore::Create(const config::Confi
   deps.policies = core->policies_.get();
   deps.gpus = core->gpus_.get();
   deps.bounce = core->bounce_.get();
+  deps.stage_calls = GrpcStageCalls(core->peers_.get());
   AgentCore* raw = core.get();
-  deps.plan = [raw](const Buffer& b, const PolicySnapshot& snap, const std::string& provider) {
-    return raw->PlanLeg(b, snap, provider);
+  deps.plan = [raw](const Buffer& b, const PolicySnapshot& snap, const fabric::RailId& rail) {
+    return raw->PlanLeg(b, snap, rail);
   };
   core->engine_ = std::make_unique<TransferEngine>(std::move(deps), limits);
   std::map<std::string, std::string> tensor_peers = config.peers;
@@ -145,10 +147,10 @@ absl::Status AgentCore::LoadGpus() {
 }
 
 LegPlan AgentCore::PlanLeg(const Buffer& buffer, const PolicySnapshot& snapshot,
-                           const std::string& provider) const {
+                           const fabric::RailId& rail) const {
   int gpu = buffer.gpu();
   int topology_gpu = gpu >= 0 && static_cast<size_t>(gpu) < topology_gpu_.size() ? topology_gpu_[gpu] : -1;
-  return server::PlanLeg(buffer, topology_gpu, machine_, snapshot, provider);
+  return server::PlanLeg(buffer, topology_gpu, machine_, snapshot, rail);
 }
 
 AgentCore::~AgentCore() {

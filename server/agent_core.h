@@ -10,11 +10,11 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "config/config.h"
-#include "server/buffer_registry.h"
-#include "server/engine/bounce_pools.h"
+#include "server/buffers/buffer_registry.h"
+#include "server/buffers/bounce_pools.h"
 #include "server/engine/leg_planner.h"
 #include "server/engine/transfer_engine.h"
-#include "server/gpu_pools.h"
+#include "server/buffers/gpu_pools.h"
 #include "server/local/sessions.h"
 #include "server/policy_store.h"
 #include "server/peers/peer_directory.h"
@@ -47,9 +47,9 @@ class AgentCore {
   PolicyStore& policies() { return *policies_; }
   GpuPools* gpus() { return gpus_.get(); }
   BouncePools& bounce() { return *bounce_; }
-  // How this agent moves bytes in or out of `buffer` with `provider` under `snapshot`.
+  // How this agent moves bytes in or out of `buffer` through `rail` under `snapshot`.
   LegPlan PlanLeg(const Buffer& buffer, const PolicySnapshot& snapshot,
-                  const std::string& provider) const;
+                  const fabric::RailId& rail) const;
 
  private:
   explicit AgentCore(config::Config config);

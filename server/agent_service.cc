@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "server/agent_core.h"
+#include "server/info_protos.h"
 #include "server/local/session_call.h"
 #include "base/grpc_status.h"
 #include "server/version.h"
@@ -79,10 +80,9 @@ grpc::Status AgentService::GetInfo(grpc::ServerContext*, const ferry::v1::GetInf
   resp->set_policy_generation(snapshot->generation);
   GpuPools* gpus = core_->gpus();
   for (size_t g = 0; gpus != nullptr && g < gpus->count(); ++g) {
-    auto* info = resp->add_gpus();
-    gpus->Fill(static_cast<int>(g), info);
+    FillGpuInfo(gpus->Stats(static_cast<int>(g)), resp->add_gpus());
   }
-  core_->bounce().Fill(resp);
+  for (const auto& pool : core_->bounce().Stats()) FillBouncePool(pool, resp->add_bounce_pools());
   return grpc::Status::OK;
 }
 
@@ -105,7 +105,7 @@ grpc::Status AgentService::AllocBuffer(grpc::ServerContext* ctx,
     core_->buffers().Free((*buffer)->id()).IgnoreError();
     return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "ferry-session: the session ended");
   }
-  (*buffer)->Describe(resp->mutable_buffer());
+  DescribeBuffer(**buffer, resp->mutable_buffer());
   return grpc::Status::OK;
 }
 
@@ -119,7 +119,7 @@ grpc::Status AgentService::FreeBuffer(grpc::ServerContext* ctx,
 
 grpc::Status AgentService::ListBuffers(grpc::ServerContext*, const ferry::v1::ListBuffersRequest*,
                                        ferry::v1::ListBuffersResponse* resp) {
-  for (const auto& b : core_->buffers().List()) b->Describe(resp->add_buffers());
+  for (const auto& b : core_->buffers().List()) DescribeBuffer(*b, resp->add_buffers());
   return grpc::Status::OK;
 }
 

@@ -63,24 +63,19 @@ absl::StatusOr<config::Config> LoadConfig(int argc, char** argv) {
     }
   }
   using Apply = std::function<absl::Status(config::Config&, const std::string&)>;
+  // A flag that sets one string field of the config.
+  auto SetString = [](std::string config::Config::*field) -> Apply {
+    return [field](config::Config& c, const std::string& v) {
+      c.*field = v;
+      return absl::OkStatus();
+    };
+  };
   const std::map<std::string, Apply> kFlags = {
       {"--config", [](config::Config&, const std::string&) { return absl::OkStatus(); }},
-      {"--node", [](config::Config& c, const std::string& v) {
-         c.node = v;
-         return absl::OkStatus();
-       }},
-      {"--socket", [](config::Config& c, const std::string& v) {
-         c.local_socket = v;
-         return absl::OkStatus();
-       }},
-      {"--local-tcp", [](config::Config& c, const std::string& v) {
-         c.local_tcp = v;
-         return absl::OkStatus();
-       }},
-      {"--peer-listen", [](config::Config& c, const std::string& v) {
-         c.peer_listen = v;
-         return absl::OkStatus();
-       }},
+      {"--node", SetString(&config::Config::node)},
+      {"--socket", SetString(&config::Config::local_socket)},
+      {"--local-tcp", SetString(&config::Config::local_tcp)},
+      {"--peer-listen", SetString(&config::Config::peer_listen)},
       {"--peer", [](config::Config& c, const std::string& v) {
          std::pair<std::string, std::string> kv = absl::StrSplit(v, absl::MaxSplits('=', 1));
          if (kv.first.empty() || kv.second.empty()) {

@@ -4,8 +4,8 @@
 #include "base/echo.h"
 #include "base/grpc_status.h"
 #include "server/agent_core.h"
-#include "server/engine/stage_receiver.h"
 #include "server/peers/protocol.h"
+#include "server/peers/stage_service.h"
 #include "spdlog/spdlog.h"
 
 namespace ferry::server {
@@ -56,24 +56,25 @@ grpc::Status PeerService::ResolveBuffer(grpc::ServerContext*,
                                      core_->config().node));
   }
   resp->set_size((*buffer)->size());
-  for (const auto& [provider, region] : (*buffer)->regions()) {
+  for (const auto& [rail, region] : (*buffer)->regions()) {
     auto* key = resp->add_keys();
-    key->set_provider(provider);
+    key->set_provider(rail.provider);
+    key->set_nic(rail.nic);
     key->set_address(region->remote_address());
     key->set_key(region->key());
   }
   // How we take writes into it, with the provider this peer will use (the first we both
   // run: the writer picked it the same way).
   auto snapshot = core_->policies().Current();
-  std::string provider = core_->fabrics().front()->provider();
+  fabric::RailId rail = core_->fabrics().front()->rail();
   for (const auto& f : core_->fabrics()) {
-    if ((*buffer)->region(f->provider()) != nullptr) {
-      provider = f->provider();
+    if ((*buffer)->region(f->rail()) != nullptr) {
+      rail = f->rail();
       break;
     }
   }
-  LegPlan leg = core_->PlanLeg(**buffer, *snapshot, provider);
-  resp->set_mode(leg.mode);
+  LegPlan leg = core_->PlanLeg(**buffer, *snapshot, rail);
+  resp->set_mode(LegModeName(leg.mode));
   resp->set_reason(leg.reason);
   resp->set_nic(leg.nic);
   resp->set_path(leg.path);
@@ -94,14 +95,16 @@ grpc::Status PeerService::Health(grpc::ServerContext*, const ferry::v1::HealthRe
 grpc::Status PeerService::Stage(
     grpc::ServerContext* ctx,
     grpc::ServerReaderWriter<ferry::v1::StageReply, ferry::v1::StageRequest>* stream) {
-  StageReceiverDeps deps;
+  StageServiceDeps deps;
   deps.buffers = &core_->buffers();
   deps.gpus = core_->gpus();
   deps.bounce = &core_->bounce();
   deps.policies = &core_->policies();
+  for (const auto& f : core_->fabrics()) deps.rails.push_back(f->rail());
   AgentCore* core = core_;
-  deps.plan = [core](const Buffer& b, const PolicySnapshot& snap, const std::string& provider) {
-    return core->PlanLeg(b, snap, provider);
+  deps.bounce_numa = [core](const Buffer& b, const PolicySnapshot& snap,
+                            const fabric::RailId& rail) {
+    return core->PlanLeg(b, snap, rail).bounce_numa;
   };
   return ServeStage(ctx, stream, deps);
 }

@@ -22,7 +22,7 @@ class FakeMemory : public BufferMemory {
   std::string device() const override { return gpu_ < 0 ? "host" : "cuda:" + std::to_string(gpu_); }
   int gpu() const override { return gpu_; }
   std::string backend() const override { return gpu_ < 0 ? "host" : "sim"; }
-  void Describe(ferry::v1::BufferInfo*) const override {}
+  absl::StatusOr<BufferMapping> mapping() const override { return HostMapping{}; }
 
  private:
   int gpu_;
@@ -37,12 +37,16 @@ class FakeRegion : public fabric::MemoryRegion {
   std::string registration() const override { return "fake"; }
 };
 
-std::shared_ptr<Buffer> MakeBuffer(int gpu, bool registered_with_tcp, std::string registration = "") {
-  Buffer::Regions regions;
-  if (registered_with_tcp) regions.emplace_back("tcp", std::make_unique<FakeRegion>());
-  std::vector<std::string> registrations;
-  if (!registration.empty()) registrations.push_back(registration);
-  return std::make_shared<Buffer>(1, "b", std::make_unique<FakeMemory>(gpu), std::move(regions),
+const fabric::RailId kTcp{"tcp", ""};
+
+// `failure`: the message of a failed registration attempt with tcp.
+std::shared_ptr<Buffer> MakeBuffer(int gpu, bool registered_with_tcp, std::string failure = "") {
+  BufferRegistrations registrations;
+  if (registered_with_tcp) registrations.regions.emplace_back(kTcp, std::make_unique<FakeRegion>());
+  if (!failure.empty()) {
+    registrations.attempts.push_back({kTcp, "peer memory", absl::FailedPreconditionError(failure)});
+  }
+  return std::make_shared<Buffer>(1, "b", std::make_unique<FakeMemory>(gpu),
                                   std::move(registrations), BufferOwner{});
 }
 
@@ -59,7 +63,7 @@ class LegPlannerTest : public ::testing::Test {
     snapshot_.plan = *std::move(plan);
   }
   LegPlan Plan(const Buffer& b, int topology_gpu) {
-    return PlanLeg(b, topology_gpu, machine_, snapshot_, "tcp");
+    return PlanLeg(b, topology_gpu, machine_, snapshot_, kTcp);
   }
 
   topology::Machine machine_;
@@ -69,14 +73,14 @@ class LegPlannerTest : public ::testing::Test {
 TEST_F(LegPlannerTest, HostMemoryIsHost) {
   Load("dual_socket_sys.xml");
   LegPlan leg = Plan(*MakeBuffer(-1, true), -1);
-  EXPECT_EQ(leg.mode, "host");
+  EXPECT_EQ(leg.mode, LegMode::kHost);
   EXPECT_EQ(leg.device, "host");
 }
 
 TEST_F(LegPlannerTest, GdrWhenThePathAllowsAndTheFabricReachesTheMemory) {
   Load("dgx8_switches.xml");
   LegPlan leg = Plan(*MakeBuffer(0, true), 0);
-  EXPECT_EQ(leg.mode, "gdr");
+  EXPECT_EQ(leg.mode, LegMode::kGdr);
   EXPECT_EQ(leg.nic, "mlx5_0");
   EXPECT_EQ(leg.path, "PIX");
   EXPECT_THAT(leg.reason, HasSubstr("PIX apart"));
@@ -85,37 +89,37 @@ TEST_F(LegPlannerTest, GdrWhenThePathAllowsAndTheFabricReachesTheMemory) {
 TEST_F(LegPlannerTest, FailedRegistrationStagesWithItsReason) {
   Load("dgx8_switches.xml");
   LegPlan leg = Plan(*MakeBuffer(0, false, "registering GPU cuda:0 memory with tcp failed (no)"), 0);
-  EXPECT_EQ(leg.mode, "staged");
+  EXPECT_EQ(leg.mode, LegMode::kStaged);
   EXPECT_THAT(leg.reason, HasSubstr("with tcp failed (no)"));
   EXPECT_THAT(leg.reason, HasSubstr("staging through host memory on NUMA node"));
   config::Policy fail;
   fail.fallback = config::Fallback::kFail;
   Load("dgx8_switches.xml", fail);
-  EXPECT_EQ(Plan(*MakeBuffer(0, false), 0).mode, "unavailable");
+  EXPECT_EQ(Plan(*MakeBuffer(0, false), 0).mode, LegMode::kUnavailable);
 }
 
 TEST_F(LegPlannerTest, ALongPathStagesNearTheNicOrFailsByPolicy) {
   Load("dual_socket_sys.xml");
   LegPlan leg = Plan(*MakeBuffer(0, true), 0);
-  EXPECT_EQ(leg.mode, "staged");
+  EXPECT_EQ(leg.mode, LegMode::kStaged);
   EXPECT_EQ(leg.path, "SYS");
   EXPECT_EQ(leg.bounce_numa, 1);  // the NIC's node, not the GPU's
   config::Policy sys;
   sys.gdr_max_path = config::PathClass::kSys;
   Load("dual_socket_sys.xml", sys);
-  EXPECT_EQ(Plan(*MakeBuffer(0, true), 0).mode, "gdr");
+  EXPECT_EQ(Plan(*MakeBuffer(0, true), 0).mode, LegMode::kGdr);
   config::Policy fail;
   fail.fallback = config::Fallback::kFail;
   Load("dual_socket_sys.xml", fail);
   leg = Plan(*MakeBuffer(0, true), 0);
-  EXPECT_EQ(leg.mode, "unavailable");
+  EXPECT_EQ(leg.mode, LegMode::kUnavailable);
   EXPECT_THAT(leg.reason, HasSubstr("SYS apart"));
 }
 
 TEST_F(LegPlannerTest, AGpuOutsideTheTopologyIsStaged) {
   Load("dual_socket_sys.xml");
   LegPlan leg = Plan(*MakeBuffer(1, true), -1);
-  EXPECT_EQ(leg.mode, "staged");
+  EXPECT_EQ(leg.mode, LegMode::kStaged);
   EXPECT_THAT(leg.reason, HasSubstr("not in the topology"));
 }
 

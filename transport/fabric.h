@@ -14,6 +14,7 @@
 #include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "transport/rail_id.h"
 
 namespace ferry::fabric {
 
@@ -116,6 +117,9 @@ class Fabric {
   virtual ~Fabric() = default;
 
   virtual std::string provider() const = 0;
+  // The provider and NIC this instance runs on: what buffers and bounce chunks key their
+  // registrations by. Providers bound to one NIC name it (verbs: the device).
+  virtual RailId rail() const { return {provider(), ""}; }
   // What peers pass to Connect (tcp: "host:port" of the data listener).
   virtual std::string address() const = 0;
 

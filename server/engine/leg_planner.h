@@ -6,14 +6,15 @@
 
 #include <string>
 
-#include "server/buffer_registry.h"
+#include "server/buffers/buffer_registry.h"
+#include "server/leg_mode.h"
 #include "server/policy_store.h"
 #include "transport/topology/machine.h"
 
 namespace ferry::server {
 
 struct LegPlan {
-  std::string mode;     // "host", "gdr", "staged", "unavailable"
+  LegMode mode = LegMode::kHost;
   std::string device;   // "host", "cuda:N"
   std::string backend;  // "host", "cuda", "sim"
   std::string nic;      // the NIC the topology chose for the GPU ("" for none)
@@ -22,10 +23,10 @@ struct LegPlan {
   int bounce_numa = -1; // staged: NUMA node of the bounce chunks
 };
 
-// `provider` is the fabric the transfer uses; `buffer.region(provider)` tells whether it
-// can reach the buffer directly. `topology_gpu` is the buffer's GPU in `machine.gpus`
+// `rail` is the fabric the transfer uses; `buffer.region(rail)` tells whether it can reach
+// the buffer directly, and the buffer's registration attempt with it why not. `topology_gpu` is the buffer's GPU in `machine.gpus`
 // (matched by PCI address), -1 when the topology does not have it.
 LegPlan PlanLeg(const Buffer& buffer, int topology_gpu, const topology::Machine& machine,
-                const PolicySnapshot& snapshot, const std::string& provider);
+                const PolicySnapshot& snapshot, const fabric::RailId& rail);
 
 }  // namespace ferry::server

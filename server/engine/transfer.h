@@ -12,7 +12,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "ferry/v1/agent.pb.h"
-#include "server/buffer_registry.h"
+#include "server/buffers/buffer_registry.h"
 #include "server/peers/peer_directory.h"
 #include "server/policy_store.h"
 
@@ -27,6 +27,10 @@ struct PlannedOp {
   std::shared_ptr<const RemoteBuffer> remote;
   uint64_t remote_offset = 0;
 };
+
+// An op's result has two legs, in this order: how our side moved the bytes, and the peer's.
+inline constexpr size_t kLocalLeg = 0;
+inline constexpr size_t kRemoteLeg = 1;
 
 // The ops of a transfer, shared by everything that may still touch their buffers: the
 // transfer until it finishes, and each fabric completion and staging pipeline until it ran.

@@ -143,7 +143,7 @@ namespace {
 ferry::v1::Leg MakeLeg(const std::string& side, const LegPlan& plan, const std::string& provider) {
   ferry::v1::Leg leg;
   leg.set_side(side);
-  leg.set_mode(plan.mode);
+  leg.set_mode(LegModeName(plan.mode));
   leg.set_device(plan.device);
   leg.set_backend(plan.backend);
   leg.set_nic(plan.nic);
@@ -163,8 +163,6 @@ LegPlan RemoteLeg(const RemoteBuffer& remote) {
   leg.reason = remote.reason;
   return leg;
 }
-
-bool Direct(const std::string& mode) { return mode == "host" || mode == "gdr"; }
 
 // A peer refusing a key or range it handed out at Resolve means the buffer went away (freed
 // or unexported) while the op ran: say that, with the buffer's name, not "permission denied".
@@ -208,32 +206,33 @@ void TransferEngine::Post(const std::shared_ptr<Transfer>& transfer, absl::Time 
     }
     const PeerEndpoint& peer = *it->second;
     // Which way each side moves its bytes, under the policy this transfer runs with.
-    LegPlan local = deps_.plan(*op.local, transfer->policy(), peer.provider);
+    const std::string& provider = peer.rail.provider;
+    LegPlan local = deps_.plan(*op.local, transfer->policy(), peer.rail);
     LegPlan remote = RemoteLeg(*op.remote);
-    transfer->SetLegs(i, {MakeLeg("local", local, peer.provider), MakeLeg("remote", remote, peer.provider)});
-    if (local.mode == "unavailable" || remote.mode == "unavailable") {
-      const LegPlan& refused = local.mode == "unavailable" ? local : remote;
+    transfer->SetLegs(i, {MakeLeg("local", local, provider), MakeLeg("remote", remote, provider)});
+    const bool local_refused = local.mode == LegMode::kUnavailable;
+    if (local_refused || remote.mode == LegMode::kUnavailable) {
       Settle(transfer, i,
-             absl::FailedPreconditionError(absl::StrCat(local.mode == "unavailable" ? "" : "peer: ",
-                                                        refused.reason)),
-             peer.provider);
+             absl::FailedPreconditionError(local_refused ? local.reason
+                                                         : absl::StrCat("peer: ", remote.reason)),
+             provider);
       continue;
     }
-    if (!Direct(local.mode) || !Direct(remote.mode)) {
+    if (!IsDirect(local.mode) || !IsDirect(remote.mode)) {
       staged.push_back({i, local, peer});
       continue;
     }
-    const fabric::MemoryRegion* region = op.local->region(peer.provider);
-    auto key = op.remote->keys.find(peer.provider);
-    if (region == nullptr || key == op.remote->keys.end()) {
+    const fabric::MemoryRegion* region = op.local->region(peer.rail);
+    const fabric::RemoteSlice* key = op.remote->KeyFor(provider);
+    if (region == nullptr || key == nullptr) {
       absl::Status missing = absl::FailedPreconditionError(absl::StrCat(
-          "buffer not registered with provider ", peer.provider, region ? " on the peer" : " here"));
-      Settle(transfer, i, missing, peer.provider);
+          "buffer not registered with provider ", provider, region ? " on the peer" : " here"));
+      Settle(transfer, i, missing, provider);
       continue;
     }
     // The completion holds the ops (and so the buffers) until the fabric is done with
     // them, even when the transfer was settled earlier (deadline, cancel).
-    fabric::Completion done = [this, transfer, planned, i, provider = peer.provider](absl::Status s) {
+    fabric::Completion done = [this, transfer, planned, i, provider](absl::Status s) {
       Settle(transfer, i, RemoteOutcome(std::move(s), (*planned)[i]), provider);
     };
     transfer->MarkPosted(i);
@@ -244,7 +243,7 @@ void TransferEngine::Post(const std::shared_ptr<Transfer>& transfer, absl::Time 
     for (const SliceRange& slice : slices) {
       to_peer.push_back({peer.endpoint, op.type == ferry::v1::READ,
                          {region, op.local_offset + slice.offset, slice.length},
-                         {key->second.address + op.remote_offset + slice.offset, key->second.key},
+                         {key->address + op.remote_offset + slice.offset, key->key},
                          [joined](absl::Status s) { joined->PartDone(std::move(s)); }});
     }
   }
@@ -269,7 +268,7 @@ void TransferEngine::StartStaging(const std::shared_ptr<Transfer>& transfer, Pla
   StageSender::Deps deps;
   deps.gpus = deps_.gpus;
   deps.bounce = deps_.bounce;
-  deps.peers = peers_;
+  deps.stage_calls = deps_.stage_calls;
   deps.settle = [this, transfer](size_t index, const absl::Status& s, const std::string& provider) {
     Settle(transfer, index, s, provider);
   };

@@ -3,10 +3,11 @@
 // peers, and keeps each transfer until the client has had its result.
 
 #include <cstdint>
-#include <deque>
-#include <memory>
 #include <atomic>
+#include <deque>
 #include <functional>
+#include <list>
+#include <memory>
 #include <thread>
 
 #include "absl/base/thread_annotations.h"
@@ -14,15 +15,14 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "ferry/v1/agent.pb.h"
-#include <list>
-
-#include "server/buffer_registry.h"
-#include "server/engine/bounce_pools.h"
+#include "server/buffers/bounce_pools.h"
+#include "server/buffers/buffer_registry.h"
+#include "server/buffers/gpu_pools.h"
 #include "server/engine/fair_queue.h"
 #include "server/engine/leg_planner.h"
 #include "server/engine/transfer.h"
-#include "server/gpu_pools.h"
 #include "server/peers/peer_directory.h"
+#include "server/peers/stage_call.h"
 #include "server/policy_store.h"
 
 namespace ferry::server {
@@ -51,8 +51,10 @@ struct EngineDeps {
   PolicyStore* policies = nullptr;
   GpuPools* gpus = nullptr;           // may be null: no GPUs
   BouncePools* bounce = nullptr;
+  // Opens Stage calls to peers whose side of an op is staged (server/peers/stage_client.h).
+  StageCallFactory stage_calls;
   // How this agent moves bytes in or out of a buffer (PlanLeg with its topology).
-  std::function<LegPlan(const Buffer&, const PolicySnapshot&, const std::string& provider)> plan;
+  std::function<LegPlan(const Buffer&, const PolicySnapshot&, const fabric::RailId& rail)> plan;
 };
 
 class TransferEngine {

@@ -12,7 +12,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
-#include "server/buffer_registry.h"
+#include "server/buffers/buffer_registry.h"
 
 namespace ferry::server {
 

@@ -98,9 +98,15 @@ absl::StatusOr<RemoteBuffer> PeerDirectory::Resolve(const std::string& node,
   out.size = resp.size();
   out.device = resp.device();
   out.incarnation = resp.incarnation();
-  for (const auto& k : resp.keys()) out.keys[k.provider()] = {k.address(), k.key()};
-  if (!resp.mode().empty()) out.mode = resp.mode();
+  for (const auto& k : resp.keys()) {
+    out.keys.push_back({{k.provider(), k.nic()}, {k.address(), k.key()}});
+  }
   out.reason = resp.reason();
+  if (!resp.mode().empty()) {
+    std::optional<LegMode> mode = ParseLegMode(resp.mode());
+    out.mode = mode.value_or(LegMode::kUnavailable);
+    if (!mode) out.reason = absl::StrCat("the peer named an unknown mode ", Echo(resp.mode()));
+  }
   out.nic = resp.nic();
   out.path = resp.path();
   out.backend = resp.backend();
@@ -243,7 +249,7 @@ absl::StatusOr<PeerEndpoint> PeerDirectory::Connect(const std::string& node,
   *incarnation = welcome.incarnation();
   spdlog::info("connected to peer {} over {} ({}, incarnation {:x})", node, provider, address,
                welcome.incarnation());
-  return PeerEndpoint{std::move(endpoint), provider};
+  return PeerEndpoint{std::move(endpoint), fabric->rail()};
 }
 
 void PeerDirectory::CloseAll() {

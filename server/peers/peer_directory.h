@@ -16,9 +16,16 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "ferry/v1/peer.grpc.pb.h"
+#include "server/leg_mode.h"
 #include "transport/fabric.h"
 
 namespace ferry::server {
+
+// How one of the peer's fabrics reaches byte 0 of a buffer.
+struct RemoteKey {
+  fabric::RailId rail;  // the peer's rail
+  fabric::RemoteSlice slice;
+};
 
 // A buffer on a peer, as its agent exported it.
 struct RemoteBuffer {
@@ -26,22 +33,30 @@ struct RemoteBuffer {
   std::string name;
   uint64_t size = 0;
   std::string device;
-  // Byte 0 of the buffer, per provider that can reach it directly.
-  absl::flat_hash_map<std::string, fabric::RemoteSlice> keys;
+  // Byte 0 of the buffer, per peer fabric that can reach it directly.
+  std::vector<RemoteKey> keys;
   uint64_t incarnation = 0;
-  // How the peer takes writes into it: "host", "gdr", "staged" (the Stage call) or
-  // "unavailable", and why; the NIC and path class on the peer's side.
-  std::string mode = "host";
+  // How the peer takes writes into it (staged: through the Stage call), and why; the NIC
+  // and path class on the peer's side. A mode word this agent does not know is kUnavailable.
+  LegMode mode = LegMode::kHost;
   std::string reason;
   std::string nic;
   std::string path;
   std::string backend;
+
+  // The key of the peer's fabric of `provider` (the one our endpoint reaches), or nullptr.
+  const fabric::RemoteSlice* KeyFor(const std::string& provider) const {
+    for (const auto& k : keys) {
+      if (k.rail.provider == provider) return &k.slice;
+    }
+    return nullptr;
+  }
 };
 
-// A connected endpoint and the provider that made it.
+// A connected endpoint and our fabric (rail) that made it.
 struct PeerEndpoint {
   std::shared_ptr<fabric::Endpoint> endpoint;
-  std::string provider;
+  fabric::RailId rail;
 };
 
 class PeerDirectory {

@@ -22,7 +22,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "ferry/v1/tensor.pb.h"
-#include "server/buffer_registry.h"
+#include "server/buffers/buffer_registry.h"
 
 namespace ferry::server {
 

@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/grpc_status.h"
 #include "server/agent_core.h"
+#include "server/info_protos.h"
 #include "server/local/session_call.h"
 #include "server/tensors/tensor_meta.h"
 
@@ -20,12 +21,6 @@ absl::Time CallDeadline(grpc::ServerContext* ctx, uint32_t timeout_ms) {
 
 CancelledFn ClientGone(grpc::ServerContext* ctx) {
   return [ctx] { return ctx->IsCancelled(); };
-}
-
-// How the client maps the landing buffer, as AgentService describes any buffer (host
-// shared memory, or a GPU buffer's CUDA IPC handle).
-void DescribeLanding(AgentCore& core, const Buffer& buffer, ferry::v1::BufferInfo* info) {
-  buffer.Describe(info);
 }
 
 }  // namespace
@@ -46,7 +41,7 @@ grpc::Status TensorService::Recv(grpc::ServerContext* ctx, const ferry::v1::Recv
   if (resp->has_buffer()) {
     // The client maps the landing buffer like any other.
     auto buffer = core_->buffers().Get(resp->buffer().id(), "buffer");
-    if (buffer.ok()) DescribeLanding(*core_, **buffer, resp->mutable_buffer());
+    if (buffer.ok()) DescribeBuffer(**buffer, resp->mutable_buffer());
   }
   if (ctx->IsCancelled() && resp->allocated()) {
     // Nobody will get the response, so nobody would free the buffer.
@@ -57,7 +52,7 @@ grpc::Status TensorService::Recv(grpc::ServerContext* ctx, const ferry::v1::Recv
     if (session.ok() && *session != 0) {
       core_->buffers().Adopt(resp->buffer().id(), core_->sessions().OwnerFor(*session)).IgnoreError();
       auto buffer = core_->buffers().Get(resp->buffer().id(), "buffer");
-      if (buffer.ok()) DescribeLanding(*core_, **buffer, resp->mutable_buffer());
+      if (buffer.ok()) DescribeBuffer(**buffer, resp->mutable_buffer());
     }
   }
   return grpc::Status::OK;

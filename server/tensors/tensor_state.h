@@ -20,7 +20,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "ferry/v1/tensor.grpc.pb.h"
-#include "server/buffer_registry.h"
+#include "server/buffers/buffer_registry.h"
 #include "server/engine/transfer_engine.h"
 #include "server/tensors/notification_board.h"
 #include "server/tensors/recv_matcher.h"

@@ -70,14 +70,29 @@ BouncePool::~BouncePool() {
   munmap(base_, size());
 }
 
-std::optional<uint32_t> BouncePool::Acquire(absl::Time deadline) {
+BouncePool::Lease& BouncePool::Lease::operator=(Lease&& other) noexcept {
+  if (this != &other) {
+    Return();
+    pool_ = other.pool_;
+    chunk_ = other.chunk_;
+    other.pool_ = nullptr;
+  }
+  return *this;
+}
+
+void BouncePool::Lease::Return() {
+  if (pool_ != nullptr) pool_->Release(chunk_);
+  pool_ = nullptr;
+}
+
+BouncePool::Lease BouncePool::Acquire(absl::Time deadline) {
   absl::MutexLock lock(&mu_);
   auto available = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return !free_.empty(); };
-  if (!mu_.AwaitWithDeadline(absl::Condition(&available), deadline)) return std::nullopt;
+  if (!mu_.AwaitWithDeadline(absl::Condition(&available), deadline)) return Lease();
   uint32_t chunk = free_.back();
   free_.pop_back();
   peak_ = std::max(peak_, chunks_ - static_cast<uint32_t>(free_.size()));
-  return chunk;
+  return Lease(this, chunk);
 }
 
 void BouncePool::Release(uint32_t chunk) {

@@ -20,15 +20,38 @@ namespace ferry::memory {
 
 class BouncePool {
  public:
+  // One chunk, held: move-only, and the chunk goes back to the pool when the lease is
+  // dropped, on whatever path (done, failed, cancelled). The pool must outlive its leases.
+  class Lease {
+   public:
+    Lease() = default;
+    Lease(Lease&& other) noexcept : pool_(other.pool_), chunk_(other.chunk_) { other.pool_ = nullptr; }
+    Lease& operator=(Lease&& other) noexcept;
+    Lease(const Lease&) = delete;
+    Lease& operator=(const Lease&) = delete;
+    ~Lease() { Return(); }
+
+    explicit operator bool() const { return pool_ != nullptr; }
+    uint32_t chunk() const { return chunk_; }
+    char* data() const { return pool_->chunk_data(chunk_); }
+    uint64_t length() const { return pool_->chunk_bytes(); }
+
+   private:
+    friend class BouncePool;
+    Lease(BouncePool* pool, uint32_t chunk) : pool_(pool), chunk_(chunk) {}
+    void Return();
+    BouncePool* pool_ = nullptr;
+    uint32_t chunk_ = 0;
+  };
+
   // `numa` -1: no binding. `pin_with`: GPUs that copy through this memory (each pins it).
   static absl::StatusOr<std::unique_ptr<BouncePool>> Create(std::string name, int numa,
                                                             uint64_t chunk_bytes, uint32_t chunks,
                                                             std::vector<GpuDevice*> pin_with);
   ~BouncePool();
 
-  // A free chunk, waiting until `deadline` for one; nullopt on timeout.
-  std::optional<uint32_t> Acquire(absl::Time deadline);
-  void Release(uint32_t chunk);
+  // A free chunk, waiting until `deadline` for one; an empty lease on timeout.
+  Lease Acquire(absl::Time deadline);
 
   char* chunk_data(uint32_t chunk) const { return base_ + static_cast<uint64_t>(chunk) * chunk_bytes_; }
   uint64_t chunk_bytes() const { return chunk_bytes_; }
@@ -44,6 +67,7 @@ class BouncePool {
   uint32_t peak_in_use() const;
 
  private:
+  void Release(uint32_t chunk);  // only through Lease
   BouncePool(std::string name, int numa, char* base, uint64_t chunk_bytes, uint32_t chunks,
              std::string placement, std::vector<GpuDevice*> pinned);
 

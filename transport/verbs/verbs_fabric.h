@@ -32,6 +32,7 @@ class VerbsFabric : public fabric::Fabric {
   ~VerbsFabric() override;
 
   std::string provider() const override { return "verbs"; }
+  fabric::RailId rail() const override { return {provider(), port().device}; }
   // "mlx5_0:1/ib/lid=0x12" or "mlx5_0:1/roce/::ffff:10.0.0.1": what peers see in Hello.
   std::string address() const override { return address_; }
   absl::StatusOr<std::unique_ptr<fabric::MemoryRegion>> Register(void* data, uint64_t length,

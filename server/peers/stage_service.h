@@ -9,26 +9,30 @@
 
 #include "ferry/v1/peer.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
-#include "server/buffer_registry.h"
-#include "server/engine/bounce_pools.h"
+#include "server/buffers/buffer_registry.h"
+#include "server/buffers/bounce_pools.h"
 #include "server/engine/leg_planner.h"
-#include "server/gpu_pools.h"
+#include "server/buffers/gpu_pools.h"
 #include "server/policy_store.h"
 
 namespace ferry::server {
 
-struct StageReceiverDeps {
+struct StageServiceDeps {
   BufferRegistry* buffers;
   GpuPools* gpus;
   BouncePools* bounce;
   PolicyStore* policies;
-  // How this agent takes writes into a buffer now (PlanLeg with the agent's topology).
-  std::function<LegPlan(const Buffer&, const PolicySnapshot&, const std::string& provider)> plan;
+  // This agent's fabrics: the one of the writer's provider holds the keys we grant.
+  std::vector<fabric::RailId> rails;
+  // The NUMA node whose bounce chunks stage `buffer` through `rail` (the planner's choice).
+  std::function<int(const Buffer& buffer, const PolicySnapshot&, const fabric::RailId& rail)>
+      bounce_numa;
 };
 
 // Serves one Stage call until the writer closes it, it fails, or the call is cancelled.
-grpc::Status ServeStage(grpc::ServerContext* ctx,
-                        grpc::ServerReaderWriter<ferry::v1::StageReply, ferry::v1::StageRequest>* stream,
-                        const StageReceiverDeps& deps);
+grpc::Status ServeStage(
+    grpc::ServerContext* ctx,
+    grpc::ServerReaderWriter<ferry::v1::StageReply, ferry::v1::StageRequest>* stream,
+    const StageServiceDeps& deps);
 
 }  // namespace ferry::server

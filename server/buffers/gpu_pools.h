@@ -14,25 +14,28 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
-#include "ferry/v1/agent.pb.h"
+#include "server/buffers/buffer_memory.h"
+#include "server/buffers/registration.h"
 #include "transport/fabric.h"
 #include "transport/memory/gpu_device.h"
 #include "transport/memory/range_allocator.h"
 
 namespace ferry::server {
 
-// A buffer's memory, wherever it lives.
-class BufferMemory {
- public:
-  virtual ~BufferMemory() = default;
-  // Host address, or device address for a GPU buffer.
-  virtual char* data() const = 0;
-  virtual uint64_t size() const = 0;
-  virtual std::string device() const = 0;  // "host" or "cuda:N"
-  virtual int gpu() const = 0;             // -1 for host memory
-  virtual std::string backend() const = 0; // "host", "cuda" or "sim"
-  // Tells the client how to map it.
-  virtual void Describe(ferry::v1::BufferInfo* info) const = 0;
+// What GetInfo and metrics read of one GPU's pool.
+struct GpuPoolStats {
+  int index = 0;
+  std::string pci;
+  std::string backend;
+  uint64_t pool_bytes = 0;
+  uint64_t used_bytes = 0;
+  double fragmentation = 0;
+};
+
+// A GPU registration with one fabric: the region when it worked, and the attempt either way.
+struct GdrRegistration {
+  std::unique_ptr<fabric::MemoryRegion> region;
+  RegistrationAttempt attempt;
 };
 
 class GpuPools {
@@ -54,14 +57,12 @@ class GpuPools {
   // first (the upstream kernel path, no out-of-tree module), then peer memory
   // (nvidia-peermem), then, for the simulation, plain host registration. A failure is
   // remembered for the GPU-fabric pair and not retried before the back-off passes.
-  // `method` says how it was registered.
-  absl::StatusOr<std::unique_ptr<fabric::MemoryRegion>> RegisterForGdr(
-      int gpu, fabric::Fabric& fabric, char* data, uint64_t length, uint32_t access,
-      std::string* method);
-  // What happened last with GPU `gpu` and `provider`: "ibv_reg_dmabuf_mr", "failed: ...".
-  std::string RegistrationState(int gpu, const std::string& provider) const;
+  // The attempt says how it was registered, or why not (FAILED_PRECONDITION naming the GPU,
+  // the rail and each method's error).
+  GdrRegistration RegisterForGdr(int gpu, fabric::Fabric& fabric, char* data, uint64_t length,
+                                 uint32_t access);
 
-  void Fill(int gpu, ferry::v1::GpuInfo* info) const;
+  GpuPoolStats Stats(int gpu) const;
 
  private:
   struct Pool {
@@ -69,12 +70,12 @@ class GpuPools {
     std::unique_ptr<memory::DeviceSlab> slab;
     absl::Mutex mu;
     std::unique_ptr<memory::RangeAllocator> allocator ABSL_GUARDED_BY(mu);
+    // The last attempt per rail; a failed one is not tried again before retry_after.
     struct Registration {
-      std::string state;     // method on success, "failed: why" otherwise
-      bool failed = false;
+      RegistrationAttempt last;
       absl::Time retry_after;
     };
-    std::map<std::string, Registration> registrations ABSL_GUARDED_BY(mu);
+    std::map<fabric::RailId, Registration> registrations ABSL_GUARDED_BY(mu);
   };
   class Block;
 

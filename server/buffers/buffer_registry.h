@@ -14,11 +14,14 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "server/buffers/buffer_memory.h"
+#include "server/buffers/registration.h"
 #include "transport/fabric.h"
-#include "server/gpu_pools.h"
 #include "transport/memory/host_pool.h"
 
 namespace ferry::server {
+
+class GpuPools;
 
 // Who a buffer belongs to: a local client's session, which frees it when it ends, or
 // nobody (session 0): it persists until someone frees it.
@@ -29,12 +32,11 @@ struct BufferOwner {
 
 class Buffer {
  public:
-  using Regions = std::vector<std::pair<std::string, std::unique_ptr<fabric::MemoryRegion>>>;
-
-  Buffer(uint64_t id, std::string name, std::unique_ptr<BufferMemory> memory, Regions regions,
-         std::vector<std::string> registrations, BufferOwner owner)
-      : id_(id), name_(std::move(name)), memory_(std::move(memory)), regions_(std::move(regions)),
-        registrations_(std::move(registrations)), owner_(std::move(owner)) {}
+  Buffer(uint64_t id, std::string name, std::unique_ptr<BufferMemory> memory,
+         BufferRegistrations registrations, BufferOwner owner)
+      : id_(id), name_(std::move(name)), memory_(std::move(memory)),
+        regions_(std::move(registrations.regions)), attempts_(std::move(registrations.attempts)),
+        owner_(std::move(owner)) {}
 
   uint64_t id() const { return id_; }
   const std::string& name() const { return name_; }
@@ -46,15 +48,14 @@ class Buffer {
   std::string device() const { return memory_->device(); }
   int gpu() const { return memory_->gpu(); }
   std::string backend() const { return memory_->backend(); }
-  // The registration with `provider`'s fabric; nullptr if it has none (a GPU buffer the
-  // fabric cannot reach directly).
-  const fabric::MemoryRegion* region(const std::string& provider) const;
-  // (provider, region) for every fabric the buffer is registered with.
-  const Regions& regions() const { return regions_; }
-  // How each fabric registration went (GPU buffers), or why it did not.
-  const std::vector<std::string>& registrations() const { return registrations_; }
-  // The mapping for clients plus how the buffer is registered.
-  void Describe(ferry::v1::BufferInfo* info) const;
+  const BufferMemory& memory() const { return *memory_; }
+  // The registration with `rail`'s fabric; nullptr if it has none (a GPU buffer the fabric
+  // cannot reach directly).
+  const fabric::MemoryRegion* region(const fabric::RailId& rail) const;
+  // (rail, region) for every fabric the buffer is registered with.
+  const RegionList& regions() const { return regions_; }
+  // How each fabric registration of GPU memory went, or why it did not.
+  const std::vector<RegistrationAttempt>& attempts() const { return attempts_; }
 
  private:
   const uint64_t id_;
@@ -62,8 +63,8 @@ class Buffer {
   // Declared before regions_ so it is destroyed after them: every key is revoked (and
   // remote accesses drained) before the memory goes back to its pool.
   std::unique_ptr<BufferMemory> memory_;
-  Regions regions_;
-  const std::vector<std::string> registrations_;
+  RegionList regions_;
+  const std::vector<RegistrationAttempt> attempts_;
   friend class BufferRegistry;  // hands a buffer to another owner (Adopt)
   mutable absl::Mutex owner_mu_;
   BufferOwner owner_ ABSL_GUARDED_BY(owner_mu_);

@@ -1,4 +1,4 @@
-#include "server/gpu_pools.h"
+#include "server/buffers/gpu_pools.h"
 
 #include <unistd.h>
 
@@ -23,19 +23,9 @@ class GpuPools::Block : public BufferMemory {
   std::string device() const override { return absl::StrCat("cuda:", gpu_); }
   int gpu() const override { return gpu_; }
   std::string backend() const override { return pool_->device->backend(); }
-  void Describe(ferry::v1::BufferInfo* info) const override {
-    auto exported = pool_->slab->Export(offset_, size_);
-    if (!exported.ok()) {
-      spdlog::error("GPU {}: cannot export buffer: {}", gpu_, exported.status().ToString());
-      return;
-    }
-    auto* g = info->mutable_gpu();
-    g->set_kind(exported->kind);
-    g->set_handle(exported->handle);
-    g->set_offset(exported->offset);
-    g->set_length(exported->length);
-    g->set_path(exported->path);
-    g->set_pci(pool_->device->pci());
+  absl::StatusOr<BufferMapping> mapping() const override {
+    ASSIGN_OR_RETURN(memory::GpuExport exported, pool_->slab->Export(offset_, size_));
+    return GpuMapping{std::move(exported), pool_->device->pci()};
   }
 
  private:
@@ -74,16 +64,19 @@ absl::StatusOr<std::unique_ptr<BufferMemory>> GpuPools::Allocate(int gpu, uint64
   return std::unique_ptr<BufferMemory>(new Block(&pool, gpu, *offset, size));
 }
 
-absl::StatusOr<std::unique_ptr<fabric::MemoryRegion>> GpuPools::RegisterForGdr(
-    int gpu, fabric::Fabric& fabric, char* data, uint64_t length, uint32_t access,
-    std::string* method) {
+GdrRegistration GpuPools::RegisterForGdr(int gpu, fabric::Fabric& fabric, char* data,
+                                         uint64_t length, uint32_t access) {
   Pool& pool = *pools_[gpu];
-  const std::string provider = fabric.provider();
+  const fabric::RailId rail = fabric.rail();
+  GdrRegistration out;
+  out.attempt.rail = rail;
   {
     absl::MutexLock lock(&pool.mu);
-    auto it = pool.registrations.find(provider);
-    if (it != pool.registrations.end() && it->second.failed && absl::Now() < it->second.retry_after) {
-      return absl::FailedPreconditionError(it->second.state);
+    auto it = pool.registrations.find(rail);
+    if (it != pool.registrations.end() && !it->second.last.status.ok() &&
+        absl::Now() < it->second.retry_after) {
+      out.attempt = it->second.last;
+      return out;
     }
   }
   absl::StatusOr<std::unique_ptr<fabric::MemoryRegion>> region;
@@ -91,14 +84,14 @@ absl::StatusOr<std::unique_ptr<fabric::MemoryRegion>> GpuPools::RegisterForGdr(
   if (pool.device->host_addressable()) {
     // The simulation: device memory is host memory, which every provider can register.
     region = fabric.Register(data, length, access);
-    *method = absl::StrCat(provider, ": ", pool.device->backend(), " GPU memory is host memory");
+    out.attempt.method = absl::StrCat(pool.device->backend(), " GPU memory is host memory");
   } else {
     uint64_t offset = static_cast<uint64_t>(data - static_cast<char*>(pool.slab->data()));
     auto dmabuf = pool.slab->ExportDmabuf(offset, length);
     if (dmabuf.ok()) {
       region = fabric.RegisterDmabuf(data, length, {dmabuf->fd, dmabuf->offset}, access);
       ::close(dmabuf->fd);
-      *method = absl::StrCat(provider, ": DMA-BUF");
+      out.attempt.method = "DMA-BUF";
     } else {
       region = dmabuf.status();
     }
@@ -106,40 +99,35 @@ absl::StatusOr<std::unique_ptr<fabric::MemoryRegion>> GpuPools::RegisterForGdr(
       why = absl::StrCat("DMA-BUF: ", region.status().message());
       // Peer memory: the NIC driver resolves the device pointer through nvidia-peermem.
       region = fabric.Register(data, length, access);
-      *method = absl::StrCat(provider, ": peer memory");
+      out.attempt.method = "peer memory";
     }
   }
   absl::MutexLock lock(&pool.mu);
-  auto& reg = pool.registrations[provider];
+  auto& reg = pool.registrations[rail];
   if (!region.ok()) {
-    reg.failed = true;
-    reg.state = absl::StrCat("registering GPU cuda:", gpu, " memory with ", provider, " failed (",
-                             why.empty() ? "" : absl::StrCat(why, "; "), region.status().message(),
-                             "); retrying after ", absl::FormatDuration(kRegistrationBackoff));
+    out.attempt.status = absl::FailedPreconditionError(absl::StrCat(
+        "registering GPU cuda:", gpu, " memory with ", rail.ToString(), " failed (",
+        why.empty() ? "" : absl::StrCat(why, "; "), region.status().message(),
+        "); retrying after ", absl::FormatDuration(kRegistrationBackoff)));
     reg.retry_after = absl::Now() + kRegistrationBackoff;
-    return absl::FailedPreconditionError(reg.state);
+  } else {
+    out.region = *std::move(region);
   }
-  reg.failed = false;
-  reg.state = *method;
-  return region;
+  reg.last = out.attempt;
+  return out;
 }
 
-std::string GpuPools::RegistrationState(int gpu, const std::string& provider) const {
+GpuPoolStats GpuPools::Stats(int gpu) const {
   Pool& pool = *pools_[gpu];
+  GpuPoolStats stats;
+  stats.index = gpu;
+  stats.pci = pool.device->pci();
+  stats.backend = pool.device->backend();
   absl::MutexLock lock(&pool.mu);
-  auto it = pool.registrations.find(provider);
-  return it == pool.registrations.end() ? "" : it->second.state;
-}
-
-void GpuPools::Fill(int gpu, ferry::v1::GpuInfo* info) const {
-  Pool& pool = *pools_[gpu];
-  info->set_index(gpu);
-  info->set_pci(pool.device->pci());
-  info->set_backend(pool.device->backend());
-  absl::MutexLock lock(&pool.mu);
-  info->set_pool_bytes(pool.allocator->capacity());
-  info->set_pool_used_bytes(pool.allocator->used());
-  info->set_pool_fragmentation(pool.allocator->fragmentation());
+  stats.pool_bytes = pool.allocator->capacity();
+  stats.used_bytes = pool.allocator->used();
+  stats.fragmentation = pool.allocator->fragmentation();
+  return stats;
 }
 
 }  // namespace ferry::server

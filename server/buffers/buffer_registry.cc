@@ -1,4 +1,4 @@
-#include "server/buffer_registry.h"
+#include "server/buffers/buffer_registry.h"
 
 #include <algorithm>
 
@@ -6,31 +6,13 @@
 #include "absl/strings/str_cat.h"
 #include "base/echo.h"
 #include "base/status_macros.h"
+#include "server/buffers/gpu_pools.h"
+#include "server/buffers/host_memory.h"
 #include "spdlog/spdlog.h"
 
 namespace ferry::server {
 
 namespace {
-
-class HostMemory : public BufferMemory {
- public:
-  HostMemory(std::unique_ptr<memory::HostBlock> block, std::string path)
-      : block_(std::move(block)), path_(std::move(path)) {}
-  char* data() const override { return block_->data(); }
-  uint64_t size() const override { return block_->size(); }
-  std::string device() const override { return "host"; }
-  int gpu() const override { return -1; }
-  std::string backend() const override { return "host"; }
-  void Describe(ferry::v1::BufferInfo* info) const override {
-    info->mutable_shm()->set_path(path_);
-    info->mutable_shm()->set_offset(block_->offset());
-    info->mutable_shm()->set_length(block_->size());
-  }
-
- private:
-  std::unique_ptr<memory::HostBlock> block_;
-  std::string path_;
-};
 
 // "cuda:3" -> 3.
 absl::StatusOr<int> ParseGpuDevice(const std::string& device) {
@@ -54,24 +36,9 @@ std::string Buffer::owner_label() const {
   return owner_.label;
 }
 
-void Buffer::Describe(ferry::v1::BufferInfo* info) const {
-  {
-    absl::MutexLock lock(&owner_mu_);
-    info->set_owner(owner_.label);
-    info->set_persist(owner_.session == 0);
-  }
-  info->set_id(id_);
-  info->set_name(name_);
-  info->set_size(size());
-  info->set_device(device());
-  info->set_backend(backend());
-  memory_->Describe(info);
-  for (const auto& r : registrations_) info->add_registrations(r);
-}
-
-const fabric::MemoryRegion* Buffer::region(const std::string& provider) const {
-  for (const auto& [name, region] : regions_) {
-    if (name == provider) return region.get();
+const fabric::MemoryRegion* Buffer::region(const fabric::RailId& rail) const {
+  for (const auto& [id, region] : regions_) {
+    if (id == rail) return region.get();
   }
   return nullptr;
 }
@@ -93,15 +60,9 @@ absl::StatusOr<std::shared_ptr<Buffer>> BufferRegistry::Allocate(uint64_t size,
   }
   uint32_t access = name.empty() ? fabric::kLocal : (fabric::kRemoteWrite | fabric::kRemoteRead);
   std::unique_ptr<BufferMemory> memory;
-  Buffer::Regions regions;
-  std::vector<std::string> registrations;
   if (device.empty() || device == "host") {
     ASSIGN_OR_RETURN(auto block, pool_->Allocate(size));
     memory = std::make_unique<HostMemory>(std::move(block), pool_->path());
-    for (fabric::Fabric* f : fabrics_) {
-      ASSIGN_OR_RETURN(auto region, f->Register(memory->data(), size, access));
-      regions.emplace_back(f->provider(), std::move(region));
-    }
   } else {
     ASSIGN_OR_RETURN(int gpu, ParseGpuDevice(device));
     if (gpus_ == nullptr || static_cast<size_t>(gpu) >= gpus_->count()) {
@@ -109,26 +70,18 @@ absl::StatusOr<std::shared_ptr<Buffer>> BufferRegistry::Allocate(uint64_t size,
                                               gpus_ ? gpus_->count() : 0, ")"));
     }
     ASSIGN_OR_RETURN(memory, gpus_->Allocate(gpu, size));
-    // A fabric that cannot register GPU memory leaves the buffer to staging; the reason
-    // stays with the buffer and shows in every transfer that stages it.
-    for (fabric::Fabric* f : fabrics_) {
-      std::string method;
-      auto region = gpus_->RegisterForGdr(gpu, *f, memory->data(), size, access, &method);
-      if (region.ok()) {
-        regions.emplace_back(f->provider(), std::move(*region));
-        registrations.push_back(method);
-      } else {
-        registrations.push_back(std::string(region.status().message()));
-      }
-    }
   }
+  // A fabric that cannot register GPU memory leaves the buffer to staging; the attempt stays
+  // with the buffer and its reason shows in every transfer that stages it.
+  ASSIGN_OR_RETURN(BufferRegistrations registrations,
+                   RegisterWithFabrics(*memory, fabrics_, access, gpus_));
   absl::MutexLock lock(&mu_);
   if (!name.empty() && by_name_.contains(name)) {
     return absl::AlreadyExistsError(absl::StrCat("name: a buffer named '", name, "' exists"));
   }
   uint64_t id = next_id_++;
-  auto buffer = std::make_shared<Buffer>(id, name, std::move(memory), std::move(regions),
-                                         std::move(registrations), std::move(owner));
+  auto buffer = std::make_shared<Buffer>(id, name, std::move(memory), std::move(registrations),
+                                         std::move(owner));
   by_id_.emplace(id, buffer);
   if (!name.empty()) by_name_.emplace(name, id);
   return buffer;
@@ -195,9 +148,12 @@ absl::Status BufferRegistry::Unexport(uint64_t id) {
     buffer = it->second;
     if (!buffer->name().empty()) by_name_.erase(buffer->name());
   }
-  for (const auto& [provider, region] : buffer->regions()) {
+  for (const auto& [rail, region] : buffer->regions()) {
     absl::Status s = region->RestrictToLocal();
-    if (!s.ok()) spdlog::debug("buffer {}: remote access stays with {}: {}", id, provider, s.ToString());
+    if (!s.ok()) {
+      spdlog::debug("buffer {}: remote access stays with {}: {}", id, rail.ToString(),
+                    s.ToString());
+    }
   }
   return absl::OkStatus();
 }

@@ -1,4 +1,4 @@
-#include "server/engine/bounce_pools.h"
+#include "server/buffers/bounce_pools.h"
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
@@ -6,14 +6,24 @@
 
 namespace ferry::server {
 
-const fabric::MemoryRegion* StagingPool::region(uint32_t chunk, const std::string& provider) const {
-  auto it = regions_.find({chunk, provider});
+const fabric::MemoryRegion* ChunkLease::region(const fabric::RailId& rail) const {
+  return pool_ == nullptr ? nullptr : pool_->region(lease_.chunk(), rail);
+}
+
+ChunkLease StagingPool::Acquire(absl::Time deadline) {
+  memory::BouncePool::Lease lease = pool_->Acquire(deadline);
+  if (!lease) return ChunkLease();
+  return ChunkLease(shared_from_this(), std::move(lease));
+}
+
+const fabric::MemoryRegion* StagingPool::region(uint32_t chunk, const fabric::RailId& rail) const {
+  auto it = regions_.find({chunk, rail});
   return it == regions_.end() ? nullptr : it->second.get();
 }
 
-void StagingPool::AddRegion(uint32_t chunk, std::string provider,
+void StagingPool::AddRegion(uint32_t chunk, fabric::RailId rail,
                             std::unique_ptr<fabric::MemoryRegion> r) {
-  regions_[{chunk, std::move(provider)}] = std::move(r);
+  regions_[{chunk, std::move(rail)}] = std::move(r);
 }
 
 absl::StatusOr<std::shared_ptr<StagingPool>> BouncePools::Get(int numa,
@@ -34,7 +44,9 @@ absl::StatusOr<std::shared_ptr<StagingPool>> BouncePools::Get(int numa,
     }
   }
   std::vector<memory::GpuDevice*> pin;
-  for (size_t g = 0; gpus_ != nullptr && g < gpus_->count(); ++g) pin.push_back(&gpus_->device(static_cast<int>(g)));
+  for (size_t g = 0; gpus_ != nullptr && g < gpus_->count(); ++g) {
+    pin.push_back(&gpus_->device(static_cast<int>(g)));
+  }
   std::string name = numa >= 0 ? absl::StrCat("numa", numa) : "any";
   ASSIGN_OR_RETURN(auto bounce, memory::BouncePool::Create(name, numa, chunk, depth * kLegs, pin));
   auto staging = std::make_shared<StagingPool>(std::move(bounce), snapshot.generation);
@@ -42,7 +54,7 @@ absl::StatusOr<std::shared_ptr<StagingPool>> BouncePools::Get(int numa,
     for (fabric::Fabric* f : fabrics_) {
       ASSIGN_OR_RETURN(auto region, f->Register(staging->pool().chunk_data(c), chunk,
                                                 fabric::kRemoteWrite | fabric::kRemoteRead));
-      staging->AddRegion(c, f->provider(), std::move(region));
+      staging->AddRegion(c, f->rail(), std::move(region));
     }
   }
   spdlog::info("bounce pool {}: {} chunks of {} bytes, {}", name, staging->pool().chunks(), chunk,
@@ -51,19 +63,15 @@ absl::StatusOr<std::shared_ptr<StagingPool>> BouncePools::Get(int numa,
   return staging;
 }
 
-void BouncePools::Fill(ferry::v1::GetInfoResponse* info) const {
+std::vector<BouncePoolStats> BouncePools::Stats() const {
+  std::vector<BouncePoolStats> out;
   absl::MutexLock lock(&mu_);
   for (const auto& [key, p] : pools_) {
-    auto* b = info->add_bounce_pools();
-    b->set_name(p->pool().name());
-    b->set_numa(p->pool().numa());
-    b->set_chunk_bytes(p->pool().chunk_bytes());
-    b->set_chunks(p->pool().chunks());
-    b->set_chunks_in_use(p->pool().in_use());
-    b->set_peak_chunks_in_use(p->pool().peak_in_use());
-    b->set_placement(p->pool().placement());
-    b->set_policy_generation(p->generation());
+    const memory::BouncePool& pool = p->pool();
+    out.push_back({pool.name(), pool.numa(), pool.chunk_bytes(), pool.chunks(), pool.in_use(),
+                   pool.peak_in_use(), pool.placement(), p->generation()});
   }
+  return out;
 }
 
 }  // namespace ferry::server

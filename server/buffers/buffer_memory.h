@@ -1,0 +1,45 @@
+#pragma once
+// A buffer's memory, wherever it lives: the host pool (host_memory.h), a GPU pool
+// (gpu_pools.h), and next memory a client registers. The registry, the planner and the
+// engine see only this interface; `mapping()` is the plain description of how a client maps
+// the memory, which the services turn into protos.
+
+#include <cstdint>
+#include <string>
+#include <variant>
+
+#include "absl/status/statusor.h"
+#include "transport/memory/gpu_device.h"
+
+namespace ferry::server {
+
+// Host memory: mmap [offset, offset+length) of the shared-memory file `path`.
+struct HostMapping {
+  std::string path;
+  uint64_t offset = 0;
+  uint64_t length = 0;
+};
+
+// GPU memory: what the GPU exported for clients (CUDA IPC handle, or the simulation's
+// shared-memory file), and the GPU's PCI address so a client opens it on the right device.
+struct GpuMapping {
+  memory::GpuExport exported;
+  std::string pci;
+};
+
+using BufferMapping = std::variant<HostMapping, GpuMapping>;
+
+class BufferMemory {
+ public:
+  virtual ~BufferMemory() = default;
+  // Host address, or device address for a GPU buffer.
+  virtual char* data() const = 0;
+  virtual uint64_t size() const = 0;
+  virtual std::string device() const = 0;   // "host" or "cuda:N"
+  virtual int gpu() const = 0;              // -1 for host memory
+  virtual std::string backend() const = 0;  // "host", "cuda" or "sim"
+  // How a client maps it; the driver's error when GPU memory cannot be exported.
+  virtual absl::StatusOr<BufferMapping> mapping() const = 0;
+};
+
+}  // namespace ferry::server
