@@ -180,7 +180,8 @@ absl::Status ParseInto(const Context& ctx, const YAML::Node& root, Config& c) {
   if (auto verbs = root["verbs"]) {
     RETURN_IF_ERROR(CheckKeys(ctx, verbs, "verbs",
                               {"device", "port", "gid_index", "timeout", "retry_cnt", "rnr_retry",
-                               "send_queue_depth", "signal_every", "inline_threshold"}));
+                               "send_queue_depth", "signal_every", "inline_threshold",
+                               "recv_queue_depth", "cq_depth", "max_message_bytes"}));
     VerbsSettings& v = c.verbs;
     if (auto n = verbs["device"]) {
       ASSIGN_OR_RETURN(v.device, ReadString(ctx, n, "verbs.device"));
@@ -216,6 +217,31 @@ absl::Status ParseInto(const Context& ctx, const YAML::Node& root, Config& c) {
     }
     if (auto n = verbs["inline_threshold"]) {
       ASSIGN_OR_RETURN(v.inline_threshold, ReadCount(ctx, n, "verbs.inline_threshold", 0, 1024));
+    }
+    if (auto n = verbs["recv_queue_depth"]) {
+      ASSIGN_OR_RETURN(v.recv_queue_depth,
+                       ReadCount(ctx, n, "verbs.recv_queue_depth", 1, 1u << 16));
+    }
+    if (auto n = verbs["cq_depth"]) {
+      // 2^22 is above any HCA's max_cqe (mlx5: 2^22 - 1), which clamps it anyway.
+      ASSIGN_OR_RETURN(v.cq_depth, ReadCount(ctx, n, "verbs.cq_depth", 1, 1u << 22));
+      // Each queue pair reserves its depth + 1 in the CQ (initiator_qp.cc, target_qp.cc); a
+      // CQ without room for one each way would refuse every peer. Checked only when the key
+      // is given: the default beside send_queue_depth 65536, valid before, would fail it.
+      const uint64_t one_each_way = uint64_t{v.send_queue_depth} + v.recv_queue_depth + 2;
+      if (v.cq_depth < one_each_way) {
+        return ctx.Error(n, "verbs.cq_depth", absl::StrCat(
+            v.cq_depth, " is less than send_queue_depth + recv_queue_depth + 2 (", one_each_way,
+            "): not one connection each way would fit"));
+      }
+    }
+    if (auto n = verbs["max_message_bytes"]) {
+      ASSIGN_OR_RETURN(v.max_message_bytes, ReadByteSize(ctx, n, "verbs.max_message_bytes"));
+      // Below a page per work request is a slip of the unit (4 for 4KiB), not a tuning.
+      if (v.max_message_bytes != 0 && v.max_message_bytes < 4096) {
+        return ctx.Error(n, "verbs.max_message_bytes",
+                         "must be 0 (the port's max_msg_sz) or at least 4KiB");
+      }
     }
     if (v.signal_every > v.send_queue_depth) {
       return ctx.Error(verbs, "verbs.signal_every", absl::StrCat(

@@ -1,14 +1,13 @@
 #include "server/agent_core.h"
 
-#include <algorithm>
 #include <random>
 
 #include "absl/strings/str_cat.h"
 #include "base/open_files.h"
 #include "base/status_macros.h"
+#include "server/agent_options.h"
 #include "server/peers/stage_client.h"
 #include "spdlog/spdlog.h"
-#include "transport/tcp/socket.h"
 #include "transport/providers.h"
 #include "transport/topology/discovery.h"
 
@@ -18,15 +17,6 @@ namespace {
 uint64_t NewIncarnation() {
   std::random_device rd;
   return (static_cast<uint64_t>(rd()) << 32) | rd() | 1;
-}
-
-// The data listener defaults to the peer API's host on any free port; Hello tells peers.
-std::string TcpListenAddress(const config::Config& config) {
-  if (!config.tcp_listen.empty()) return config.tcp_listen;
-  auto hp = tcp::ParseHostPort(config.peer_listen);
-  std::string host = hp.ok() ? hp->host : "127.0.0.1";
-  if (host.find(':') != std::string::npos) host = absl::StrCat("[", host, "]");
-  return absl::StrCat(host, ":0");
 }
 
 }  // namespace
@@ -39,30 +29,11 @@ absl::StatusOr<std::unique_ptr<AgentCore>> AgentCore::Create(const config::Confi
   RETURN_IF_ERROR(core->LoadTopology());
   ASSIGN_OR_RETURN(core->pool_, memory::HostPool::Create(config.host_pool_bytes,
                                                          absl::StrCat("ferry-", config.node)));
-  fabric::ProviderOptions providers;
-  providers.providers = config.providers;
-  providers.tcp.listen_address = TcpListenAddress(config);
-  providers.tcp.connections = config.tcp_connections;
   // Connections must never take the agent's last fds (base/open_files.h says why).
-  const uint64_t fd_budget = ConnectionFdBudget(RaiseOpenFileLimit());
-  providers.tcp.max_connections =
-      static_cast<uint32_t>(std::min<uint64_t>(config.tcp_max_connections, fd_budget));
-  if (providers.tcp.max_connections < config.tcp_max_connections) {
-    spdlog::info("tcp: at most {} incoming connections (limits.tcp_max_connections {} is more "
-                 "than the open-file limit allows)", providers.tcp.max_connections,
-                 config.tcp_max_connections);
-  }
-  providers.tcp.max_connections_per_source = config.tcp_max_connections_per_peer;
-  providers.tcp.handshake_timeout_ms = config.tcp_handshake_timeout_ms;
-  providers.verbs.device = config.verbs.device;
-  providers.verbs.port = config.verbs.port;
-  providers.verbs.gid_index = config.verbs.gid_index;
-  providers.verbs.timeout = config.verbs.timeout;
-  providers.verbs.retry_cnt = config.verbs.retry_cnt;
-  providers.verbs.rnr_retry = config.verbs.rnr_retry;
-  providers.verbs.send_queue_depth = config.verbs.send_queue_depth;
-  providers.verbs.signal_every = config.verbs.signal_every;
-  providers.verbs.inline_threshold = config.verbs.inline_threshold;
+  std::string clamped;
+  const fabric::ProviderOptions providers =
+      ProviderOptionsFromConfig(config, ConnectionFdBudget(RaiseOpenFileLimit()), &clamped);
+  if (!clamped.empty()) spdlog::info("{}", clamped);
   std::vector<std::string> skipped;
   ASSIGN_OR_RETURN(core->fabrics_, fabric::CreateFabrics(providers, &skipped));
   for (const auto& why : skipped) spdlog::info("{}", why);
@@ -77,13 +48,6 @@ absl::StatusOr<std::unique_ptr<AgentCore>> AgentCore::Create(const config::Confi
   core->sessions_ = std::make_unique<SessionRegistry>(core->buffers_.get());
   core->peers_ = std::make_unique<PeerDirectory>(config.node, config.peer_listen, config.peers,
                                                  fabrics);
-  EngineLimits limits;
-  limits.max_op_bytes = config.max_op_bytes;
-  limits.max_ops_per_submit = config.max_ops_per_submit;
-  limits.default_timeout = absl::Milliseconds(config.default_timeout_ms);
-  limits.max_timeout = absl::Milliseconds(config.max_timeout_ms);
-  limits.slice_bytes = config.slice_bytes;
-  limits.peer_window_bytes = config.peer_window_bytes;
   EngineDeps deps;
   deps.buffers = core->buffers_.get();
   deps.peers = core->peers_.get();
@@ -95,7 +59,8 @@ absl::StatusOr<std::unique_ptr<AgentCore>> AgentCore::Create(const config::Confi
   deps.plan = [raw](const Buffer& b, const PolicySnapshot& snap, const fabric::RailId& rail) {
     return raw->PlanLeg(b, snap, rail);
   };
-  core->engine_ = std::make_unique<TransferEngine>(std::move(deps), limits);
+  core->engine_ = std::make_unique<TransferEngine>(std::move(deps),
+                                                   EngineLimitsFromConfig(config));
   std::map<std::string, std::string> tensor_peers = config.peers;
   tensor_peers[config.node] = config.peer_listen;  // sending to oneself works like any peer
   core->tensors_ = std::make_unique<TensorState>(config.node, std::move(tensor_peers),

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "server/agent_core.h"
+#include "server/agent_options.h"
 #include "spdlog/spdlog.h"
 
 namespace ferry::server {
@@ -18,16 +19,6 @@ std::string Peers(const std::map<std::string, std::string>& peers) {
 
 std::string Nics(const config::NicFilter& n) {
   return absl::StrCat("allow=", Join(n.allow), " deny=", Join(n.deny));
-}
-
-EngineLimits LimitsOf(const config::Config& c, const EngineLimits& base) {
-  EngineLimits limits = base;
-  limits.max_op_bytes = c.max_op_bytes;
-  limits.max_ops_per_submit = c.max_ops_per_submit;
-  limits.default_timeout = absl::Milliseconds(c.default_timeout_ms);
-  limits.max_timeout = absl::Milliseconds(c.max_timeout_ms);
-  limits.slice_bytes = c.slice_bytes;
-  return limits;
 }
 
 }  // namespace
@@ -54,7 +45,8 @@ std::vector<std::string> RestartOnlyChanges(const config::Config& a, const confi
          const auto& v = c.verbs;
          return absl::StrCat(v.device, "/", v.port, "/", v.gid_index, "/", v.timeout, "/",
                              v.retry_cnt, "/", v.rnr_retry, "/", v.send_queue_depth, "/",
-                             v.signal_every, "/", v.inline_threshold);
+                             v.signal_every, "/", v.inline_threshold, "/", v.recv_queue_depth,
+                             "/", v.cq_depth, "/", v.max_message_bytes);
        }},
       {"topology", [](const auto& c) { return c.topology; }},
       {"nics", [](const auto& c) { return Nics(c.nics); }},
@@ -100,7 +92,11 @@ ReloadReport ApplyReload(AgentCore& core, config::Config& running, const config:
     running.log_level = next.log_level;
   }
   const EngineLimits current = core.engine().limits();
-  const EngineLimits limits = LimitsOf(next, current);
+  EngineLimits limits = EngineLimitsFromConfig(next);
+  // The per-peer window needs a restart (RestartOnlyChanges names it) and history has no key:
+  // both stay as the engine runs.
+  limits.peer_window_bytes = current.peer_window_bytes;
+  limits.history = current.history;
   if (limits.max_op_bytes != current.max_op_bytes ||
       limits.max_ops_per_submit != current.max_ops_per_submit ||
       limits.default_timeout != current.default_timeout ||

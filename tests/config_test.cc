@@ -63,7 +63,8 @@ policy: {gdr: always, gdr_max_path: pxb, fallback: fail, staging_chunk: 1MiB, st
 TEST(ConfigTest, VerbsSectionIsParsedAndChecked) {
   auto c = ParseConfig(R"(
 verbs: {device: mlx5_1, port: 2, gid_index: 3, timeout: 18, retry_cnt: 6, rnr_retry: 5,
-        send_queue_depth: 256, signal_every: 32, inline_threshold: 0}
+        send_queue_depth: 256, signal_every: 32, inline_threshold: 0, recv_queue_depth: 128,
+        cq_depth: 4096, max_message_bytes: 64KiB}
 )", "test.yaml");
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->verbs.device, "mlx5_1");
@@ -75,10 +76,16 @@ verbs: {device: mlx5_1, port: 2, gid_index: 3, timeout: 18, retry_cnt: 6, rnr_re
   EXPECT_EQ(c->verbs.send_queue_depth, 256u);
   EXPECT_EQ(c->verbs.signal_every, 32u);
   EXPECT_EQ(c->verbs.inline_threshold, 0u);
+  EXPECT_EQ(c->verbs.recv_queue_depth, 128u);
+  EXPECT_EQ(c->verbs.cq_depth, 4096u);
+  EXPECT_EQ(c->verbs.max_message_bytes, 64u << 10);
   auto d = ParseConfig("", "empty.yaml");
   ASSERT_TRUE(d.ok());
   EXPECT_EQ(d->verbs.device, "");
   EXPECT_EQ(d->verbs.gid_index, -1);
+  EXPECT_EQ(d->verbs.recv_queue_depth, 256u);
+  EXPECT_EQ(d->verbs.cq_depth, 65536u);
+  EXPECT_EQ(d->verbs.max_message_bytes, 0u);
 
   EXPECT_THAT(ErrorOf("verbs:\n  gid: 3\n"), HasSubstr("test.yaml:2: key 'verbs.gid': unknown key"));
   EXPECT_THAT(ErrorOf("verbs:\n  gid_index: -2\n"),
@@ -88,6 +95,21 @@ verbs: {device: mlx5_1, port: 2, gid_index: 3, timeout: 18, retry_cnt: 6, rnr_re
   EXPECT_THAT(ErrorOf("verbs:\n  timeout: x\n"), HasSubstr("key 'verbs.timeout': expected a whole number"));
   EXPECT_THAT(ErrorOf("verbs: {send_queue_depth: 16, signal_every: 64}\n"),
               HasSubstr("key 'verbs.signal_every': 64 exceeds send_queue_depth 16"));
+  EXPECT_THAT(ErrorOf("verbs:\n  recv_queue_depth: 0\n"),
+              HasSubstr("test.yaml:2: key 'verbs.recv_queue_depth': 0 is outside 1..65536"));
+  EXPECT_THAT(ErrorOf("verbs:\n  cq_depth: 8388608\n"),
+              HasSubstr("test.yaml:2: key 'verbs.cq_depth': 8388608 is outside 1..4194304"));
+  EXPECT_THAT(ErrorOf("verbs: {send_queue_depth: 1024, recv_queue_depth: 256, cq_depth: 1281}\n"),
+              HasSubstr("key 'verbs.cq_depth': 1281 is less than send_queue_depth + "
+                        "recv_queue_depth + 2 (1282)"));
+  EXPECT_TRUE(ParseConfig("verbs: {cq_depth: 1282}\n", "test.yaml").ok());
+  // Without cq_depth the default stands unchecked, as before the key existed.
+  EXPECT_TRUE(ParseConfig("verbs: {send_queue_depth: 65536}\n", "test.yaml").ok());
+  EXPECT_THAT(ErrorOf("verbs:\n  max_message_bytes: 4\n"),
+              HasSubstr("test.yaml:2: key 'verbs.max_message_bytes': must be 0 (the port's "
+                        "max_msg_sz) or at least 4KiB"));
+  EXPECT_THAT(ErrorOf("verbs:\n  max_message_bytes: lots\n"),
+              HasSubstr("key 'verbs.max_message_bytes'"));
 }
 
 TEST(ConfigTest, ExampleFileDocumentsValidKeys) {
