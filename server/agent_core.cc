@@ -61,11 +61,9 @@ absl::StatusOr<std::unique_ptr<AgentCore>> AgentCore::Create(const config::Confi
   };
   core->engine_ = std::make_unique<TransferEngine>(std::move(deps),
                                                    EngineLimitsFromConfig(config));
-  std::map<std::string, std::string> tensor_peers = config.peers;
-  tensor_peers[config.node] = config.peer_listen;  // sending to oneself works like any peer
-  core->tensors_ = std::make_unique<TensorState>(config.node, std::move(tensor_peers),
-                                                 core->buffers_.get(), core->engine_.get(),
-                                                 config.max_op_bytes);
+  // The directory's self entry makes sending to oneself work like sending to any peer.
+  core->tensors_ = std::make_unique<TensorState>(core->peers_.get(), core->buffers_.get(),
+                                                 core->engine_.get(), config.max_op_bytes);
   spdlog::info("node {}: host pool {} MiB at {}", config.node, config.host_pool_bytes >> 20,
                core->pool_->path());
   return core;

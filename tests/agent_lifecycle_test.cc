@@ -22,6 +22,7 @@
 #include "client/agent_process.h"
 #include "client/child_process.h"
 #include "client/ferry_client.h"
+#include "client/tensor_client.h"
 #include "ferry/v1/peer.grpc.pb.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
@@ -491,6 +492,48 @@ TEST(AgentLifecycleTest, SighupAppliesWhatItCanAndNamesWhatNeedsARestart) {
   auto id = (*c)->Submit({{ferry::v1::WRITE, (*big)->id(), 0, "node-a", "self-target", 0, 2 << 20}});
   EXPECT_EQ(id.status().code(), absl::StatusCode::kInvalidArgument) << id.status();
   c->reset();
+  agent->reset();
+  std::system(("rm -rf " + dir).c_str());
+}
+
+TEST(AgentLifecycleTest, SighupPeersAreTheTensorServicesPeersToo) {
+  // Tensors once kept a peer map of their own, fixed at start: a reloaded peer was known to
+  // transfers but "unknown" to Recv, and a removed one stayed reachable for tensors.
+  std::string dir = MakeTempDir();
+  auto agent = AgentProcess::Start({"node-a", dir, 0, {}, ""});
+  ASSERT_TRUE(agent.ok()) << agent.status();
+  auto tensors = TensorClient::Connect((*agent)->socket());
+  ASSERT_TRUE(tensors.ok()) << tensors.status();
+  CallOptions briefly;
+  briefly.timeout = absl::Milliseconds(200);
+  auto got = (*tensors)->Recv("node-c", "t", {}, briefly);
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kNotFound) << got.status();
+  EXPECT_THAT(got.status().message(), HasSubstr("peer: unknown node 'node-c'"));
+
+  const std::string original = ReadFile((*agent)->config_path());
+  {
+    std::ofstream out((*agent)->config_path(), std::ios::app);
+    out << "peers:\n  node-c: 127.0.0.1:9\n";
+  }
+  kill((*agent)->pid(), SIGHUP);
+  const std::string log = (*agent)->log_path();
+  ASSERT_TRUE(WaitForText(log, "SIGHUP: peers: peer node-c added", absl::Seconds(10)))
+      << ReadFile(log);
+  // Known now: the receive waits for a send, and its deadline ends it.
+  got = (*tensors)->Recv("node-c", "t", {}, briefly);
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kDeadlineExceeded) << got.status();
+
+  {
+    std::ofstream out((*agent)->config_path(), std::ios::trunc);
+    out << original;
+  }
+  kill((*agent)->pid(), SIGHUP);
+  ASSERT_TRUE(WaitForText(log, "SIGHUP: peers: peer node-c removed", absl::Seconds(10)))
+      << ReadFile(log);
+  got = (*tensors)->Recv("node-c", "t", {}, briefly);
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kNotFound) << got.status();
+  EXPECT_THAT(got.status().message(), HasSubstr("peer: unknown node 'node-c'"));
+  tensors->reset();
   agent->reset();
   std::system(("rm -rf " + dir).c_str());
 }

@@ -63,15 +63,16 @@ absl::StatusOr<PeerDirectory::Link*> PeerDirectory::FindLink(const std::string& 
                                             absl::StrJoin(names, ", "), ")"));
   }
   Link& link = it->second;
-  if (!link.stub) {
+  if (!link.channel) {
     grpc::ChannelArguments args;
     // Reconnect quickly after a peer restarts instead of waiting out gRPC's long backoff.
     // Not GRPC_ARG_MIN_RECONNECT_BACKOFF_MS: it is also the connect timeout, and at 100 ms a
     // busy peer (one out of fds, accepting slowly) would look dead.
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-    link.stub = ferry::v1::Peer::NewStub(
-        grpc::CreateCustomChannel(link.address, grpc::InsecureChannelCredentials(), args));
+    link.channel =
+        grpc::CreateCustomChannel(link.address, grpc::InsecureChannelCredentials(), args);
+    link.stub = ferry::v1::Peer::NewStub(link.channel);
   }
   return &link;
 }
@@ -119,6 +120,12 @@ absl::StatusOr<std::shared_ptr<ferry::v1::Peer::Stub>> PeerDirectory::Stub(const
   return link->stub;
 }
 
+absl::StatusOr<std::shared_ptr<grpc::Channel>> PeerDirectory::Channel(const std::string& node) {
+  absl::MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(Link* link, FindLink(node));
+  return link->channel;
+}
+
 std::vector<std::string> PeerDirectory::Update(const std::map<std::string, std::string>& peers) {
   std::vector<std::string> changes;
   std::vector<std::shared_ptr<fabric::Endpoint>> closing;
@@ -143,6 +150,7 @@ std::vector<std::string> PeerDirectory::Update(const std::map<std::string, std::
       } else if (link.address != address) {
         changes.push_back(absl::StrCat("peer ", name, " moved from ", link.address, " to ", address));
         link.address = address;
+        link.channel.reset();
         link.stub.reset();
         link.incarnation = 0;
         if (link.connected.endpoint) closing.push_back(std::move(link.connected.endpoint));

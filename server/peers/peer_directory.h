@@ -1,8 +1,9 @@
 #pragma once
-// The peers this agent may talk to: their Peer gRPC stubs, what they said in Hello, and the
-// fabric endpoint to each. Connects lazily on first use (Hello, provider choice, the
-// provider's handshake through the Connect call) and again after a peer restarts (its
-// incarnation changes) or its endpoint broke.
+// The peers this agent may talk to: one gRPC channel to each (the Peer stub and the tensor
+// service's TensorPeer stubs share it), what they said in Hello, and the fabric endpoint to
+// each. Connects lazily on first use (Hello, provider choice, the provider's handshake
+// through the Connect call) and again after a peer restarts (its incarnation changes) or its
+// endpoint broke.
 
 #include <cstdint>
 #include <map>
@@ -16,6 +17,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "ferry/v1/peer.grpc.pb.h"
+#include "grpcpp/channel.h"
 #include "server/leg_mode.h"
 #include "transport/fabric.h"
 
@@ -81,9 +83,15 @@ class PeerDirectory {
   // The Peer stub for `node` (Stage calls); NOT_FOUND for an unknown node. Shared: a peer
   // removed meanwhile keeps its stub alive for the calls that still use it.
   absl::StatusOr<std::shared_ptr<ferry::v1::Peer::Stub>> Stub(const std::string& node);
+  // The gRPC channel to `node`'s peer address (this agent's own for self()), the one its
+  // Peer stub uses, for the other agent-to-agent services served there (TensorPeer): make
+  // the stub on it per use rather than keeping it, so that Update's changes reach you.
+  // NOT_FOUND for an unknown node. Shared like Stub: a channel taken before the peer was
+  // removed or moved stays usable and keeps reaching the address it was made for.
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> Channel(const std::string& node);
   // Makes the configured peers `peers` (a SIGHUP reload): new ones are added, removed ones
   // dropped (their endpoints closed; transfers to them fail UNAVAILABLE), a changed address
-  // reconnects. Returns one line per change, for the log.
+  // gets a new channel and reconnects. Returns one line per change, for the log.
   std::vector<std::string> Update(const std::map<std::string, std::string>& peers);
   const std::string& self() const { return self_; }
   // Closes every endpoint (agent shutdown).
@@ -92,6 +100,8 @@ class PeerDirectory {
  private:
   struct Link {
     std::string address;
+    // Made on first use; both reset when the address changes.
+    std::shared_ptr<grpc::Channel> channel;
     std::shared_ptr<ferry::v1::Peer::Stub> stub;
     PeerEndpoint connected;
     uint64_t incarnation = 0;

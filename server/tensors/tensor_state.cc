@@ -54,14 +54,14 @@ absl::Status RenameOps(const absl::Status& s) {
 
 }  // namespace
 
-TensorState::TensorState(std::string node, std::map<std::string, std::string> peer_addresses,
-                         BufferRegistry* buffers, TransferEngine* engine, uint64_t max_op_bytes)
-    : node_(std::move(node)),
+TensorState::TensorState(PeerDirectory* peers, BufferRegistry* buffers, TransferEngine* engine,
+                         uint64_t max_op_bytes)
+    : peers_(peers),
+      node_(peers->self()),
       buffers_(buffers),
       engine_(engine),
       max_op_bytes_(max_op_bytes),
-      matcher_(node_, buffers),
-      addresses_(std::move(peer_addresses)) {
+      matcher_(node_, buffers) {
   // Send ids only need to be unique per sending agent; a random start keeps a restarted
   // agent's ids from colliding with offers its previous life left at a peer.
   std::random_device rd;
@@ -74,23 +74,16 @@ uint32_t TensorState::EngineTimeoutMs(absl::Time deadline) const {
   return static_cast<uint32_t>(std::clamp<int64_t>(left_ms, 1, std::min<int64_t>(cap_ms, UINT32_MAX)));
 }
 
-absl::StatusOr<ferry::v1::TensorPeer::Stub*> TensorState::Stub(const std::string& node) {
-  absl::MutexLock lock(&mu_);
-  auto it = stubs_.find(node);
-  if (it != stubs_.end()) return it->second.get();
-  auto a = addresses_.find(node);
-  if (a == addresses_.end()) {
+absl::StatusOr<std::unique_ptr<ferry::v1::TensorPeer::Stub>> TensorState::Stub(
+    const std::string& node) {
+  // A stub is only the channel and its method names, cheap next to the call it makes; made
+  // per use, it follows the directory's reloads (a moved peer's new channel) by itself.
+  auto channel = peers_->Channel(node);
+  if (absl::IsNotFound(channel.status())) {
     return absl::NotFoundError(absl::StrCat("peer: unknown node '", node, "'"));
   }
-  grpc::ChannelArguments args;
-  // Not GRPC_ARG_MIN_RECONNECT_BACKOFF_MS: it is also the connect timeout (see PeerDirectory).
-  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-  auto stub = ferry::v1::TensorPeer::NewStub(
-      grpc::CreateCustomChannel(a->second, grpc::InsecureChannelCredentials(), args));
-  auto* raw = stub.get();
-  stubs_.emplace(node, std::move(stub));
-  return raw;
+  if (!channel.ok()) return channel.status();
+  return ferry::v1::TensorPeer::NewStub(*std::move(channel));
 }
 
 absl::Status TensorState::AwaitTransfer(uint64_t id) {
@@ -141,7 +134,8 @@ absl::StatusOr<ferry::v1::SendResponse> TensorState::Send(const ferry::v1::SendR
   RETURN_IF_ERROR(CheckName(req.peer(), "peer"));
   RETURN_IF_ERROR(CheckName(meta.tag(), "meta.tag"));
   ASSIGN_OR_RETURN(uint64_t bytes, tensors::TensorSpanBytes(meta, "meta"));
-  ASSIGN_OR_RETURN(ferry::v1::TensorPeer::Stub * stub, Stub(req.peer()));
+  ASSIGN_OR_RETURN(std::unique_ptr<ferry::v1::TensorPeer::Stub> peer_stub, Stub(req.peer()));
+  ferry::v1::TensorPeer::Stub* const stub = peer_stub.get();
   ASSIGN_OR_RETURN(std::shared_ptr<Buffer> buffer, buffers_->Get(req.buffer(), "buffer"));
   // The buffer says where the bytes live ("host" now, "cuda:N" with GPU pools); a client
   // that claims otherwise is told rather than trusted.
@@ -269,11 +263,8 @@ absl::StatusOr<ferry::v1::RecvResponse> TensorState::Recv(const ferry::v1::RecvR
                                                           const CancelledFn& client_gone) {
   RETURN_IF_ERROR(CheckName(req.peer(), "peer"));
   RETURN_IF_ERROR(CheckName(req.tag(), "tag"));
-  {
-    absl::MutexLock lock(&mu_);
-    if (!addresses_.contains(req.peer())) {
-      return absl::NotFoundError(absl::StrCat("peer: unknown node '", req.peer(), "'"));
-    }
+  if (!peers_->Known(req.peer())) {
+    return absl::NotFoundError(absl::StrCat("peer: unknown node '", req.peer(), "'"));
   }
   const auto& expect = req.expect();
   if (expect.dtype() != ferry::v1::DTYPE_UNSPECIFIED && tensors::DTypeSize(expect.dtype()) == 0) {
@@ -330,7 +321,8 @@ absl::StatusOr<ferry::v1::WriteBlocksResponse> TensorState::WriteBlocks(
                                                    " characters is more than ", kMaxNameLength));
   }
   if (req.blocks_size() == 0) return absl::InvalidArgumentError("blocks: the batch is empty");
-  ASSIGN_OR_RETURN(ferry::v1::TensorPeer::Stub * stub, Stub(req.peer()));
+  ASSIGN_OR_RETURN(std::unique_ptr<ferry::v1::TensorPeer::Stub> peer_stub, Stub(req.peer()));
+  ferry::v1::TensorPeer::Stub* const stub = peer_stub.get();
 
   ferry::v1::SubmitRequest submit;
   submit.mutable_ops()->Reserve(req.blocks_size());

@@ -1,7 +1,8 @@
 #pragma once
 // Everything an agent keeps for tensors: the receive matcher and notification board (the
-// receiving side), the sends and block batches in flight (the sending side), and the
-// TensorPeer stubs to other agents. The Tensors and TensorPeer services are views onto it.
+// receiving side) and the sends and block batches in flight (the sending side). Other agents
+// are reached through the agent's PeerDirectory, so a SIGHUP reload that adds or removes a
+// peer does so for tensors too. The Tensors and TensorPeer services are views onto it.
 //
 // Sending side of Send, in steps: validate -> offer to the receiver's agent (Match, asked
 // again every second so cancellation is noticed) -> WRITE the span straight into the
@@ -22,6 +23,7 @@
 #include "ferry/v1/tensor.grpc.pb.h"
 #include "server/buffers/buffer_registry.h"
 #include "server/engine/transfer_engine.h"
+#include "server/peers/peer_directory.h"
 #include "server/tensors/notification_board.h"
 #include "server/tensors/recv_matcher.h"
 
@@ -29,9 +31,10 @@ namespace ferry::server {
 
 class TensorState {
  public:
-  // `peer_addresses`: node -> peer API address, including this node itself.
-  TensorState(std::string node, std::map<std::string, std::string> peer_addresses,
-              BufferRegistry* buffers, TransferEngine* engine, uint64_t max_op_bytes);
+  // `peers` names the nodes tensors may go to and from (this node itself too, as
+  // peers->self()) and holds the channels to them; it must outlive this.
+  TensorState(PeerDirectory* peers, BufferRegistry* buffers, TransferEngine* engine,
+              uint64_t max_op_bytes);
 
   const std::string& node() const { return node_; }
   RecvMatcher& matcher() { return matcher_; }
@@ -58,7 +61,10 @@ class TensorState {
   // at most the engine's limits.max_timeout (a send with no deadline of its own then ends
   // at that cap rather than being refused).
   uint32_t EngineTimeoutMs(absl::Time deadline) const;
-  absl::StatusOr<ferry::v1::TensorPeer::Stub*> Stub(const std::string& node);
+  // A TensorPeer stub on the directory's channel to `node`, for one call's use (a send
+  // keeps it to its end even if the peer is removed meanwhile); NOT_FOUND for a node that
+  // is not a peer now.
+  absl::StatusOr<std::unique_ptr<ferry::v1::TensorPeer::Stub>> Stub(const std::string& node);
   // Waits for transfer `id` to end (its own deadline bounds this) and returns its status.
   absl::Status AwaitTransfer(uint64_t id);
   // Best-effort messages to a peer that must go out even after our deadline passed.
@@ -67,6 +73,7 @@ class TensorState {
                               const absl::Status& status);
   absl::Status NotifyPeer(ferry::v1::TensorPeer::Stub* stub, ferry::v1::Notification n);
 
+  PeerDirectory* const peers_;
   const std::string node_;
   BufferRegistry* const buffers_;
   TransferEngine* const engine_;
@@ -75,8 +82,6 @@ class TensorState {
   NotificationBoard board_;
 
   absl::Mutex mu_;
-  std::map<std::string, std::string> addresses_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, std::unique_ptr<ferry::v1::TensorPeer::Stub>> stubs_ ABSL_GUARDED_BY(mu_);
   // This agent's sends in flight, by (peer, tag).
   std::map<std::pair<std::string, std::string>, std::shared_ptr<ActiveSend>> sends_
       ABSL_GUARDED_BY(mu_);

@@ -1,0 +1,653 @@
+// PeerDirectory through its public interface, against fake agents: each a gRPC server on
+// 127.0.0.1 with a scripted Peer service in front of a real tcp fabric, so that Hello,
+// Connect (the fabric's own handshake), ResolveBuffer and the endpoints it makes are real.
+
+#include "server/peers/peer_directory.h"
+
+#include <atomic>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "base/unique_fd.h"
+#include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "server/peers/protocol.h"
+#include "tests/completion_waiter.h"
+#include "transport/tcp/socket.h"
+#include "transport/tcp/tcp_fabric.h"
+
+namespace ferry::server {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+
+constexpr uint64_t kLandingBytes = 4096;
+// Long enough for a loaded machine, short enough that a hang fails the test, not ctest.
+constexpr absl::Duration kPatience = absl::Seconds(10);
+
+absl::Time Soon() { return absl::Now() + absl::Seconds(5); }
+
+absl::StatusOr<std::unique_ptr<tcp::TcpFabric>> MakeFabric() {
+  tcp::TcpOptions options;
+  options.listen_address = "127.0.0.1:0";
+  options.connections = 2;
+  options.event_loops = 1;
+  return tcp::TcpFabric::Create(options);
+}
+
+// What a peer agent's Peer service does, reduced to what the directory relies on; the test
+// changes its answers while it runs.
+class FakePeerService final : public ferry::v1::Peer::Service {
+ public:
+  FakePeerService(std::string node, fabric::Fabric* fabric, uint64_t incarnation)
+      : node_(std::move(node)), fabric_(fabric), incarnation_(incarnation) {}
+
+  void set_incarnation(uint64_t v) {
+    absl::MutexLock lock(&mu_);
+    incarnation_ = v;
+  }
+  // What Hello answers as its protocol version.
+  void set_protocol_version(uint32_t v) {
+    absl::MutexLock lock(&mu_);
+    protocol_version_ = v;
+  }
+  // Hello fails FAILED_PRECONDITION, as a real agent does for a version it does not speak.
+  void set_refuse_hello(bool v) {
+    absl::MutexLock lock(&mu_);
+    refuse_hello_ = v;
+  }
+  // ResolveBuffer(name) answers `resp` (its incarnation filled in at call time).
+  void AddBuffer(const std::string& name, ferry::v1::ResolveBufferResponse resp) {
+    absl::MutexLock lock(&mu_);
+    buffers_[name] = std::move(resp);
+  }
+  int hellos() const { return hellos_.load(); }
+  int connects() const { return connects_.load(); }
+  int resolves() const { return resolves_.load(); }
+  std::string last_from() const {
+    absl::MutexLock lock(&mu_);
+    return last_from_;
+  }
+  uint32_t last_hello_version() const {
+    absl::MutexLock lock(&mu_);
+    return last_hello_version_;
+  }
+
+  grpc::Status Hello(grpc::ServerContext*, const ferry::v1::HelloRequest* req,
+                     ferry::v1::HelloResponse* resp) override {
+    hellos_.fetch_add(1);
+    absl::MutexLock lock(&mu_);
+    last_from_ = req->node();
+    last_hello_version_ = req->protocol_version();
+    if (refuse_hello_) {
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "protocol_version: not ours");
+    }
+    resp->set_node(node_);
+    resp->set_protocol_version(protocol_version_);
+    resp->set_incarnation(incarnation_);
+    auto* ep = resp->add_endpoints();
+    ep->set_provider(fabric_->provider());
+    ep->set_address(fabric_->address());
+    return grpc::Status::OK;
+  }
+
+  grpc::Status Connect(grpc::ServerContext*, const ferry::v1::ConnectRequest* req,
+                       ferry::v1::ConnectResponse* resp) override {
+    connects_.fetch_add(1);
+    if (req->provider() != fabric_->provider()) {
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "provider: not run here");
+    }
+    auto reply = fabric_->AcceptConnect(req->request());
+    if (!reply.ok()) {
+      return grpc::Status(static_cast<grpc::StatusCode>(reply.status().code()),
+                          std::string(reply.status().message()));
+    }
+    resp->set_reply(*reply);
+    absl::MutexLock lock(&mu_);
+    resp->set_incarnation(incarnation_);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status ResolveBuffer(grpc::ServerContext*, const ferry::v1::ResolveBufferRequest* req,
+                             ferry::v1::ResolveBufferResponse* resp) override {
+    resolves_.fetch_add(1);
+    absl::MutexLock lock(&mu_);
+    last_from_ = req->from_node();
+    if (req->name() == "secret") {
+      return grpc::Status(grpc::StatusCode::PERMISSION_DENIED, "not exported to you");
+    }
+    auto it = buffers_.find(req->name());
+    if (it == buffers_.end()) {
+      return grpc::Status(grpc::StatusCode::NOT_FOUND,
+                          absl::StrCat("name: no buffer named '", req->name(), "' on ", node_));
+    }
+    *resp = it->second;
+    resp->set_incarnation(incarnation_);
+    return grpc::Status::OK;
+  }
+
+ private:
+  const std::string node_;
+  fabric::Fabric* const fabric_;
+  std::atomic<int> hellos_{0};
+  std::atomic<int> connects_{0};
+  std::atomic<int> resolves_{0};
+  mutable absl::Mutex mu_;
+  uint64_t incarnation_ ABSL_GUARDED_BY(mu_);
+  uint32_t protocol_version_ ABSL_GUARDED_BY(mu_) = kPeerProtocolVersion;
+  bool refuse_hello_ ABSL_GUARDED_BY(mu_) = false;
+  std::map<std::string, ferry::v1::ResolveBufferResponse> buffers_ ABSL_GUARDED_BY(mu_);
+  std::string last_from_ ABSL_GUARDED_BY(mu_);
+  uint32_t last_hello_version_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// A fake agent: a tcp fabric, a "landing" buffer exported on it, and the fake Peer service
+// on 127.0.0.1:`port` (0: any free port).
+class FakeAgent {
+ public:
+  static absl::StatusOr<std::unique_ptr<FakeAgent>> Start(const std::string& node,
+                                                          uint64_t incarnation, int port = 0) {
+    auto agent = std::unique_ptr<FakeAgent>(new FakeAgent());
+    auto fabric = MakeFabric();
+    if (!fabric.ok()) return fabric.status();
+    agent->fabric_ = *std::move(fabric);
+    auto region = agent->fabric_->Register(agent->landing_.data(), agent->landing_.size(),
+                                           fabric::kRemoteWrite);
+    if (!region.ok()) return region.status();
+    agent->region_ = *std::move(region);
+    agent->service_ =
+        std::make_unique<FakePeerService>(node, agent->fabric_.get(), incarnation);
+    ferry::v1::ResolveBufferResponse landing;
+    landing.set_size(kLandingBytes);
+    landing.set_device("host");
+    auto* key = landing.add_keys();
+    key->set_provider("tcp");
+    key->set_address(agent->region_->remote_address());
+    key->set_key(agent->region_->key());
+    agent->service_->AddBuffer("landing", landing);
+
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort(absl::StrCat("127.0.0.1:", port), grpc::InsecureServerCredentials(),
+                             &agent->port_);
+    builder.RegisterService(agent->service_.get());
+    agent->server_ = builder.BuildAndStart();
+    if (!agent->server_ || agent->port_ == 0) {
+      return absl::UnavailableError(absl::StrCat("cannot serve on 127.0.0.1:", port));
+    }
+    return agent;
+  }
+
+  ~FakeAgent() {
+    // Calls in progress are cut at once: a stopping agent, not a slow one.
+    server_->Shutdown(absl::ToChronoTime(absl::Now()));
+    server_->Wait();
+    region_.reset();
+  }
+
+  std::string address() const { return absl::StrCat("127.0.0.1:", port_); }
+  int port() const { return port_; }
+  FakePeerService& service() { return *service_; }
+  const std::vector<uint8_t>& landing() const { return landing_; }
+
+ private:
+  FakeAgent() : landing_(kLandingBytes, 0) {}
+
+  std::vector<uint8_t> landing_;
+  std::unique_ptr<tcp::TcpFabric> fabric_;
+  std::unique_ptr<fabric::MemoryRegion> region_;
+  std::unique_ptr<FakePeerService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+};
+
+class PeerDirectoryTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto local = MakeFabric();
+    ASSERT_TRUE(local.ok()) << local.status();
+    local_ = *std::move(local);
+    auto self = FakeAgent::Start("node-a", 0xa1);
+    ASSERT_TRUE(self.ok()) << self.status();
+    self_ = *std::move(self);
+    auto b = FakeAgent::Start("node-b", 0xb1);
+    ASSERT_TRUE(b.ok()) << b.status();
+    b_ = *std::move(b);
+    dir_ = std::make_unique<PeerDirectory>("node-a", self_->address(),
+                                           std::map<std::string, std::string>{
+                                               {"node-b", b_->address()}},
+                                           std::vector<fabric::Fabric*>{local_.get()});
+  }
+
+  void TearDown() override {
+    // Endpoints go before the fabric that made them.
+    if (dir_) dir_->CloseAll();
+    dir_.reset();
+  }
+
+  // Writes a pattern through `endpoint` into the buffer `remote` names (its tcp key, as the
+  // engine would use it) and returns the completion's status.
+  absl::Status WriteThrough(fabric::Endpoint& endpoint, const RemoteBuffer& remote,
+                            uint8_t pattern) {
+    std::vector<uint8_t> src(kLandingBytes, pattern);
+    auto region = local_->Register(src.data(), src.size(), fabric::kLocal);
+    if (!region.ok()) return region.status();
+    auto key = remote.keys.find("tcp");
+    if (key == remote.keys.end()) return absl::NotFoundError("no tcp key");
+    fabric::CompletionWaiter waiter;
+    absl::Status posted =
+        endpoint.PostWrite({region->get(), 0, src.size()}, key->second, waiter.Callback());
+    if (!posted.ok()) return posted;
+    return waiter.Wait();
+  }
+
+  static bool AllEqual(const std::vector<uint8_t>& bytes, uint8_t value) {
+    for (uint8_t b : bytes) {
+      if (b != value) return false;
+    }
+    return true;
+  }
+
+  // Resolve, retried while the peer's channel is still reconnecting (after a restart).
+  absl::StatusOr<RemoteBuffer> ResolveWhenBack(const std::string& node, const std::string& name) {
+    absl::Time give_up = absl::Now() + kPatience;
+    while (true) {
+      auto r = dir_->Resolve(node, name, absl::Now() + absl::Seconds(1));
+      if (r.ok() || !absl::IsUnavailable(r.status()) || absl::Now() > give_up) return r;
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+  }
+
+  std::unique_ptr<tcp::TcpFabric> local_;
+  std::unique_ptr<FakeAgent> self_;
+  std::unique_ptr<FakeAgent> b_;
+  std::unique_ptr<PeerDirectory> dir_;
+};
+
+TEST_F(PeerDirectoryTest, UnknownNodeIsNotFoundAndNamed) {
+  EXPECT_FALSE(dir_->Known("node-z"));
+  EXPECT_TRUE(dir_->Known("node-b"));
+  EXPECT_TRUE(dir_->Known("node-a"));  // the self entry
+  EXPECT_THAT(dir_->Names(), ElementsAre("node-b"));
+  EXPECT_EQ(dir_->self(), "node-a");
+
+  auto resolved = dir_->Resolve("node-z", "landing", Soon());
+  EXPECT_EQ(resolved.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(resolved.status().message(), HasSubstr("'node-z'"));
+  EXPECT_THAT(resolved.status().message(), HasSubstr("node-a, node-b"));
+  auto endpoint = dir_->Endpoint("node-z", 0, Soon());
+  EXPECT_EQ(endpoint.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(endpoint.status().message(), HasSubstr("'node-z'"));
+  auto stub = dir_->Stub("node-z");
+  EXPECT_EQ(stub.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(stub.status().message(), HasSubstr("'node-z'"));
+  auto channel = dir_->Channel("node-z");
+  EXPECT_EQ(channel.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(channel.status().message(), HasSubstr("'node-z'"));
+  // Nothing went out for it.
+  EXPECT_EQ(b_->service().hellos() + b_->service().resolves(), 0);
+}
+
+TEST_F(PeerDirectoryTest, ResolveMapsEveryField) {
+  ferry::v1::ResolveBufferResponse canned;
+  canned.set_size(1 << 20);
+  canned.set_device("cuda:1");
+  auto* tcp = canned.add_keys();
+  tcp->set_provider("tcp");
+  tcp->set_address(0x1000);
+  tcp->set_key(7);
+  auto* verbs = canned.add_keys();
+  verbs->set_provider("verbs");
+  verbs->set_address(0x7f0000002000);
+  verbs->set_key(0x12345);
+  canned.set_mode("staged");
+  canned.set_reason("GPU and NIC across the socket interconnect (SYS)");
+  canned.set_nic("mlx5_1");
+  canned.set_path("SYS");
+  canned.set_backend("sim");
+  b_->service().AddBuffer("kv", canned);
+  b_->service().set_incarnation(0xb7);
+
+  auto r = dir_->Resolve("node-b", "kv", Soon());
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->node, "node-b");
+  EXPECT_EQ(r->name, "kv");
+  EXPECT_EQ(r->size, 1u << 20);
+  EXPECT_EQ(r->device, "cuda:1");
+  ASSERT_EQ(r->keys.size(), 2u);
+  EXPECT_EQ(r->keys.at("tcp").address, 0x1000u);
+  EXPECT_EQ(r->keys.at("tcp").key, 7u);
+  EXPECT_EQ(r->keys.at("verbs").address, 0x7f0000002000u);
+  EXPECT_EQ(r->keys.at("verbs").key, 0x12345u);
+  EXPECT_EQ(r->mode, "staged");
+  EXPECT_EQ(r->reason, "GPU and NIC across the socket interconnect (SYS)");
+  EXPECT_EQ(r->nic, "mlx5_1");
+  EXPECT_EQ(r->path, "SYS");
+  EXPECT_EQ(r->backend, "sim");
+  EXPECT_EQ(r->incarnation, 0xb7u);
+  // The peer learns who asks (it decides exports by it).
+  EXPECT_EQ(b_->service().last_from(), "node-a");
+
+  // A peer that says nothing about the mode takes writes into host memory.
+  ferry::v1::ResolveBufferResponse plain;
+  plain.set_size(64);
+  b_->service().AddBuffer("plain", plain);
+  auto p = dir_->Resolve("node-b", "plain", Soon());
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->mode, "host");
+  EXPECT_TRUE(p->keys.empty());
+  EXPECT_EQ(p->size, 64u);
+}
+
+TEST_F(PeerDirectoryTest, PeerErrorsPassThrough) {
+  auto missing = dir_->Resolve("node-b", "missing", Soon());
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(missing.status().message(), HasSubstr("'missing'"));
+  EXPECT_THAT(missing.status().message(), HasSubstr("node-b"));
+  // Other codes keep their code and say which call failed where.
+  auto secret = dir_->Resolve("node-b", "secret", Soon());
+  EXPECT_EQ(secret.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(secret.status().message(), HasSubstr("ResolveBuffer(secret) on node-b"));
+  EXPECT_THAT(secret.status().message(), HasSubstr("not exported to you"));
+  EXPECT_EQ(b_->service().resolves(), 2);
+}
+
+TEST_F(PeerDirectoryTest, SilentPeerIsUnavailableWithinTheDeadline) {
+  // A listener that never accepts: connections open, but no gRPC answer ever comes.
+  uint16_t port = 0;
+  auto silent = tcp::ListenTcp("127.0.0.1:0", &port);
+  ASSERT_TRUE(silent.ok()) << silent.status();
+  // And a port where nothing listens at all.
+  uint16_t closed_port = 0;
+  {
+    auto closed = tcp::ListenTcp("127.0.0.1:0", &closed_port);
+    ASSERT_TRUE(closed.ok()) << closed.status();
+  }
+  dir_->Update({{"node-b", b_->address()},
+                {"node-s", absl::StrCat("127.0.0.1:", port)},
+                {"node-c", absl::StrCat("127.0.0.1:", closed_port)}});
+
+  for (const std::string node : {"node-s", "node-c"}) {
+    SCOPED_TRACE(node);
+    const absl::Duration deadline = absl::Milliseconds(300);
+    absl::Time start = absl::Now();
+    auto r = dir_->Resolve(node, "landing", start + deadline);
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kUnavailable) << r.status();
+    EXPECT_THAT(r.status().message(), HasSubstr(node));
+    EXPECT_LT(absl::Now() - start, deadline + absl::Seconds(2));
+
+    start = absl::Now();
+    auto e = dir_->Endpoint(node, 0, start + deadline);
+    EXPECT_EQ(e.status().code(), absl::StatusCode::kUnavailable) << e.status();
+    EXPECT_THAT(e.status().message(), HasSubstr("did not answer Hello"));
+    EXPECT_LT(absl::Now() - start, deadline + absl::Seconds(2));
+  }
+  // The others are not held up by it.
+  EXPECT_TRUE(dir_->Resolve("node-b", "landing", Soon()).ok());
+}
+
+TEST_F(PeerDirectoryTest, EndpointIsReusedWhileHealthy) {
+  auto remote = dir_->Resolve("node-b", "landing", Soon());
+  ASSERT_TRUE(remote.ok()) << remote.status();
+  auto first = dir_->Endpoint("node-b", 0, Soon());
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->provider, "tcp");
+  ASSERT_NE(first->endpoint, nullptr);
+  // Hello carried our identity and version.
+  EXPECT_EQ(b_->service().last_from(), "node-a");
+  EXPECT_EQ(b_->service().last_hello_version(), kPeerProtocolVersion);
+
+  auto again = dir_->Endpoint("node-b", 0, Soon());
+  auto same_life = dir_->Endpoint("node-b", remote->incarnation, Soon());
+  ASSERT_TRUE(again.ok() && same_life.ok());
+  EXPECT_EQ(again->endpoint.get(), first->endpoint.get());
+  EXPECT_EQ(same_life->endpoint.get(), first->endpoint.get());
+  EXPECT_EQ(b_->service().hellos(), 1);
+  EXPECT_EQ(b_->service().connects(), 1);
+
+  // And it is a real connection into the peer's memory.
+  ASSERT_TRUE(WriteThrough(*first->endpoint, *remote, 0x5a).ok());
+  EXPECT_TRUE(AllEqual(b_->landing(), 0x5a));
+}
+
+TEST_F(PeerDirectoryTest, EndpointReconnectsForANewIncarnation) {
+  auto first = dir_->Endpoint("node-b", 0, Soon());
+  ASSERT_TRUE(first.ok()) << first.status();
+  b_->service().set_incarnation(0xb2);
+  // 0 accepts any incarnation: nothing to learn, nothing redone.
+  auto any = dir_->Endpoint("node-b", 0, Soon());
+  ASSERT_TRUE(any.ok());
+  EXPECT_EQ(any->endpoint.get(), first->endpoint.get());
+  EXPECT_EQ(b_->service().hellos(), 1);
+
+  // A buffer resolved in the peer's new life needs an endpoint from that life.
+  auto fresh = dir_->Endpoint("node-b", 0xb2, Soon());
+  ASSERT_TRUE(fresh.ok()) << fresh.status();
+  EXPECT_NE(fresh->endpoint.get(), first->endpoint.get());
+  EXPECT_TRUE(first->endpoint->broken());  // the old one was closed
+  EXPECT_EQ(b_->service().hellos(), 2);
+  EXPECT_EQ(b_->service().connects(), 2);
+  auto kept = dir_->Endpoint("node-b", 0xb2, Soon());
+  ASSERT_TRUE(kept.ok());
+  EXPECT_EQ(kept->endpoint.get(), fresh->endpoint.get());
+  EXPECT_EQ(b_->service().connects(), 2);
+}
+
+TEST_F(PeerDirectoryTest, EndpointReconnectsWhenItBroke) {
+  auto first = dir_->Endpoint("node-b", 0, Soon());
+  ASSERT_TRUE(first.ok()) << first.status();
+  first->endpoint->Close();
+  ASSERT_TRUE(first->endpoint->broken());
+  auto second = dir_->Endpoint("node-b", 0, Soon());
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_NE(second->endpoint.get(), first->endpoint.get());
+  EXPECT_FALSE(second->endpoint->broken());
+  EXPECT_EQ(b_->service().connects(), 2);
+}
+
+TEST_F(PeerDirectoryTest, EndpointReconnectsAfterThePeerRestarted) {
+  auto before = dir_->Resolve("node-b", "landing", Soon());
+  ASSERT_TRUE(before.ok()) << before.status();
+  EXPECT_EQ(before->incarnation, 0xb1u);
+  auto first = dir_->Endpoint("node-b", before->incarnation, Soon());
+  ASSERT_TRUE(first.ok()) << first.status();
+
+  // The agent restarts on the same address, with a new fabric and a new incarnation.
+  const int port = b_->port();
+  b_.reset();
+  auto restarted = FakeAgent::Start("node-b", 0xb2, port);
+  ASSERT_TRUE(restarted.ok()) << restarted.status();
+  b_ = *std::move(restarted);
+
+  auto after = ResolveWhenBack("node-b", "landing");
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(after->incarnation, 0xb2u);
+  auto second = dir_->Endpoint("node-b", after->incarnation, Soon());
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_NE(second->endpoint.get(), first->endpoint.get());
+  EXPECT_EQ(b_->service().connects(), 1);
+  // The new endpoint reaches the new life's memory with the new life's key.
+  ASSERT_TRUE(WriteThrough(*second->endpoint, *after, 0x3c).ok());
+  EXPECT_TRUE(AllEqual(b_->landing(), 0x3c));
+}
+
+TEST_F(PeerDirectoryTest, HelloMismatchesAreRefused) {
+  b_->service().set_protocol_version(kPeerProtocolVersion + 1);
+  auto e = dir_->Endpoint("node-b", 0, Soon());
+  EXPECT_EQ(e.status().code(), absl::StatusCode::kFailedPrecondition) << e.status();
+  EXPECT_THAT(e.status().message(),
+              HasSubstr(absl::StrCat("speaks protocol ", kPeerProtocolVersion + 1, ", we speak ",
+                                     kPeerProtocolVersion)));
+  EXPECT_EQ(b_->service().connects(), 0);  // refused before any provider handshake
+
+  // A peer that refuses our version says why.
+  b_->service().set_protocol_version(kPeerProtocolVersion);
+  b_->service().set_refuse_hello(true);
+  e = dir_->Endpoint("node-b", 0, Soon());
+  EXPECT_EQ(e.status().code(), absl::StatusCode::kFailedPrecondition) << e.status();
+  EXPECT_THAT(e.status().message(), HasSubstr("refused Hello"));
+  EXPECT_THAT(e.status().message(), HasSubstr("not ours"));
+  EXPECT_EQ(b_->service().connects(), 0);
+
+  // An agent at a peer's address that is another node.
+  dir_->Update({{"node-b", b_->address()}, {"node-x", b_->address()}});
+  b_->service().set_refuse_hello(false);
+  e = dir_->Endpoint("node-x", 0, Soon());
+  EXPECT_EQ(e.status().code(), absl::StatusCode::kFailedPrecondition) << e.status();
+  EXPECT_THAT(e.status().message(), HasSubstr("calls itself 'node-b'"));
+  EXPECT_EQ(b_->service().connects(), 0);
+
+  // Once the peer agrees, nothing of the refusals is left over.
+  e = dir_->Endpoint("node-b", 0, Soon());
+  ASSERT_TRUE(e.ok()) << e.status();
+  EXPECT_EQ(b_->service().connects(), 1);
+}
+
+TEST_F(PeerDirectoryTest, UpdateAddsAPeer) {
+  auto c = FakeAgent::Start("node-c", 0xc1);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_FALSE(dir_->Known("node-c"));
+  auto changes = dir_->Update({{"node-b", b_->address()}, {"node-c", (*c)->address()}});
+  EXPECT_THAT(changes, ElementsAre(absl::StrCat("peer node-c added at ", (*c)->address())));
+  EXPECT_TRUE(dir_->Known("node-c"));
+  EXPECT_THAT(dir_->Names(), ElementsAre("node-b", "node-c"));
+  EXPECT_TRUE(dir_->Channel("node-c").ok());
+
+  auto remote = dir_->Resolve("node-c", "landing", Soon());
+  ASSERT_TRUE(remote.ok()) << remote.status();
+  EXPECT_EQ(remote->incarnation, 0xc1u);
+  auto e = dir_->Endpoint("node-c", remote->incarnation, Soon());
+  ASSERT_TRUE(e.ok()) << e.status();
+  ASSERT_TRUE(WriteThrough(*e->endpoint, *remote, 0x77).ok());
+  EXPECT_TRUE(AllEqual((*c)->landing(), 0x77));
+  // The same peers again change nothing.
+  EXPECT_THAT(dir_->Update({{"node-b", b_->address()}, {"node-c", (*c)->address()}}), IsEmpty());
+  dir_->CloseAll();  // before node-c's fabric goes
+}
+
+TEST_F(PeerDirectoryTest, UpdateRemovesAPeer) {
+  auto remote = dir_->Resolve("node-b", "landing", Soon());
+  ASSERT_TRUE(remote.ok()) << remote.status();
+  auto e = dir_->Endpoint("node-b", 0, Soon());
+  ASSERT_TRUE(e.ok()) << e.status();
+  auto stub = dir_->Stub("node-b");
+  auto channel = dir_->Channel("node-b");
+  ASSERT_TRUE(stub.ok() && channel.ok());
+
+  EXPECT_THAT(dir_->Update({}), ElementsAre("peer node-b removed"));
+  // Its endpoint was closed: transfers to it fail rather than go on.
+  EXPECT_TRUE(e->endpoint->broken());
+  EXPECT_EQ(WriteThrough(*e->endpoint, *remote, 1).code(), absl::StatusCode::kUnavailable);
+  EXPECT_FALSE(dir_->Known("node-b"));
+  EXPECT_THAT(dir_->Names(), IsEmpty());
+  EXPECT_EQ(dir_->Resolve("node-b", "landing", Soon()).status().code(),
+            absl::StatusCode::kNotFound);
+  EXPECT_EQ(dir_->Endpoint("node-b", 0, Soon()).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(dir_->Stub("node-b").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(dir_->Channel("node-b").status().code(), absl::StatusCode::kNotFound);
+
+  // What callers took before the removal still works for the calls that use it.
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(Soon()));
+    ferry::v1::ResolveBufferRequest req;
+    req.set_name("landing");
+    ferry::v1::ResolveBufferResponse resp;
+    grpc::Status s = (*stub)->ResolveBuffer(&ctx, req, &resp);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    EXPECT_EQ(resp.size(), kLandingBytes);
+  }
+  {
+    // As the tensor service uses it: its own stub on the directory's channel.
+    auto on_channel = ferry::v1::Peer::NewStub(*channel);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(Soon()));
+    ferry::v1::HelloRequest req;
+    req.set_node("node-a");
+    req.set_protocol_version(kPeerProtocolVersion);
+    ferry::v1::HelloResponse resp;
+    grpc::Status s = on_channel->Hello(&ctx, req, &resp);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    EXPECT_EQ(resp.node(), "node-b");
+  }
+  // The self entry is never removed.
+  EXPECT_TRUE(dir_->Known("node-a"));
+  EXPECT_TRUE(dir_->Resolve("node-a", "landing", Soon()).ok());
+}
+
+TEST_F(PeerDirectoryTest, UpdateMovesAPeer) {
+  auto moved = FakeAgent::Start("node-b", 0xb9);
+  ASSERT_TRUE(moved.ok()) << moved.status();
+  auto e = dir_->Endpoint("node-b", 0, Soon());
+  ASSERT_TRUE(e.ok()) << e.status();
+  auto old_stub = dir_->Stub("node-b");
+  auto old_channel = dir_->Channel("node-b");
+  auto same_channel = dir_->Channel("node-b");
+  ASSERT_TRUE(old_stub.ok() && old_channel.ok() && same_channel.ok());
+  EXPECT_EQ(old_channel->get(), same_channel->get());  // one channel per peer
+
+  auto changes = dir_->Update({{"node-b", (*moved)->address()}});
+  EXPECT_THAT(changes, ElementsAre(absl::StrCat("peer node-b moved from ", b_->address(), " to ",
+                                                (*moved)->address())));
+  EXPECT_TRUE(e->endpoint->broken());
+  auto new_channel = dir_->Channel("node-b");
+  ASSERT_TRUE(new_channel.ok());
+  EXPECT_NE(new_channel->get(), old_channel->get());
+
+  auto remote = dir_->Resolve("node-b", "landing", Soon());
+  ASSERT_TRUE(remote.ok()) << remote.status();
+  EXPECT_EQ(remote->incarnation, 0xb9u);  // answered at the new address
+  auto again = dir_->Endpoint("node-b", 0, Soon());
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_NE(again->endpoint.get(), e->endpoint.get());
+  EXPECT_EQ((*moved)->service().connects(), 1);
+  ASSERT_TRUE(WriteThrough(*again->endpoint, *remote, 0x42).ok());
+  EXPECT_TRUE(AllEqual((*moved)->landing(), 0x42));
+  EXPECT_TRUE(AllEqual(b_->landing(), 0));
+
+  // The stub taken before the move still reaches the old address.
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(Soon()));
+  ferry::v1::HelloRequest hello;
+  hello.set_node("node-a");
+  hello.set_protocol_version(kPeerProtocolVersion);
+  ferry::v1::HelloResponse welcome;
+  grpc::Status s = (*old_stub)->Hello(&ctx, hello, &welcome);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(welcome.incarnation(), 0xb1u);
+  dir_->CloseAll();  // before the moved agent's fabric goes
+}
+
+TEST_F(PeerDirectoryTest, SelfEntryResolvesThroughSelfAddress) {
+  auto remote = dir_->Resolve("node-a", "landing", Soon());
+  ASSERT_TRUE(remote.ok()) << remote.status();
+  EXPECT_EQ(remote->node, "node-a");
+  EXPECT_EQ(remote->incarnation, 0xa1u);
+  EXPECT_EQ(self_->service().resolves(), 1);
+  EXPECT_EQ(b_->service().resolves(), 0);
+  auto e = dir_->Endpoint("node-a", remote->incarnation, Soon());
+  ASSERT_TRUE(e.ok()) << e.status();
+  ASSERT_TRUE(WriteThrough(*e->endpoint, *remote, 0x99).ok());
+  EXPECT_TRUE(AllEqual(self_->landing(), 0x99));
+  EXPECT_TRUE(dir_->Channel("node-a").ok());
+
+  // A reload that names this node at another address does not move it.
+  EXPECT_THAT(dir_->Update({{"node-a", "127.0.0.1:1"}, {"node-b", b_->address()}}), IsEmpty());
+  auto again = dir_->Endpoint("node-a", 0, Soon());
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->endpoint.get(), e->endpoint.get());
+  EXPECT_TRUE(dir_->Resolve("node-a", "landing", Soon()).ok());
+}
+
+}  // namespace
+}  // namespace ferry::server
