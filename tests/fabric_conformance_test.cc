@@ -1,6 +1,7 @@
 // One conformance suite for every fabric provider: the same test body over tcp and over verbs
-// on the software verbs model (tests/verbs_model). Two fabrics in one process play initiator
-// and target.
+// on the software verbs model (tests/verbs_model), and over the in-process fake the unit tests
+// use (tests/fakes), which must be as strict as both. Two fabrics in one process play
+// initiator and target.
 
 #include <atomic>
 #include <cstring>
@@ -13,6 +14,7 @@
 #include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
 #include "tests/completion_waiter.h"
+#include "tests/fakes/fake_fabric.h"
 #include "transport/fabric.h"
 #include "transport/tcp/tcp_fabric.h"
 #include "transport/verbs/verbs_fabric.h"
@@ -70,7 +72,15 @@ std::vector<ProviderCase> Providers() {
              if (!f.ok()) return f.status();
              return std::unique_ptr<Fabric>(std::move(*f));
            }},
-          {"verbs_model", MakeVerbsOnModel, true, absl::StatusCode::kPermissionDenied}};
+          {"verbs_model", MakeVerbsOnModel, true, absl::StatusCode::kPermissionDenied},
+          {"fake", [] () -> absl::StatusOr<std::unique_ptr<Fabric>> {
+             return std::make_unique<fake::FakeFabric>();
+           }},
+          // The fake as verbs behaves: a refusal breaks the endpoint, access is fixed.
+          {"fake_verbs_like", [] () -> absl::StatusOr<std::unique_ptr<Fabric>> {
+             return std::make_unique<fake::FakeFabric>(fake::FakeFabricOptions{
+                 .restrict_to_local = false, .refusal_breaks_endpoint = true});
+           }, true}};
 }
 
 using Waiter = CompletionWaiter;
