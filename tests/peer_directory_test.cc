@@ -242,11 +242,11 @@ class PeerDirectoryTest : public ::testing::Test {
     std::vector<uint8_t> src(kLandingBytes, pattern);
     auto region = local_->Register(src.data(), src.size(), fabric::kLocal);
     if (!region.ok()) return region.status();
-    auto key = remote.keys.find("tcp");
-    if (key == remote.keys.end()) return absl::NotFoundError("no tcp key");
+    const fabric::RemoteSlice* key = remote.KeyFor("tcp");
+    if (key == nullptr) return absl::NotFoundError("no tcp key");
     fabric::CompletionWaiter waiter;
     absl::Status posted =
-        endpoint.PostWrite({region->get(), 0, src.size()}, key->second, waiter.Callback());
+        endpoint.PostWrite({region->get(), 0, src.size()}, *key, waiter.Callback());
     if (!posted.ok()) return posted;
     return waiter.Wait();
   }
@@ -310,6 +310,7 @@ TEST_F(PeerDirectoryTest, ResolveMapsEveryField) {
   verbs->set_provider("verbs");
   verbs->set_address(0x7f0000002000);
   verbs->set_key(0x12345);
+  verbs->set_nic("mlx5_1");
   canned.set_mode("staged");
   canned.set_reason("GPU and NIC across the socket interconnect (SYS)");
   canned.set_nic("mlx5_1");
@@ -325,11 +326,14 @@ TEST_F(PeerDirectoryTest, ResolveMapsEveryField) {
   EXPECT_EQ(r->size, 1u << 20);
   EXPECT_EQ(r->device, "cuda:1");
   ASSERT_EQ(r->keys.size(), 2u);
-  EXPECT_EQ(r->keys.at("tcp").address, 0x1000u);
-  EXPECT_EQ(r->keys.at("tcp").key, 7u);
-  EXPECT_EQ(r->keys.at("verbs").address, 0x7f0000002000u);
-  EXPECT_EQ(r->keys.at("verbs").key, 0x12345u);
-  EXPECT_EQ(r->mode, "staged");
+  ASSERT_NE(r->KeyFor("tcp"), nullptr);
+  EXPECT_EQ(r->KeyFor("tcp")->address, 0x1000u);
+  EXPECT_EQ(r->KeyFor("tcp")->key, 7u);
+  ASSERT_NE(r->KeyFor("verbs"), nullptr);
+  EXPECT_EQ(r->KeyFor("verbs")->address, 0x7f0000002000u);
+  EXPECT_EQ(r->KeyFor("verbs")->key, 0x12345u);
+  EXPECT_EQ(r->keys[1].rail, (fabric::RailId{"verbs", "mlx5_1"}));
+  EXPECT_EQ(r->mode, LegMode::kStaged);
   EXPECT_EQ(r->reason, "GPU and NIC across the socket interconnect (SYS)");
   EXPECT_EQ(r->nic, "mlx5_1");
   EXPECT_EQ(r->path, "SYS");
@@ -344,7 +348,17 @@ TEST_F(PeerDirectoryTest, ResolveMapsEveryField) {
   b_->service().AddBuffer("plain", plain);
   auto p = dir_->Resolve("node-b", "plain", Soon());
   ASSERT_TRUE(p.ok()) << p.status();
-  EXPECT_EQ(p->mode, "host");
+  EXPECT_EQ(p->mode, LegMode::kHost);
+
+  // A mode word we do not know is refused as unavailable, saying so, never guessed.
+  ferry::v1::ResolveBufferResponse odd;
+  odd.set_size(64);
+  odd.set_mode("teleport");
+  b_->service().AddBuffer("odd", odd);
+  auto o = dir_->Resolve("node-b", "odd", Soon());
+  ASSERT_TRUE(o.ok()) << o.status();
+  EXPECT_EQ(o->mode, LegMode::kUnavailable);
+  EXPECT_NE(o->reason.find("unknown mode"), std::string::npos) << o->reason;
   EXPECT_TRUE(p->keys.empty());
   EXPECT_EQ(p->size, 64u);
 }
@@ -401,7 +415,7 @@ TEST_F(PeerDirectoryTest, EndpointIsReusedWhileHealthy) {
   ASSERT_TRUE(remote.ok()) << remote.status();
   auto first = dir_->Endpoint("node-b", 0, Soon());
   ASSERT_TRUE(first.ok()) << first.status();
-  EXPECT_EQ(first->provider, "tcp");
+  EXPECT_EQ(first->rail, (fabric::RailId{"tcp", ""}));
   ASSERT_NE(first->endpoint, nullptr);
   // Hello carried our identity and version.
   EXPECT_EQ(b_->service().last_from(), "node-a");

@@ -107,7 +107,7 @@ absl::Status BufferRegistry::FreeFor(uint64_t id, uint64_t session) {
     }
     buffer = std::move(it->second);
     by_id_.erase(it);
-    if (!buffer->name().empty()) by_name_.erase(buffer->name());
+    ForgetName(*buffer);
   }
   // `buffer` may still be held by transfers; the memory goes back when they finish.
   return absl::OkStatus();
@@ -123,13 +123,19 @@ size_t BufferRegistry::FreeOwnedBy(uint64_t session) {
         ++it;
         continue;
       }
-      if (!it->second->name().empty()) by_name_.erase(it->second->name());
+      ForgetName(*it->second);
       freed.push_back(std::move(it->second));
       by_id_.erase(it++);
     }
   }
   // Dropped here, outside the lock: revoking keys may wait for remote accesses.
   return freed.size();
+}
+
+void BufferRegistry::ForgetName(const Buffer& buffer) {
+  // Only while the name is still this buffer's: after Unexport another buffer may hold it.
+  auto it = by_name_.find(buffer.name());
+  if (it != by_name_.end() && it->second == buffer.id()) by_name_.erase(it);
 }
 
 absl::Status BufferRegistry::Adopt(uint64_t id, BufferOwner owner) {
@@ -144,9 +150,12 @@ absl::Status BufferRegistry::Unexport(uint64_t id) {
   {
     absl::MutexLock lock(&mu_);
     auto it = by_id_.find(id);
-    if (it == by_id_.end()) return absl::NotFoundError(absl::StrCat("id: buffer ", id, " does not exist"));
+    if (it == by_id_.end()) {
+      return absl::NotFoundError(absl::StrCat("id: buffer ", id,
+                                              id > 0 && id < next_id_ ? " was freed" : " does not exist"));
+    }
     buffer = it->second;
-    if (!buffer->name().empty()) by_name_.erase(buffer->name());
+    ForgetName(*buffer);
   }
   for (const auto& [rail, region] : buffer->regions()) {
     absl::Status s = region->RestrictToLocal();

@@ -111,6 +111,9 @@ class BufferRegistry {
   uint64_t host_bytes() const;
 
  private:
+  // Drops `buffer`'s name from by_name_ if the name still maps to it.
+  void ForgetName(const Buffer& buffer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   memory::HostPool* const pool_;
   GpuPools* const gpus_;
   const std::vector<fabric::Fabric*> fabrics_;
