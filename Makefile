@@ -6,7 +6,7 @@ BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
-.PHONY: all deps configure build demo test test-unit bench soak clean
+.PHONY: all deps configure build demo test test-unit bench soak format-check clean
 
 all: build
 
@@ -42,6 +42,10 @@ bench: build
 # receiving agent restarted 3 times; prints mismatches (must be 0), errors by code, RSS.
 soak: build
 	$(BUILD)/bench/ferry-soak --clients 64 --iterations 1000 --restarts 3
+
+# What CI checks first: every C++ line within .clang-format's 100 columns.
+format-check:
+	scripts/check-format
 
 clean:
 	rm -rf $(BUILD)

@@ -25,7 +25,8 @@ inline std::string StatusMessage(absl::StatusCode code, absl::string_view messag
 
 inline grpc::Status ToGrpcStatus(const absl::Status& s) {
   if (s.ok()) return grpc::Status::OK;
-  return grpc::Status(static_cast<grpc::StatusCode>(s.code()), StatusMessage(s.code(), s.message()));
+  return grpc::Status(static_cast<grpc::StatusCode>(s.code()),
+                      StatusMessage(s.code(), s.message()));
 }
 
 inline absl::Status FromGrpcStatus(const grpc::Status& s) {

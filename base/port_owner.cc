@@ -51,7 +51,8 @@ pid_t ListeningPortOwner(uint16_t port) {
     if (fds == nullptr) continue;
     while (dirent* f = readdir(fds)) {
       char target[64];
-      ssize_t n = readlink(absl::StrCat(fd_dir, "/", f->d_name).c_str(), target, sizeof(target) - 1);
+      ssize_t n =
+          readlink(absl::StrCat(fd_dir, "/", f->d_name).c_str(), target, sizeof(target) - 1);
       if (n <= 0) continue;
       target[n] = '\0';
       for (const auto& inode : inodes) {

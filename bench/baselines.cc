@@ -29,20 +29,24 @@ void Reap(int pid) {
 absl::StatusOr<double> FindNumber(const std::string& json, const std::string& section,
                                   const std::string& key) {
   size_t at = json.find(absl::StrCat("\"", section, "\""));
-  if (at == std::string::npos) return absl::NotFoundError(absl::StrCat("iperf3 output has no ", section));
+  if (at == std::string::npos)
+    return absl::NotFoundError(absl::StrCat("iperf3 output has no ", section));
   at = json.find(absl::StrCat("\"", key, "\""), at);
-  if (at == std::string::npos) return absl::NotFoundError(absl::StrCat("iperf3 output has no ", key));
+  if (at == std::string::npos)
+    return absl::NotFoundError(absl::StrCat("iperf3 output has no ", key));
   at = json.find(':', at) + 1;
   size_t end = json.find_first_of(",}\n", at);
   double v = 0;
   std::string text(json.substr(at, end - at));
   text.erase(0, text.find_first_not_of(" \t"));
-  if (!absl::SimpleAtod(text, &v)) return absl::InternalError(absl::StrCat("bad number '", text, "'"));
+  if (!absl::SimpleAtod(text, &v))
+    return absl::InternalError(absl::StrCat("bad number '", text, "'"));
   return v;
 }
 
 class SinkService final : public Sink::Service {
-  grpc::Status Push(grpc::ServerContext*, grpc::ServerReader<Chunk>* reader, Received* out) override {
+  grpc::Status Push(grpc::ServerContext*, grpc::ServerReader<Chunk>* reader,
+                    Received* out) override {
     Chunk chunk;
     uint64_t bytes = 0;
     while (reader->Read(&chunk)) bytes += chunk.data().size();
@@ -104,7 +108,8 @@ GrpcSink::~GrpcSink() { Reap(pid_); }
 absl::StatusOr<Measurement> GrpcSink::Push(uint64_t size, double min_seconds, int min_iterations) {
   grpc::ChannelArguments args;
   args.SetMaxSendMessageSize(8 << 20);
-  auto stub = Sink::NewStub(grpc::CreateCustomChannel(address_, grpc::InsecureChannelCredentials(), args));
+  auto stub =
+      Sink::NewStub(grpc::CreateCustomChannel(address_, grpc::InsecureChannelCredentials(), args));
   constexpr uint64_t kChunk = 1 << 20;
   Chunk chunk;
   chunk.mutable_data()->assign(std::min(size, kChunk), 'x');
@@ -123,7 +128,8 @@ absl::StatusOr<Measurement> GrpcSink::Push(uint64_t size, double min_seconds, in
     writer->WritesDone();
     grpc::Status s = writer->Finish();
     if (!s.ok() || received.bytes() != size) {
-      return absl::InternalError(absl::StrCat("gRPC push of ", size, " bytes: ", s.error_message()));
+      return absl::InternalError(
+          absl::StrCat("gRPC push of ", size, " bytes: ", s.error_message()));
     }
     chunk.mutable_data()->resize(std::min(size, kChunk));
     latencies.push_back(absl::ToDoubleMicroseconds(absl::Now() - t0));

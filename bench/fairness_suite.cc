@@ -60,9 +60,11 @@ absl::Status RunCase(const FairnessOptions& o, const Case& c, Report& report) {
   auto pa = PickFreePort(), pb = PickFreePort();
   if (!pa.ok() || !pb.ok()) return absl::InternalError("no free port");
   std::string extra = absl::StrCat("log:\n  level: warn\n", c.limits_yaml);
-  auto a = AgentProcess::Start({"node-a", dir, *pa, {{"node-b", absl::StrCat("127.0.0.1:", *pb)}}, extra});
+  auto a = AgentProcess::Start(
+      {"node-a", dir, *pa, {{"node-b", absl::StrCat("127.0.0.1:", *pb)}}, extra});
   if (!a.ok()) return a.status();
-  auto b = AgentProcess::Start({"node-b", dir, *pb, {{"node-a", absl::StrCat("127.0.0.1:", *pa)}}, extra});
+  auto b = AgentProcess::Start(
+      {"node-b", dir, *pb, {{"node-a", absl::StrCat("127.0.0.1:", *pa)}}, extra});
   if (!b.ok()) return b.status();
   auto ca = Client::Connect((*a)->socket());
   auto cb = Client::Connect((*b)->socket());
@@ -77,7 +79,8 @@ absl::Status RunCase(const FairnessOptions& o, const Case& c, Report& report) {
   }
   auto idle = SmallLatencies(**ca, **small_src, o.small, o.seconds / 2);
   if (!idle.ok()) return idle.status();
-  report.rows.push_back(Row(absl::StrCat("4 KiB idle, ", c.name), o.small, *idle, "one op at a time"));
+  report.rows.push_back(
+      Row(absl::StrCat("4 KiB idle, ", c.name), o.small, *idle, "one op at a time"));
 
   // The batch runs on its own client, resubmitted until the small ops are done.
   std::vector<OpSpec> batch(o.batch_bytes / kOp,
@@ -109,8 +112,9 @@ absl::Status RunCase(const FairnessOptions& o, const Case& c, Report& report) {
   if (!loaded.ok()) return loaded.status();
   if (!batch_status.ok()) return batch_status;
   double idle_p50 = Percentile(*idle, 0.5);
-  report.rows.push_back(Row(absl::StrCat("4 KiB beside batch, ", c.name), o.small, *loaded,
-                            absl::StrFormat("p50 %.1f x idle", Percentile(*loaded, 0.5) / idle_p50)));
+  report.rows.push_back(
+      Row(absl::StrCat("4 KiB beside batch, ", c.name), o.small, *loaded,
+          absl::StrFormat("p50 %.1f x idle", Percentile(*loaded, 0.5) / idle_p50)));
   Measurement big;
   big.series = absl::StrCat("batch ", FormatByteSize(o.batch_bytes), ", ", c.name);
   big.size = kOp;

@@ -1,6 +1,7 @@
 // ferry-bench: perftest-style numbers for ferry with baselines measured in the same run.
 //
-//   ferry-bench [--suite standard|quick|staging|fairness] [--op write|read] [--min-size 4KiB] [--max-size 1GiB]
+//   ferry-bench [--suite standard|quick|staging|fairness] [--op write|read] [--min-size 4KiB]
+//   [--max-size 1GiB]
 //               [--seconds S] [--clients C] [--outstanding K] [--streams N]
 //               [--kv BLOCKS:SIZE] [--long BYTES] [--agents SOCKET_A,SOCKET_B]
 //               [--no-baselines] [--out DIR]
@@ -90,11 +91,14 @@ absl::StatusOr<Options> Parse(int argc, char** argv) {
     } else if (f == "--seconds") {
       if (!absl::SimpleAtod(v, &o.seconds)) s = absl::InvalidArgumentError("--seconds: a number");
     } else if (f == "--clients") {
-      if (!absl::SimpleAtoi(v, &o.clients) || o.clients < 1) s = absl::InvalidArgumentError("--clients: >= 1");
+      if (!absl::SimpleAtoi(v, &o.clients) || o.clients < 1)
+        s = absl::InvalidArgumentError("--clients: >= 1");
     } else if (f == "--outstanding") {
-      if (!absl::SimpleAtoi(v, &o.outstanding) || o.outstanding < 1) s = absl::InvalidArgumentError("--outstanding: >= 1");
+      if (!absl::SimpleAtoi(v, &o.outstanding) || o.outstanding < 1)
+        s = absl::InvalidArgumentError("--outstanding: >= 1");
     } else if (f == "--streams") {
-      if (!absl::SimpleAtoi(v, &o.streams) || o.streams < 1) s = absl::InvalidArgumentError("--streams: >= 1");
+      if (!absl::SimpleAtoi(v, &o.streams) || o.streams < 1)
+        s = absl::InvalidArgumentError("--streams: >= 1");
     } else if (f == "--kv") {
       std::pair<std::string, std::string> kv = absl::StrSplit(v, absl::MaxSplits(':', 1));
       auto block = ParseByteSize(kv.second);
@@ -126,9 +130,9 @@ std::string DescribeMachine() {
   }
   utsname u = {};
   uname(&u);
-  return absl::StrFormat("%s, %ld cores, %.0f GiB, Linux %s", model, sysconf(_SC_NPROCESSORS_ONLN),
-                         static_cast<double>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE) / (1 << 30),
-                         u.release);
+  return absl::StrFormat(
+      "%s, %ld cores, %.0f GiB, Linux %s", model, sysconf(_SC_NPROCESSORS_ONLN),
+      static_cast<double>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE) / (1 << 30), u.release);
 }
 
 const Measurement* Find(const Report& r, const std::string& series, uint64_t size) {
@@ -164,13 +168,14 @@ void Judge(Report& r, const Options& o) {
   }
   const Measurement* kv = Find(r, "ferry kv", 0);
   if (kv && f64) {
-    r.findings.push_back(absl::StrFormat("KV %u x %s: %.2f GB/s = %.2f x the 64 MiB throughput; goal >= 0.8",
-                                         o.kv_blocks, FormatByteSize(o.kv_block), kv->gbps,
-                                         kv->gbps / f64->gbps));
+    r.findings.push_back(
+        absl::StrFormat("KV %u x %s: %.2f GB/s = %.2f x the 64 MiB throughput; goal >= 0.8",
+                        o.kv_blocks, FormatByteSize(o.kv_block), kv->gbps, kv->gbps / f64->gbps));
   }
   if (r.rss_run_bytes) {
     r.findings.push_back(absl::StrFormat(
-        "agent RSS across %s moved: %.1f MiB after the first GiB, %.1f MiB at the end (%+.1f MiB); goal: flat",
+        "agent RSS across %s moved: %.1f MiB after the first GiB, %.1f MiB at the end (%+.1f MiB); "
+        "goal: flat",
         FormatByteSize(r.rss_run_bytes), r.rss_early / 1048576.0, r.rss_late / 1048576.0,
         (static_cast<double>(r.rss_late) - static_cast<double>(r.rss_early)) / 1048576.0));
   }
@@ -221,10 +226,13 @@ int Run(int argc, char** argv) {
     auto pa = PickFreePort(), pb = PickFreePort();
     if (!pa.ok() || !pb.ok()) return 1;
     // Room for the largest source and target plus the KV target.
-    std::string extra = absl::StrFormat("host_pool:\n  size: %dMiB\ntcp:\n  connections: %d\nlog:\n  level: warn\n",
-                                        3 * (o.max_size >> 20) + 1024, o.streams);
-    auto sa = AgentProcess::Start({"node-a", dir, *pa, {{"node-b", absl::StrCat("127.0.0.1:", *pb)}}, extra});
-    auto sb = AgentProcess::Start({"node-b", dir, *pb, {{"node-a", absl::StrCat("127.0.0.1:", *pa)}}, extra});
+    std::string extra =
+        absl::StrFormat("host_pool:\n  size: %dMiB\ntcp:\n  connections: %d\nlog:\n  level: warn\n",
+                        3 * (o.max_size >> 20) + 1024, o.streams);
+    auto sa = AgentProcess::Start(
+        {"node-a", dir, *pa, {{"node-b", absl::StrCat("127.0.0.1:", *pb)}}, extra});
+    auto sb = AgentProcess::Start(
+        {"node-b", dir, *pb, {{"node-a", absl::StrCat("127.0.0.1:", *pa)}}, extra});
     if (!sa.ok() || !sb.ok()) {
       std::cerr << "ferry-bench: " << (sa.ok() ? sb.status() : sa.status()) << "\n";
       return 1;
@@ -236,7 +244,8 @@ int Run(int argc, char** argv) {
     std::vector<std::string> sockets = absl::StrSplit(o.agents, ',');
     if (sockets.size() != 2) return 2;
     auto cb = Client::Connect(sockets[1]);
-    auto info = cb.ok() ? (*cb)->GetInfo() : absl::StatusOr<ferry::v1::GetInfoResponse>(cb.status());
+    auto info =
+        cb.ok() ? (*cb)->GetInfo() : absl::StatusOr<ferry::v1::GetInfoResponse>(cb.status());
     if (!info.ok()) {
       std::cerr << "ferry-bench: " << info.status() << "\n";
       return 1;
@@ -268,7 +277,8 @@ int Run(int argc, char** argv) {
       auto m = (*runner)->RunSize(size, ro);
       if (!m.ok()) return fail(m.status());
       report.rows.push_back(*m);
-      std::fprintf(stderr, "  %s %s: %.3f GB/s\n", m->series.c_str(), FormatByteSize(size).c_str(), m->gbps);
+      std::fprintf(stderr, "  %s %s: %.3f GB/s\n", m->series.c_str(), FormatByteSize(size).c_str(),
+                   m->gbps);
     }
   }
   if (o.baselines) {

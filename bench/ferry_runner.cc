@@ -41,7 +41,8 @@ FerryRunner::~FerryRunner() {
 }
 
 absl::StatusOr<Measurement> FerryRunner::RunSize(uint64_t size, const RunOptions& options) {
-  if (size > capacity_) return absl::InvalidArgumentError(absl::StrCat("size ", size, " > capacity"));
+  if (size > capacity_)
+    return absl::InvalidArgumentError(absl::StrCat("size ", size, " > capacity"));
   uint64_t k = std::clamp<uint64_t>(options.batch_bytes / size, 1, options.outstanding);
   k = std::min<uint64_t>(k, capacity_ / size);
   std::vector<OpSpec> batch;
@@ -62,8 +63,8 @@ absl::StatusOr<Measurement> FerryRunner::RunKv(uint32_t blocks, uint64_t block,
   std::shuffle(order.begin(), order.end(), std::mt19937_64(11));
   std::vector<OpSpec> batch;
   for (uint32_t i = 0; i < blocks; ++i) {
-    batch.push_back({options.op, src_->id(), order[slots - 1 - i] * block, agents_.node_b, dst_name_,
-                     order[i] * block, block});
+    batch.push_back({options.op, src_->id(), order[slots - 1 - i] * block, agents_.node_b,
+                     dst_name_, order[i] * block, block});
   }
   RunOptions once = options;
   return Run("ferry kv", block, batch, once);
@@ -136,7 +137,8 @@ absl::Status FerryRunner::RunLong(uint64_t total, const std::function<void(bool 
   if (per_batch == 0) return absl::InvalidArgumentError("capacity below 64 MiB");
   std::vector<OpSpec> batch;
   for (uint64_t i = 0; i < per_batch; ++i) {
-    batch.push_back({ferry::v1::WRITE, src_->id(), i * kOp, agents_.node_b, dst_name_, i * kOp, kOp});
+    batch.push_back(
+        {ferry::v1::WRITE, src_->id(), i * kOp, agents_.node_b, dst_name_, i * kOp, kOp});
   }
   uint64_t moved = 0;
   bool sampled_early = false;

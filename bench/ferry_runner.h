@@ -32,7 +32,8 @@ class FerryRunner {
  public:
   // Allocates source (on A) and target (on B, named) buffers of `capacity` bytes each and
   // touches them, so page faults stay out of the numbers.
-  static absl::StatusOr<std::unique_ptr<FerryRunner>> Create(const Agents& agents, uint64_t capacity);
+  static absl::StatusOr<std::unique_ptr<FerryRunner>> Create(const Agents& agents,
+                                                             uint64_t capacity);
   ~FerryRunner();
 
   // One point of a sweep: ops of `size` bytes, batched, repeated.

@@ -226,7 +226,9 @@ bool Parse(int argc, char** argv, Options* o) {
 int Run(int argc, char** argv) {
   Options o;
   if (!Parse(argc, argv, &o)) {
-    std::fprintf(stderr, "usage: ferry-gpu-bench [--device N] [--total BYTES>=16MiB] [--repeat R] [--json FILE] [--backend cuda|sim]\n");
+    std::fprintf(stderr,
+                 "usage: ferry-gpu-bench [--device N] [--total BYTES>=16MiB] [--repeat R] [--json "
+                 "FILE] [--backend cuda|sim]\n");
     return 2;
   }
   std::string why;
@@ -235,8 +237,9 @@ int Run(int argc, char** argv) {
   sim.count = 1;
   auto gpus = o.backend == "sim" ? memory::CreateGpus(sim, &why) : memory::CreateCudaGpus();
   if (!gpus.ok() || gpus->empty()) {
-    std::printf("ferry-gpu-bench: no GPU: skipped (%s)\n",
-                gpus.ok() ? "the CUDA driver sees no GPU" : std::string(gpus.status().message()).c_str());
+    std::printf(
+        "ferry-gpu-bench: no GPU: skipped (%s)\n",
+        gpus.ok() ? "the CUDA driver sees no GPU" : std::string(gpus.status().message()).c_str());
     return 0;
   }
   if (o.device < 0 || static_cast<size_t>(o.device) >= gpus->size()) {
@@ -287,9 +290,10 @@ int Run(int argc, char** argv) {
     std::vector<double> peak_runs;
     absl::Status peak_status;
     for (int r = 0; r <= o.repeat && peak_status.ok(); ++r) {
-      auto t = o.backend == "sim" ? TimeMemcpy(to_host ? big.data() : dev, to_host ? dev : big.data(), o.total)
-               : to_host          ? TimeCudaMemcpy(o.device, big.data(), dev, o.total, true)
-                                  : TimeCudaMemcpy(o.device, dev, big.data(), o.total, false);
+      auto t = o.backend == "sim"
+                   ? TimeMemcpy(to_host ? big.data() : dev, to_host ? dev : big.data(), o.total)
+               : to_host ? TimeCudaMemcpy(o.device, big.data(), dev, o.total, true)
+                         : TimeCudaMemcpy(o.device, dev, big.data(), o.total, false);
       if (!t.ok()) peak_status = t.status();
       else if (r > 0) peak_runs.push_back(*t);
     }
@@ -300,12 +304,19 @@ int Run(int argc, char** argv) {
     }
     double peak = o.total / Median(peak_runs) / 1e9;
     std::printf("%s  %s peak (one %s pinned buffer): %.2f GB/s\n", dir,
-                o.backend == "sim" ? "memcpy" : "cudaMemcpy", FormatByteSize(o.total).c_str(), peak);
+                o.backend == "sim" ? "memcpy" : "cudaMemcpy", FormatByteSize(o.total).c_str(),
+                peak);
     std::printf("%s  chunked through bounce chunks, GB/s (%% of peak):\n", dir);
     std::printf("  %-10s", "chunk");
     for (uint32_t d : kDepths) std::printf("  %-17s", absl::StrCat("depth ", d).c_str());
     std::printf("\n");
-    json.BeginObject().Key("direction").String(dir).Key("peak_gbps").Double(peak).Key("cells").BeginArray();
+    json.BeginObject()
+        .Key("direction")
+        .String(dir)
+        .Key("peak_gbps")
+        .Double(peak)
+        .Key("cells")
+        .BeginArray();
     double best_ratio = 0;
     std::string best;
     for (uint64_t chunk : kChunkSizes) {

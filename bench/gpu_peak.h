@@ -10,6 +10,7 @@
 namespace ferry::bench {
 
 // Seconds one cudaMemcpy of `n` bytes took on GPU `device` (device -> host when `to_host`).
-absl::StatusOr<double> TimeCudaMemcpy(int device, void* dst, const void* src, uint64_t n, bool to_host);
+absl::StatusOr<double> TimeCudaMemcpy(int device, void* dst, const void* src, uint64_t n,
+                                      bool to_host);
 
 }  // namespace ferry::bench

@@ -8,7 +8,8 @@
 
 namespace ferry::bench {
 
-absl::StatusOr<double> TimeCudaMemcpy(int device, void* dst, const void* src, uint64_t n, bool to_host) {
+absl::StatusOr<double> TimeCudaMemcpy(int device, void* dst, const void* src, uint64_t n,
+                                      bool to_host) {
   memory::ScopedCudaDevice d(device);
   if (!d.status().ok()) return d.status();
   auto start = std::chrono::steady_clock::now();

@@ -26,9 +26,9 @@ std::string FormatTable(const Report& r) {
                           r.rss_a_peak / 1048576.0, r.rss_b_peak / 1048576.0);
   }
   if (r.rss_run_bytes) {
-    absl::StrAppendFormat(&out, "RSS over a %s run (node-b): %.1f MiB after 1 GiB, %.1f MiB at the end\n",
-                          FormatByteSize(r.rss_run_bytes), r.rss_early / 1048576.0,
-                          r.rss_late / 1048576.0);
+    absl::StrAppendFormat(
+        &out, "RSS over a %s run (node-b): %.1f MiB after 1 GiB, %.1f MiB at the end\n",
+        FormatByteSize(r.rss_run_bytes), r.rss_early / 1048576.0, r.rss_late / 1048576.0);
   }
   if (!r.findings.empty()) {
     out += "\n";
@@ -102,10 +102,10 @@ absl::Status PlotPng(const Report& r, const std::string& png) {
   }
   std::string data = base + ".dat";
   std::ofstream dat(data);
-  std::string plot = absl::StrCat("set terminal pngcairo size 1000,600\nset output '", png, "'\n",
-                                  "set logscale x 2\n", XTics(r), "set xlabel 'transfer size'\n",
-                                  "set ylabel 'GB/s'\nset key left top\nset grid\n",
-                                  "set title 'ferry on loopback vs baselines (", r.date, ")'\nplot ");
+  std::string plot = absl::StrCat(
+      "set terminal pngcairo size 1000,600\nset output '", png, "'\n", "set logscale x 2\n",
+      XTics(r), "set xlabel 'transfer size'\n", "set ylabel 'GB/s'\nset key left top\nset grid\n",
+      "set title 'ferry on loopback vs baselines (", r.date, ")'\nplot ");
   int index = 0;
   for (const auto& [name, rows] : series) {
     dat << "# " << name << "\n";
@@ -117,7 +117,8 @@ absl::Status PlotPng(const Report& r, const std::string& png) {
   }
   for (const Measurement& m : r.rows) {
     if (m.size == 0) {
-      absl::StrAppend(&plot, index ? ", " : "", m.gbps, " with lines dashtype 2 title '", m.series, "'");
+      absl::StrAppend(&plot, index ? ", " : "", m.gbps, " with lines dashtype 2 title '", m.series,
+                      "'");
       ++index;
     }
   }

@@ -62,8 +62,9 @@ std::string Figures(const std::string& when, AgentProcess& agent, Client* client
       threads = absl::StrCat(info->threads());
     }
   }
-  return absl::StrCat("  ", agent.node(), " ", when, ": RSS ", FormatByteSize(agent.MemoryBytes("VmRSS")),
-                      ", threads ", threads, ", host pool used ", pool);
+  return absl::StrCat("  ", agent.node(), " ", when, ": RSS ",
+                      FormatByteSize(agent.MemoryBytes("VmRSS")), ", threads ", threads,
+                      ", host pool used ", pool);
 }
 
 // One client's life: its own session, its own slot of "soak".
@@ -85,8 +86,9 @@ void RunClient(int index, const Options& o, const std::string& socket,
   for (int i = 0; i < o.iterations; ++i) {
     // Log-uniform sizes from 1 byte to max_size: small ops as often as large ones.
     double log_max = std::log2(static_cast<double>(o.max_size));
-    uint64_t size = std::max<uint64_t>(1, static_cast<uint64_t>(std::exp2(
-                                              std::uniform_real_distribution<double>(0, log_max)(rng))));
+    uint64_t size = std::max<uint64_t>(
+        1,
+        static_cast<uint64_t>(std::exp2(std::uniform_real_distribution<double>(0, log_max)(rng))));
     uint64_t offset = std::uniform_int_distribution<uint64_t>(0, o.max_size - size)(rng);
     for (uint64_t b = 0; b < size; b += 8) {
       uint64_t word = rng();
@@ -150,7 +152,8 @@ int Run(const Options& o) {
   if (!ca.ok()) return 1;
   std::printf("ferry-soak: %d clients x %d WRITE+READ of 1 B .. %s, node-b restarted %d times\n",
               o.clients, o.iterations, FormatByteSize(o.max_size).c_str(), o.restarts);
-  std::vector<std::string> start = {Figures("at start", **a, ca->get()), Figures("at start", **b, cb.get())};
+  std::vector<std::string> start = {Figures("at start", **a, ca->get()),
+                                    Figures("at start", **b, cb.get())};
 
   Tally tally;
   std::atomic<uint64_t> epoch{0};  // odd while node-b is down or its target not yet made
@@ -162,13 +165,15 @@ int Run(const Options& o) {
   const uint64_t total_ops = 2ull * o.clients * o.iterations;
   for (int r = 1; r <= o.restarts; ++r) {
     // Evenly through the run, by ops done.
-    while (tally.ops.load() < total_ops * r / (o.restarts + 1)) absl::SleepFor(absl::Milliseconds(20));
+    while (tally.ops.load() < total_ops * r / (o.restarts + 1))
+      absl::SleepFor(absl::Milliseconds(20));
     epoch++;
     cb.reset();
     int rc = (*b)->Stop();
     auto restarted = AgentProcess::Start(spec_b);
     if (!restarted.ok()) {
-      std::fprintf(stderr, "ferry-soak: restart %d: %s\n", r, restarted.status().ToString().c_str());
+      std::fprintf(stderr, "ferry-soak: restart %d: %s\n", r,
+                   restarted.status().ToString().c_str());
       return 1;
     }
     *b = std::move(*restarted);
@@ -185,7 +190,8 @@ int Run(const Options& o) {
 
   // Every client gone: node-a holds nothing, node-b only the persisting target.
   absl::SleepFor(absl::Milliseconds(500));
-  std::vector<std::string> end = {Figures("at end", **a, ca->get()), Figures("at end", **b, cb.get())};
+  std::vector<std::string> end = {Figures("at end", **a, ca->get()),
+                                  Figures("at end", **b, cb.get())};
   auto info_a = (*ca)->GetInfo();
   auto info_b = cb->GetInfo();
   bool accounting = info_a.ok() && info_b.ok() && info_a->host_pool_used_bytes() == 0 &&
@@ -193,8 +199,9 @@ int Run(const Options& o) {
                     info_b->buffer_count() == 1;
 
   std::printf("\nops %llu (%s moved in %.1f s), compared %llu, overlapped by a restart %llu\n",
-              static_cast<unsigned long long>(tally.ops.load()), FormatByteSize(tally.bytes.load()).c_str(),
-              seconds, static_cast<unsigned long long>(tally.compared.load()),
+              static_cast<unsigned long long>(tally.ops.load()),
+              FormatByteSize(tally.bytes.load()).c_str(), seconds,
+              static_cast<unsigned long long>(tally.compared.load()),
               static_cast<unsigned long long>(tally.overlapped.load()));
   std::printf("mismatches %llu\n", static_cast<unsigned long long>(tally.mismatches.load()));
   std::printf("errors by code:%s\n", tally.errors.empty() ? " none" : "");
@@ -205,8 +212,9 @@ int Run(const Options& o) {
   std::printf("agents:\n");
   for (const auto& line : start) std::printf("%s\n", line.c_str());
   for (const auto& line : end) std::printf("%s\n", line.c_str());
-  std::printf("accounting at the end: %s\n",
-              accounting ? "node-a pool 0, node-b pool = its one persisting buffer" : "NOT back to zero");
+  std::printf(
+      "accounting at the end: %s\n",
+      accounting ? "node-a pool 0, node-b pool = its one persisting buffer" : "NOT back to zero");
   ca->reset();
   cb.reset();
   a->reset();
@@ -224,7 +232,8 @@ int main(int argc, char** argv) {
     std::string flag = argv[i], value = argv[i + 1];
     bool ok = true;
     if (flag == "--clients") ok = absl::SimpleAtoi(value, &o.clients) && o.clients > 0;
-    else if (flag == "--iterations") ok = absl::SimpleAtoi(value, &o.iterations) && o.iterations > 0;
+    else if (flag == "--iterations")
+      ok = absl::SimpleAtoi(value, &o.iterations) && o.iterations > 0;
     else if (flag == "--restarts") ok = absl::SimpleAtoi(value, &o.restarts) && o.restarts >= 0;
     else if (flag == "--max-size") {
       auto size = ferry::ParseByteSize(value);
@@ -232,7 +241,9 @@ int main(int argc, char** argv) {
       if (ok) o.max_size = *size;
     } else ok = false;
     if (!ok) {
-      std::fprintf(stderr, "usage: ferry-soak [--clients N] [--iterations N] [--restarts N] [--max-size SIZE]\n");
+      std::fprintf(
+          stderr,
+          "usage: ferry-soak [--clients N] [--iterations N] [--restarts N] [--max-size SIZE]\n");
       return 2;
     }
   }

@@ -63,9 +63,11 @@ bool RunStagingSuite(const StagingOptions& o, Report& report) {
       "topology: %s/topology/dual_socket_sys.xml\ngpu:\n  backend: sim\n  count: 1\n"
       "  pool_size: %dMiB\n  sim_copy_rate: %d\nlog:\n  level: warn\n",
       o.fixtures, 2 * (o.size >> 20) + 64, o.copy_rate);
-  auto a = AgentProcess::Start({"node-a", dir, *pa, {{"node-b", absl::StrCat("127.0.0.1:", *pb)}}, extra});
+  auto a = AgentProcess::Start(
+      {"node-a", dir, *pa, {{"node-b", absl::StrCat("127.0.0.1:", *pb)}}, extra});
   if (!a.ok()) return fail(a.status());
-  auto b = AgentProcess::Start({"node-b", dir, *pb, {{"node-a", absl::StrCat("127.0.0.1:", *pa)}}, extra});
+  auto b = AgentProcess::Start(
+      {"node-b", dir, *pb, {{"node-a", absl::StrCat("127.0.0.1:", *pa)}}, extra});
   if (!b.ok()) return fail(b.status());
   auto ca = Client::Connect((*a)->socket());
   auto cb = Client::Connect((*b)->socket());
@@ -76,7 +78,8 @@ bool RunStagingSuite(const StagingOptions& o, Report& report) {
   if (!dst.ok()) return fail(dst.status());
   std::memset((*src)->data(), 0x3c, o.size);
   std::memset((*dst)->data(), 0, o.size);
-  std::vector<OpSpec> batch = {{ferry::v1::WRITE, (*src)->id(), 0, "node-b", "staging-target", 0, o.size}};
+  std::vector<OpSpec> batch = {
+      {ferry::v1::WRITE, (*src)->id(), 0, "node-b", "staging-target", 0, o.size}};
 
   auto set = [&](const std::vector<std::pair<std::string, std::string>>& kv) {
     auto x = (*ca)->SetPolicy(kv);
@@ -98,14 +101,17 @@ bool RunStagingSuite(const StagingOptions& o, Report& report) {
     }
     auto m = Measure(**ca, batch, absl::StrCat("staged d=", depth), o.seconds);
     if (!m.ok()) return fail(m.status());
-    m->note = absl::StrFormat("%.2f x direct, %.2f x slowest stage", m->gbps / direct->gbps, m->gbps / slowest);
+    m->note = absl::StrFormat("%.2f x direct, %.2f x slowest stage", m->gbps / direct->gbps,
+                              m->gbps / slowest);
     report.rows.push_back(*m);
     std::fprintf(stderr, "  staged depth %u: %.3f GB/s\n", depth, m->gbps);
   }
-  report.findings.push_back(absl::StrFormat(
-      "staging (sim GPUs, copy engines at %.2f GB/s, %s chunks, %s writes): slowest stage %.2f GB/s "
-      "(min of copy %.2f and direct wire %.2f); see the staged rows for depth 1..8",
-      copy_gbps, FormatByteSize(o.chunk), FormatByteSize(o.size), slowest, copy_gbps, direct->gbps));
+  report.findings.push_back(
+      absl::StrFormat("staging (sim GPUs, copy engines at %.2f GB/s, %s chunks, %s writes): "
+                      "slowest stage %.2f GB/s "
+                      "(min of copy %.2f and direct wire %.2f); see the staged rows for depth 1..8",
+                      copy_gbps, FormatByteSize(o.chunk), FormatByteSize(o.size), slowest,
+                      copy_gbps, direct->gbps));
   (*src).reset();
   (*dst).reset();
   (*a)->Stop();

@@ -84,7 +84,8 @@ absl::StatusOr<std::unique_ptr<AgentProcess>> AgentProcess::Start(const AgentSpe
   std::string ferryd = spec.ferryd;
   if (ferryd.empty()) ferryd = std::getenv("FERRYD") ? std::getenv("FERRYD") : FERRY_FERRYD_PATH;
 
-  auto pid = SpawnChild({ferryd, "--config", agent->config_path_}, agent->log_path_, spec.open_files);
+  auto pid =
+      SpawnChild({ferryd, "--config", agent->config_path_}, agent->log_path_, spec.open_files);
   if (!pid.ok()) return pid.status();
   agent->pid_ = *pid;
   absl::Time deadline = absl::Now() + timeout;

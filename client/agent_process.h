@@ -41,8 +41,8 @@ absl::StatusOr<uint16_t> PickFreePort();
 
 class AgentProcess {
  public:
-  static absl::StatusOr<std::unique_ptr<AgentProcess>> Start(const AgentSpec& spec,
-                                                             absl::Duration timeout = absl::Seconds(15));
+  static absl::StatusOr<std::unique_ptr<AgentProcess>> Start(
+      const AgentSpec& spec, absl::Duration timeout = absl::Seconds(15));
   ~AgentProcess();
 
   // SIGTERM, then SIGKILL if it has not stopped within `grace`. Returns its exit status.

@@ -36,12 +36,13 @@ absl::StatusOr<std::shared_ptr<AgentSession>> AgentSession::Open(const std::stri
       return;
     }
     absl::Status why = FromGrpcStatus(reader->Finish());
-    first.set_value(why.ok() ? absl::UnavailableError("OpenSession ended without a session id") : why);
+    first.set_value(why.ok() ? absl::UnavailableError("OpenSession ended without a session id")
+                             : why);
   });
   if (opened.wait_for(std::chrono::microseconds(absl::ToInt64Microseconds(timeout))) !=
       std::future_status::ready) {
-    return absl::UnavailableError(absl::StrCat("ferryd at ", target, " did not open a session within ",
-                                               absl::FormatDuration(timeout)));
+    return absl::UnavailableError(absl::StrCat(
+        "ferryd at ", target, " did not open a session within ", absl::FormatDuration(timeout)));
     // `session` goes: its destructor cancels the call and joins the reader.
   }
   auto id = opened.get();

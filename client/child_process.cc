@@ -8,8 +8,8 @@
 
 namespace ferry {
 
-absl::StatusOr<pid_t> SpawnChild(const std::vector<std::string>& argv, const std::string& output_path,
-                                 uint64_t open_files) {
+absl::StatusOr<pid_t> SpawnChild(const std::vector<std::string>& argv,
+                                 const std::string& output_path, uint64_t open_files) {
   if (argv.empty()) return absl::InvalidArgumentError("SpawnChild: empty argv");
   // Everything the child needs is prepared before fork: after it only async-signal-safe calls.
   std::vector<char*> args;

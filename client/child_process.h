@@ -16,7 +16,7 @@ namespace ferry {
 // Runs `argv` (argv[0] found on PATH) with stdout and stderr going to `output_path`
 // ("/dev/null" to drop them). Returns the child's pid.
 // `open_files`: the child's RLIMIT_NOFILE (0: inherited), e.g. to test fd exhaustion.
-absl::StatusOr<pid_t> SpawnChild(const std::vector<std::string>& argv, const std::string& output_path,
-                                 uint64_t open_files = 0);
+absl::StatusOr<pid_t> SpawnChild(const std::vector<std::string>& argv,
+                                 const std::string& output_path, uint64_t open_files = 0);
 
 }  // namespace ferry

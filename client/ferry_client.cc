@@ -30,7 +30,8 @@ absl::StatusOr<std::unique_ptr<Buffer>> Buffer::Map(const ferry::v1::BufferInfo&
       if (!ordinal.ok()) return ordinal.status();
       device = *ordinal;
     } else if (!absl::SimpleAtoi(info.device().substr(info.device().find(':') + 1), &device)) {
-      return absl::InvalidArgumentError(absl::StrCat("buffer ", info.id(), ": device '", info.device(), "'"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("buffer ", info.id(), ": device '", info.device(), "'"));
     }
     auto ptr = OpenCudaIpc(info.gpu().handle(), info.gpu().offset(), device);
     if (!ptr.ok()) return ptr.status();
@@ -50,16 +51,19 @@ absl::StatusOr<std::unique_ptr<Buffer>> Buffer::Map(const ferry::v1::BufferInfo&
   }
   UniqueFd fd(open(shm.path().c_str(), O_RDWR | O_CLOEXEC));
   if (!fd.valid()) {
-    return absl::ErrnoToStatus(errno, absl::StrCat("open(", shm.path(), ") to map buffer ", info.id()));
+    return absl::ErrnoToStatus(errno,
+                               absl::StrCat("open(", shm.path(), ") to map buffer ", info.id()));
   }
   // mmap needs a page-aligned offset; the agent aligns buffers, but do not depend on it.
   const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
   uint64_t start = shm.offset() / page * page;
   uint64_t skew = shm.offset() - start;
   uint64_t length = shm.length() + skew;
-  void* p = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), static_cast<off_t>(start));
+  void* p = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(),
+                 static_cast<off_t>(start));
   if (p == MAP_FAILED) {
-    return absl::ErrnoToStatus(errno, absl::StrCat("mmap(buffer ", info.id(), ", ", length, " bytes)"));
+    return absl::ErrnoToStatus(errno,
+                               absl::StrCat("mmap(buffer ", info.id(), ", ", length, " bytes)"));
   }
   return std::unique_ptr<Buffer>(new Buffer(info, p, length, static_cast<char*>(p) + skew));
 }
@@ -122,7 +126,8 @@ absl::StatusOr<std::vector<ferry::v1::BufferInfo>> Client::ListBuffers() {
   return std::vector<ferry::v1::BufferInfo>(resp.buffers().begin(), resp.buffers().end());
 }
 
-absl::StatusOr<uint64_t> Client::StatRemoteBuffer(const std::string& node, const std::string& name) {
+absl::StatusOr<uint64_t> Client::StatRemoteBuffer(const std::string& node,
+                                                  const std::string& name) {
   ferry::v1::StatRemoteBufferRequest req;
   req.set_node(node);
   req.set_name(name);
@@ -186,8 +191,9 @@ absl::StatusOr<ferry::v1::TransferResult> Client::Cancel(uint64_t transfer_id) {
   return resp;
 }
 
-absl::Status Client::Watch(uint64_t transfer_id,
-                           const std::function<void(const ferry::v1::TransferProgress&)>& on_progress) {
+absl::Status Client::Watch(
+    uint64_t transfer_id,
+    const std::function<void(const ferry::v1::TransferProgress&)>& on_progress) {
   ferry::v1::WatchRequest req;
   req.set_transfer_id(transfer_id);
   grpc::ClientContext ctx;
@@ -207,8 +213,10 @@ absl::StatusOr<ferry::v1::TransferResult> Client::Run(const std::vector<OpSpec>&
 }
 
 absl::Status Client::Write(const Buffer& local, uint64_t local_offset, const std::string& peer,
-                           const std::string& remote_buffer, uint64_t remote_offset, uint64_t length) {
-  auto result = Run({{ferry::v1::WRITE, local.id(), local_offset, peer, remote_buffer, remote_offset, length}});
+                           const std::string& remote_buffer, uint64_t remote_offset,
+                           uint64_t length) {
+  auto result = Run(
+      {{ferry::v1::WRITE, local.id(), local_offset, peer, remote_buffer, remote_offset, length}});
   return result.ok() ? TransferStatus(*result) : result.status();
 }
 
@@ -237,15 +245,18 @@ absl::StatusOr<ferry::v1::PolicyState> Client::SetPolicy(
 }
 
 absl::Status Client::Read(const Buffer& local, uint64_t local_offset, const std::string& peer,
-                          const std::string& remote_buffer, uint64_t remote_offset, uint64_t length) {
-  auto result = Run({{ferry::v1::READ, local.id(), local_offset, peer, remote_buffer, remote_offset, length}});
+                          const std::string& remote_buffer, uint64_t remote_offset,
+                          uint64_t length) {
+  auto result = Run(
+      {{ferry::v1::READ, local.id(), local_offset, peer, remote_buffer, remote_offset, length}});
   return result.ok() ? TransferStatus(*result) : result.status();
 }
 
 absl::Status TransferStatus(const ferry::v1::TransferResult& result) {
   if (result.state() == ferry::v1::SUCCEEDED) return absl::OkStatus();
   if (result.state() == ferry::v1::RUNNING) {
-    return absl::DeadlineExceededError(absl::StrCat("transfer ", result.transfer_id(), " still running"));
+    return absl::DeadlineExceededError(
+        absl::StrCat("transfer ", result.transfer_id(), " still running"));
   }
   return absl::Status(static_cast<absl::StatusCode>(result.code()), result.message());
 }

@@ -86,7 +86,8 @@ class Client {
   absl::StatusOr<uint64_t> StatRemoteBuffer(const std::string& node, const std::string& name);
 
   // Starts a batch; the whole batch is validated first. Returns the transfer id.
-  absl::StatusOr<uint64_t> Submit(const std::vector<OpSpec>& ops, absl::Duration timeout = absl::ZeroDuration());
+  absl::StatusOr<uint64_t> Submit(const std::vector<OpSpec>& ops,
+                                  absl::Duration timeout = absl::ZeroDuration());
   // The transfer's result once it ended (its state says whether it succeeded), or
   // DEADLINE_EXCEEDED if it is still running after `wait`. `include_ops`: every op's
   // result, fetched page by page (each page fits gRPC's default message limit).

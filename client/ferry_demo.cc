@@ -110,8 +110,9 @@ int Demo() {
   std::shuffle(slots.begin(), slots.end(), std::mt19937(7));
   std::vector<OpSpec> kv_ops;
   for (int i = 0; i < kBlocks; ++i) {
-    kv_ops.push_back({ferry::v1::WRITE, (*src)->id(), static_cast<uint64_t>(i) * kBlock * 3 % (kBulk - kBlock),
-                      "node-b", "demo-kv", static_cast<uint64_t>(slots[i]) * kBlock, kBlock});
+    kv_ops.push_back({ferry::v1::WRITE, (*src)->id(),
+                      static_cast<uint64_t>(i) * kBlock * 3 % (kBulk - kBlock), "node-b", "demo-kv",
+                      static_cast<uint64_t>(slots[i]) * kBlock, kBlock});
   }
   auto kv_result = ca.Run(kv_ops, absl::Seconds(60), /*include_ops=*/true);
   CHECK_OK(StatusOf(kv_result));
@@ -120,7 +121,8 @@ int Demo() {
   // 3. Read both back into fresh node-a buffers, and compare.
   auto back = ca.Alloc(kBulk);
   CHECK_OK(StatusOf(back));
-  std::vector<OpSpec> read_ops = {{ferry::v1::READ, (*back)->id(), 0, "node-b", "demo-bulk", 0, kBulk}};
+  std::vector<OpSpec> read_ops = {
+      {ferry::v1::READ, (*back)->id(), 0, "node-b", "demo-bulk", 0, kBulk}};
   auto read_bulk = ca.Run(read_ops);
   CHECK_OK(StatusOf(read_bulk));
   CHECK_OK(TransferStatus(*read_bulk));
@@ -130,8 +132,8 @@ int Demo() {
   CHECK_OK(StatusOf(kv_back));
   std::vector<OpSpec> kv_read;
   for (int i = 0; i < kBlocks; ++i) {
-    kv_read.push_back({ferry::v1::READ, (*kv_back)->id(), static_cast<uint64_t>(i) * kBlock, "node-b",
-                       "demo-kv", static_cast<uint64_t>(slots[i]) * kBlock, kBlock});
+    kv_read.push_back({ferry::v1::READ, (*kv_back)->id(), static_cast<uint64_t>(i) * kBlock,
+                       "node-b", "demo-kv", static_cast<uint64_t>(slots[i]) * kBlock, kBlock});
   }
   auto kv_read_result = ca.Run(kv_read);
   CHECK_OK(StatusOf(kv_read_result));
@@ -158,11 +160,12 @@ int Demo() {
   };
   row("WRITE 256 MiB node-a -> node-b", bulk->bytes(), bulk->duration_us(), src_sum == landed_sum);
   row("WRITE KV 1024 x 64 KiB (scattered)", kv_result->bytes(), kv_result->duration_us(), true);
-  row("READ  256 MiB node-b -> node-a", read_bulk->bytes(), read_bulk->duration_us(), src_sum == back_sum);
+  row("READ  256 MiB node-b -> node-a", read_bulk->bytes(), read_bulk->duration_us(),
+      src_sum == back_sum);
   row("READ  KV 1024 x 64 KiB (scattered)", kv_read_result->bytes(), kv_read_result->duration_us(),
       kv_bad == 0);
-  std::printf("\nKV batch: %d/%d ops ok, provider %s, op latency mean %.2f ms, max %.2f ms\n", ok_ops,
-              kv_result->ops_size(), kv_result->ops(0).provider().c_str(),
+  std::printf("\nKV batch: %d/%d ops ok, provider %s, op latency mean %.2f ms, max %.2f ms\n",
+              ok_ops, kv_result->ops_size(), kv_result->ops(0).provider().c_str(),
               sum_us / 1e3 / std::max(1, kv_result->ops_size()), max_us / 1e3);
   std::printf("checksums: source %016llx, landed on node-b %016llx, read back %016llx\n",
               static_cast<unsigned long long>(src_sum), static_cast<unsigned long long>(landed_sum),

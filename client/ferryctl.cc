@@ -319,7 +319,8 @@ int Info(Client& c, const Args& a) {
     return kOk;
   }
   std::string providers, peers;
-  for (const auto& p : info->providers()) absl::StrAppend(&providers, providers.empty() ? "" : ", ", p);
+  for (const auto& p : info->providers())
+    absl::StrAppend(&providers, providers.empty() ? "" : ", ", p);
   for (const auto& p : info->peers()) absl::StrAppend(&peers, peers.empty() ? "" : ", ", p);
   std::printf("node        %s\nversion     %s\nproviders   %s\nbuffers     %llu\n"
               "host pool   %s used of %s\npeers       %s\ntransfers   %llu running, %llu done\n",
@@ -329,11 +330,13 @@ int Info(Client& c, const Args& a) {
               FormatByteSize(info->host_pool_bytes()).c_str(), peers.empty() ? "-" : peers.c_str(),
               static_cast<unsigned long long>(info->transfers_active()),
               static_cast<unsigned long long>(info->transfers_done()));
-  std::printf("policy      generation %llu\n", static_cast<unsigned long long>(info->policy_generation()));
-  std::printf("sessions    %llu, buffers hold %s of the host pool\nprocess     pid %u, %llu threads\n",
-              static_cast<unsigned long long>(info->sessions()),
-              FormatByteSize(info->host_buffer_bytes()).c_str(), info->pid(),
-              static_cast<unsigned long long>(info->threads()));
+  std::printf("policy      generation %llu\n",
+              static_cast<unsigned long long>(info->policy_generation()));
+  std::printf(
+      "sessions    %llu, buffers hold %s of the host pool\nprocess     pid %u, %llu threads\n",
+      static_cast<unsigned long long>(info->sessions()),
+      FormatByteSize(info->host_buffer_bytes()).c_str(), info->pid(),
+      static_cast<unsigned long long>(info->threads()));
   for (const auto& g : info->gpus()) {
     std::printf("gpu %-7d %s %s, pool %s used of %s, fragmentation %.2f\n", g.index(),
                 g.backend().c_str(), g.pci().empty() ? "-" : g.pci().c_str(),
@@ -357,7 +360,8 @@ int Policy(Client& c, const Args& a) {
     std::vector<std::pair<std::string, std::string>> settings;
     for (size_t i = 1; i < a.words.size(); ++i) {
       size_t eq = a.words[i].find('=');
-      if (eq == std::string::npos || eq == 0) return Usage(absl::StrCat("'", a.words[i], "' is not KEY=VALUE"));
+      if (eq == std::string::npos || eq == 0)
+        return Usage(absl::StrCat("'", a.words[i], "' is not KEY=VALUE"));
       settings.emplace_back(a.words[i].substr(0, eq), a.words[i].substr(eq + 1));
     }
     state = c.SetPolicy(settings);
@@ -377,7 +381,8 @@ int Policy(Client& c, const Args& a) {
                 FormatByteSize(state->staging_chunk_bytes()).c_str(), state->staging_depth());
     // Which keys the run-time settings hold, over the config file's (until policy reset).
     std::string overrides;
-    for (const auto& o : state->overrides()) absl::StrAppend(&overrides, " ", o.key(), "=", o.value());
+    for (const auto& o : state->overrides())
+      absl::StrAppend(&overrides, " ", o.key(), "=", o.value());
     std::string line = overrides.empty()
                            ? " none (the config file's policy)"
                            : absl::StrCat(overrides, " (over the config file; reset drops them)");
@@ -424,7 +429,8 @@ int Alloc(Client& c, const Args& a) {
 
 int Free(Client& c, const Args& a) {
   uint64_t id = 0;
-  if (a.words.size() != 1 || !absl::SimpleAtoi(a.words[0], &id)) return Usage("free needs a buffer ID");
+  if (a.words.size() != 1 || !absl::SimpleAtoi(a.words[0], &id))
+    return Usage("free needs a buffer ID");
   absl::Status s = c.Free(id);
   return s.ok() ? kOk : Fail(s);
 }
@@ -441,7 +447,8 @@ int Put(Client& c, const Args& a) {
   if (!fd.valid() || fstat(fd.get(), &st) != 0) {
     return Fail(absl::ErrnoToStatus(errno, absl::StrCat("open(", a.words[0], ")")));
   }
-  if (st.st_size == 0) return Fail(absl::InvalidArgumentError(absl::StrCat(a.words[0], " is empty")));
+  if (st.st_size == 0)
+    return Fail(absl::InvalidArgumentError(absl::StrCat(a.words[0], " is empty")));
   uint64_t size = static_cast<uint64_t>(st.st_size);
   auto buffer = c.Alloc(size);
   if (!buffer.ok()) return Fail(buffer.status());
@@ -580,7 +587,8 @@ int Main(int argc, char** argv) {
     if (std::string problem = ParseArgs(cl.rest, a); !problem.empty()) return Usage(problem);
     auto client = Client::Connect(cl.socket, absl::Seconds(3), "ferryctl");
     if (!client.ok()) {
-      std::cerr << "ferryctl: " << client.status().message() << " (is ferryd running? --socket PATH)\n";
+      std::cerr << "ferryctl: " << client.status().message()
+                << " (is ferryd running? --socket PATH)\n";
       return kNoAgent;
     }
     return handler(**client, a);

@@ -41,8 +41,9 @@ class IpcMappings {
       void* base = nullptr;
       // Lazy peer access: lets the mapping work when `device` is not the GPU that holds the
       // memory (P2P between them), at no cost when it is.
-      absl::Status s = CudaStatus(cudaIpcOpenMemHandle(&base, handle, cudaIpcMemLazyEnablePeerAccess),
-                                  absl::StrCat("cudaIpcOpenMemHandle(device ", device, ")"));
+      absl::Status s =
+          CudaStatus(cudaIpcOpenMemHandle(&base, handle, cudaIpcMemLazyEnablePeerAccess),
+                     absl::StrCat("cudaIpcOpenMemHandle(device ", device, ")"));
       if (!s.ok()) return s;
       it = open_.emplace(handle_bytes, Mapping{base, 0}).first;
     }
@@ -53,7 +54,8 @@ class IpcMappings {
   absl::Status Close(const std::string& handle_bytes) {
     absl::MutexLock lock(&mu_);
     auto it = open_.find(handle_bytes);
-    if (it == open_.end()) return absl::NotFoundError("CUDA IPC handle is not open in this process");
+    if (it == open_.end())
+      return absl::NotFoundError("CUDA IPC handle is not open in this process");
     if (--it->second.users > 0) return absl::OkStatus();
     void* base = it->second.base;
     open_.erase(it);

@@ -24,7 +24,8 @@ class Context {
 
   absl::Status Error(const YAML::Node& node, absl::string_view key, absl::string_view what) const {
     int line = node.Mark().line >= 0 ? node.Mark().line + 1 : 0;
-    return absl::InvalidArgumentError(absl::StrCat(origin_, ":", line, ": key '", key, "': ", what));
+    return absl::InvalidArgumentError(
+        absl::StrCat(origin_, ":", line, ": key '", key, "': ", what));
   }
 
  private:
@@ -117,8 +118,8 @@ absl::Status ParsePolicySection(const Context& ctx, const YAML::Node& node, Poli
 absl::Status ParseInto(const Context& ctx, const YAML::Node& root, Config& c) {
   if (!root || root.IsNull()) return absl::OkStatus();  // empty file: all defaults
   RETURN_IF_ERROR(CheckKeys(ctx, root, "",
-                            {"node", "listen", "peers", "host_pool", "providers", "tcp", "verbs", "limits",
-                             "log", "topology", "nics", "policy", "gpu"}));
+                            {"node", "listen", "peers", "host_pool", "providers", "tcp", "verbs",
+                             "limits", "log", "topology", "nics", "policy", "gpu"}));
   if (auto n = root["node"]) {
     ASSIGN_OR_RETURN(c.node, ReadString(ctx, n, "node"));
     if (c.node.empty() || c.node.find_first_of(":/ \t") != std::string::npos) {
@@ -132,7 +133,8 @@ absl::Status ParseInto(const Context& ctx, const YAML::Node& root, Config& c) {
     }
     if (auto n = listen["local_tcp"]) {
       ASSIGN_OR_RETURN(c.local_tcp, ReadString(ctx, n, "listen.local_tcp"));
-      if (!c.local_tcp.empty()) RETURN_IF_ERROR(CheckAddress(ctx, n, "listen.local_tcp", c.local_tcp));
+      if (!c.local_tcp.empty())
+        RETURN_IF_ERROR(CheckAddress(ctx, n, "listen.local_tcp", c.local_tcp));
     }
     if (auto n = listen["peer"]) {
       ASSIGN_OR_RETURN(c.peer_listen, ReadString(ctx, n, "listen.peer"));
@@ -140,7 +142,8 @@ absl::Status ParseInto(const Context& ctx, const YAML::Node& root, Config& c) {
     }
   }
   if (auto peers = root["peers"]) {
-    if (!peers.IsMap() && !peers.IsNull()) return ctx.Error(peers, "peers", "expected name: host:port pairs");
+    if (!peers.IsMap() && !peers.IsNull())
+      return ctx.Error(peers, "peers", "expected name: host:port pairs");
     for (const auto& item : peers) {
       std::string name = item.first.as<std::string>();
       std::string key = absl::StrCat("peers.", name);
@@ -153,7 +156,8 @@ absl::Status ParseInto(const Context& ctx, const YAML::Node& root, Config& c) {
     RETURN_IF_ERROR(CheckKeys(ctx, pool, "host_pool", {"size"}));
     if (auto n = pool["size"]) {
       ASSIGN_OR_RETURN(c.host_pool_bytes, ReadByteSize(ctx, n, "host_pool.size"));
-      if (c.host_pool_bytes < (1u << 20)) return ctx.Error(n, "host_pool.size", "must be at least 1 MiB");
+      if (c.host_pool_bytes < (1u << 20))
+        return ctx.Error(n, "host_pool.size", "must be at least 1 MiB");
     }
   }
   if (auto n = root["providers"]) {
@@ -161,9 +165,11 @@ absl::Status ParseInto(const Context& ctx, const YAML::Node& root, Config& c) {
     std::set<std::string> seen;
     for (const auto& p : c.providers) {
       if (p != "tcp" && p != "verbs") {
-        return ctx.Error(n, "providers", absl::StrCat("unknown provider '", p, "' (expected verbs or tcp)"));
+        return ctx.Error(n, "providers",
+                         absl::StrCat("unknown provider '", p, "' (expected verbs or tcp)"));
       }
-      if (!seen.insert(p).second) return ctx.Error(n, "providers", absl::StrCat("'", p, "' is listed twice"));
+      if (!seen.insert(p).second)
+        return ctx.Error(n, "providers", absl::StrCat("'", p, "' is listed twice"));
     }
     if (c.providers.empty()) return ctx.Error(n, "providers", "must list at least one provider");
   }
@@ -210,7 +216,8 @@ absl::Status ParseInto(const Context& ctx, const YAML::Node& root, Config& c) {
       ASSIGN_OR_RETURN(v.rnr_retry, ReadCount(ctx, n, "verbs.rnr_retry", 0, 7));
     }
     if (auto n = verbs["send_queue_depth"]) {
-      ASSIGN_OR_RETURN(v.send_queue_depth, ReadCount(ctx, n, "verbs.send_queue_depth", 1, 1u << 16));
+      ASSIGN_OR_RETURN(v.send_queue_depth,
+                       ReadCount(ctx, n, "verbs.send_queue_depth", 1, 1u << 16));
     }
     if (auto n = verbs["signal_every"]) {
       ASSIGN_OR_RETURN(v.signal_every, ReadCount(ctx, n, "verbs.signal_every", 1, 1u << 16));
@@ -250,20 +257,22 @@ absl::Status ParseInto(const Context& ctx, const YAML::Node& root, Config& c) {
     }
   }
   if (auto limits = root["limits"]) {
-    RETURN_IF_ERROR(CheckKeys(ctx, limits, "limits", {"max_op_bytes", "max_ops_per_submit", "default_timeout_ms",
-                                                     "max_timeout_ms", "slice_bytes",
-                                                     "peer_window_bytes", "tcp_max_connections",
-                                                     "tcp_max_connections_per_peer",
-                                                     "tcp_handshake_timeout_ms"}));
+    RETURN_IF_ERROR(
+        CheckKeys(ctx, limits, "limits",
+                  {"max_op_bytes", "max_ops_per_submit", "default_timeout_ms", "max_timeout_ms",
+                   "slice_bytes", "peer_window_bytes", "tcp_max_connections",
+                   "tcp_max_connections_per_peer", "tcp_handshake_timeout_ms"}));
     if (auto n = limits["max_op_bytes"]) {
       ASSIGN_OR_RETURN(c.max_op_bytes, ReadByteSize(ctx, n, "limits.max_op_bytes"));
       if (c.max_op_bytes == 0) return ctx.Error(n, "limits.max_op_bytes", "must be positive");
     }
     if (auto n = limits["max_ops_per_submit"]) {
-      ASSIGN_OR_RETURN(c.max_ops_per_submit, ReadCount(ctx, n, "limits.max_ops_per_submit", 1, 1u << 20));
+      ASSIGN_OR_RETURN(c.max_ops_per_submit,
+                       ReadCount(ctx, n, "limits.max_ops_per_submit", 1, 1u << 20));
     }
     if (auto n = limits["default_timeout_ms"]) {
-      ASSIGN_OR_RETURN(c.default_timeout_ms, ReadCount(ctx, n, "limits.default_timeout_ms", 1, 86400000));
+      ASSIGN_OR_RETURN(c.default_timeout_ms,
+                       ReadCount(ctx, n, "limits.default_timeout_ms", 1, 86400000));
     }
     if (auto n = limits["max_timeout_ms"]) {
       ASSIGN_OR_RETURN(c.max_timeout_ms, ReadCount(ctx, n, "limits.max_timeout_ms", 1, 86400000));
@@ -274,10 +283,12 @@ absl::Status ParseInto(const Context& ctx, const YAML::Node& root, Config& c) {
     }
     if (auto n = limits["peer_window_bytes"]) {
       ASSIGN_OR_RETURN(c.peer_window_bytes, ReadByteSize(ctx, n, "limits.peer_window_bytes"));
-      if (c.peer_window_bytes == 0) return ctx.Error(n, "limits.peer_window_bytes", "must be positive");
+      if (c.peer_window_bytes == 0)
+        return ctx.Error(n, "limits.peer_window_bytes", "must be positive");
     }
     if (auto n = limits["tcp_max_connections"]) {
-      ASSIGN_OR_RETURN(c.tcp_max_connections, ReadCount(ctx, n, "limits.tcp_max_connections", 1, 1u << 20));
+      ASSIGN_OR_RETURN(c.tcp_max_connections,
+                       ReadCount(ctx, n, "limits.tcp_max_connections", 1, 1u << 20));
     }
     if (auto n = limits["tcp_max_connections_per_peer"]) {
       ASSIGN_OR_RETURN(c.tcp_max_connections_per_peer,
@@ -316,7 +327,8 @@ absl::Status ParseInto(const Context& ctx, const YAML::Node& root, Config& c) {
       ASSIGN_OR_RETURN(c.gpu_backend, ReadString(ctx, n, "gpu.backend"));
       if (c.gpu_backend != "auto" && c.gpu_backend != "cuda" && c.gpu_backend != "sim" &&
           c.gpu_backend != "none") {
-        return ctx.Error(n, "gpu.backend", absl::StrCat("'", c.gpu_backend, "' is not one of auto, cuda, sim, none"));
+        return ctx.Error(n, "gpu.backend",
+                         absl::StrCat("'", c.gpu_backend, "' is not one of auto, cuda, sim, none"));
       }
     }
     if (auto n = gpu["count"]) {
@@ -324,7 +336,8 @@ absl::Status ParseInto(const Context& ctx, const YAML::Node& root, Config& c) {
     }
     if (auto n = gpu["pool_size"]) {
       ASSIGN_OR_RETURN(c.gpu_pool_bytes, ReadByteSize(ctx, n, "gpu.pool_size"));
-      if (c.gpu_pool_bytes < (1u << 20)) return ctx.Error(n, "gpu.pool_size", "must be at least 1 MiB");
+      if (c.gpu_pool_bytes < (1u << 20))
+        return ctx.Error(n, "gpu.pool_size", "must be at least 1 MiB");
     }
     if (auto n = gpu["sim_copy_rate"]) {
       // Bytes per second, e.g. "2GiB" for 2 GiB/s.
@@ -384,12 +397,14 @@ void ResolveDefaults(Config& config) {
       config.node = "localhost";
     }
   }
-  if (config.local_socket.empty()) config.local_socket = absl::StrCat("/tmp/ferryd-", config.node, ".sock");
+  if (config.local_socket.empty())
+    config.local_socket = absl::StrCat("/tmp/ferryd-", config.node, ".sock");
   // A relative socket path is relative to where the agent started; clients and the
   // agent's own lock need the absolute one.
   if (config.local_socket.front() != '/') {
     char cwd[4096];
-    if (getcwd(cwd, sizeof(cwd)) != nullptr) config.local_socket = absl::StrCat(cwd, "/", config.local_socket);
+    if (getcwd(cwd, sizeof(cwd)) != nullptr)
+      config.local_socket = absl::StrCat(cwd, "/", config.local_socket);
   }
 }
 

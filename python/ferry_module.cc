@@ -67,7 +67,8 @@ py::dict MetaDict(const v1::TensorMeta& meta) {
   py::dict d;
   d["dtype"] = tensors::DTypeName(meta.dtype());
   d["shape"] = py::tuple(py::cast(std::vector<int64_t>(meta.shape().begin(), meta.shape().end())));
-  d["strides"] = py::tuple(py::cast(std::vector<int64_t>(meta.strides().begin(), meta.strides().end())));
+  d["strides"] =
+      py::tuple(py::cast(std::vector<int64_t>(meta.strides().begin(), meta.strides().end())));
   d["device"] = meta.device();
   d["tag"] = meta.tag();
   return d;
@@ -496,12 +497,14 @@ PYBIND11_MODULE(_ferry, m) {
       .def_property_readonly("address", &PyBuffer::address)
       .def_property("owned", &PyBuffer::owned, &PyBuffer::set_owned)
       .def("free", &PyBuffer::Free)
-      .def("dlpack", [](py::object self, const std::string& dtype, const std::vector<int64_t>& shape,
-                        const std::vector<int64_t>& strides, uint64_t offset) {
-             return MakeDLPack(std::move(self), dtype, shape, strides, offset);
-           },
-           py::arg("dtype"), py::arg("shape"), py::arg("strides") = std::vector<int64_t>{},
-           py::arg("offset") = 0)
+      .def(
+          "dlpack",
+          [](py::object self, const std::string& dtype, const std::vector<int64_t>& shape,
+             const std::vector<int64_t>& strides, uint64_t offset) {
+            return MakeDLPack(std::move(self), dtype, shape, strides, offset);
+          },
+          py::arg("dtype"), py::arg("shape"), py::arg("strides") = std::vector<int64_t>{},
+          py::arg("offset") = 0)
       .def_buffer([](PyBuffer& b) {
         if (b.device() != "host") {
           throw StatusError(absl::FailedPreconditionError(

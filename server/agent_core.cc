@@ -112,7 +112,8 @@ absl::Status AgentCore::LoadGpus() {
 LegPlan AgentCore::PlanLeg(const Buffer& buffer, const PolicySnapshot& snapshot,
                            const fabric::RailId& rail) const {
   int gpu = buffer.gpu();
-  int topology_gpu = gpu >= 0 && static_cast<size_t>(gpu) < topology_gpu_.size() ? topology_gpu_[gpu] : -1;
+  int topology_gpu =
+      gpu >= 0 && static_cast<size_t>(gpu) < topology_gpu_.size() ? topology_gpu_[gpu] : -1;
   return server::PlanLeg(buffer, topology_gpu, machine_, snapshot, rail);
 }
 
@@ -122,8 +123,10 @@ AgentCore::~AgentCore() {
   //    not as keys revoked by the buffers freed below.
   // 2. Tensors, then our endpoints: closing them runs the completions of our ops in flight,
   //    which report to the engine, so the engine must still be there.
-  // 3. The engine fails what is still running; then sessions and buffers (revoking keys),
-  //    the pools, the fabrics, and the host pool last.
+  // 3. The engine fails what is still running and joins its staging threads, whose Stage
+  //    calls use the peers' stubs: the peers go after it.
+  // 4. Sessions, then buffers (revoking their keys; memory back to its pool), bounce pools
+  //    (their chunks' keys), GPU pools, the fabrics that made every key, the host pool last.
   for (const auto& f : fabrics_) f->StopServing();
   tensors_.reset();
   if (peers_) peers_->CloseAll();

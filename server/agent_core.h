@@ -1,6 +1,7 @@
 #pragma once
-// Everything one ferryd owns, in the order it is built and (reversed) torn down: host pool,
-// fabric, buffers, peers, engine. The gRPC services are views onto it.
+// Everything one ferryd owns: host pool, fabrics, GPU and bounce pools, buffers, sessions,
+// peers, engine, tensors. The gRPC services are views onto it. Create builds them in that
+// order; the destructor tears them down in the one order that is safe, and says why.
 
 #include <cstdint>
 #include <memory>
@@ -62,8 +63,7 @@ class AgentCore {
   std::unique_ptr<PolicyStore> policies_;
   // The GPU index in machine_.gpus for each of our GPUs (matched by PCI address), or -1.
   std::vector<int> topology_gpu_;
-  // Declaration order is teardown order reversed: the engine goes first (fails what is
-  // running), then endpoints, buffers (revoking keys), the fabric, and the pool last.
+  // Built in this order; torn down explicitly by ~AgentCore, which says in what order and why.
   std::unique_ptr<memory::HostPool> pool_;
   std::vector<std::unique_ptr<fabric::Fabric>> fabrics_;
   std::unique_ptr<GpuPools> gpus_;
@@ -72,7 +72,7 @@ class AgentCore {
   std::unique_ptr<SessionRegistry> sessions_;
   std::unique_ptr<PeerDirectory> peers_;
   std::unique_ptr<TransferEngine> engine_;
-  // Send/Recv matching and notifications; uses the engine and buffers, so it goes first.
+  // Send/Recv matching and notifications (uses the engine, buffers and peers).
   std::unique_ptr<TensorState> tensors_;
 };
 

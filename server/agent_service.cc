@@ -38,7 +38,8 @@ uint64_t ThreadCount() {
   std::string line;
   while (std::getline(status, line)) {
     uint64_t n = 0;
-    if (line.rfind("Threads:", 0) == 0 && absl::SimpleAtoi(absl::StripAsciiWhitespace(line.substr(8)), &n)) {
+    if (line.rfind("Threads:", 0) == 0 &&
+        absl::SimpleAtoi(absl::StripAsciiWhitespace(line.substr(8)), &n)) {
       return n;
     }
   }
@@ -98,7 +99,8 @@ grpc::Status AgentService::AllocBuffer(grpc::ServerContext* ctx,
                         "\"ferry-session\" metadata");
   }
   BufferOwner owner = req->persist() ? BufferOwner{} : core_->sessions().OwnerFor(*session);
-  auto buffer = core_->buffers().Allocate(req->size(), req->name(), req->device(), std::move(owner));
+  auto buffer =
+      core_->buffers().Allocate(req->size(), req->name(), req->device(), std::move(owner));
   if (!buffer.ok()) return ToGrpcStatus(buffer.status());
   if (!req->persist() && !core_->sessions().IsOpen(*session)) {
     // The session ended while we allocated: its sweep may have missed this one.
@@ -130,7 +132,8 @@ grpc::Status AgentService::StatRemoteBuffer(grpc::ServerContext* ctx,
     return grpc::Status(grpc::StatusCode::NOT_FOUND,
                         absl::StrCat("node: unknown node '", req->node(), "'"));
   }
-  absl::Time deadline = std::min(absl::FromChrono(ctx->deadline()), absl::Now() + absl::Seconds(10));
+  absl::Time deadline =
+      std::min(absl::FromChrono(ctx->deadline()), absl::Now() + absl::Seconds(10));
   auto remote = core_->peers().Resolve(req->node(), req->name(), deadline);
   if (!remote.ok()) return ToGrpcStatus(remote.status());
   resp->set_size(remote->size);
@@ -209,8 +212,9 @@ grpc::Status AgentService::SetPolicy(grpc::ServerContext*, const ferry::v1::SetP
   }
   auto snapshot = core_->policies().Apply(settings, req->clear_overrides());
   if (!snapshot.ok()) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        absl::StrCat("settings: ", snapshot.status().message(), " (policy unchanged)"));
+    return grpc::Status(
+        grpc::StatusCode::INVALID_ARGUMENT,
+        absl::StrCat("settings: ", snapshot.status().message(), " (policy unchanged)"));
   }
   FillPolicy(**snapshot, resp);
   return grpc::Status::OK;

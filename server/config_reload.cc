@@ -35,13 +35,15 @@ std::vector<std::string> RestartOnlyChanges(const config::Config& a, const confi
       {"providers", [](const auto& c) { return Join(c.providers); }},
       {"tcp.connections", [](const auto& c) { return absl::StrCat(c.tcp_connections); }},
       {"tcp.listen", [](const auto& c) { return c.tcp_listen; }},
-      {"limits.tcp_max_connections", [](const auto& c) { return absl::StrCat(c.tcp_max_connections); }},
+      {"limits.tcp_max_connections",
+       [](const auto& c) { return absl::StrCat(c.tcp_max_connections); }},
       {"limits.peer_window_bytes", [](const auto& c) { return absl::StrCat(c.peer_window_bytes); }},
       {"limits.tcp_max_connections_per_peer",
        [](const auto& c) { return absl::StrCat(c.tcp_max_connections_per_peer); }},
       {"limits.tcp_handshake_timeout_ms",
        [](const auto& c) { return absl::StrCat(c.tcp_handshake_timeout_ms); }},
-      {"verbs", [](const auto& c) {
+      {"verbs",
+       [](const auto& c) {
          const auto& v = c.verbs;
          return absl::StrCat(v.device, "/", v.port, "/", v.gid_index, "/", v.timeout, "/",
                              v.retry_cnt, "/", v.rnr_retry, "/", v.send_queue_depth, "/",
@@ -50,7 +52,8 @@ std::vector<std::string> RestartOnlyChanges(const config::Config& a, const confi
        }},
       {"topology", [](const auto& c) { return c.topology; }},
       {"nics", [](const auto& c) { return Nics(c.nics); }},
-      {"gpu", [](const auto& c) {
+      {"gpu",
+       [](const auto& c) {
          return absl::StrCat(c.gpu_backend, "/", c.gpu_sim_count, "/", c.gpu_pool_bytes, "/",
                              c.gpu_sim_copy_bytes_per_sec);
        }},
@@ -82,13 +85,14 @@ ReloadReport ApplyReload(AgentCore& core, config::Config& running, const config:
     }
     // The tensor API (Send/Recv) keeps its own peer map until it shares the directory.
     report.not_applied.push_back(
-        absl::StrCat("peers: the tensor API keeps the peers it started with (", Peers(running.peers),
-                     ") until a restart"));
+        absl::StrCat("peers: the tensor API keeps the peers it started with (",
+                     Peers(running.peers), ") until a restart"));
     running.peers = next.peers;
   }
   if (next.log_level != running.log_level) {
     spdlog::set_level(spdlog::level::from_str(next.log_level));
-    report.applied.push_back(absl::StrCat("log.level: ", running.log_level, " -> ", next.log_level));
+    report.applied.push_back(
+        absl::StrCat("log.level: ", running.log_level, " -> ", next.log_level));
     running.log_level = next.log_level;
   }
   const EngineLimits current = core.engine().limits();

@@ -109,7 +109,8 @@ absl::StatusOr<config::Config> LoadConfig(int argc, char** argv) {
   std::string path;
   for (size_t i = 0; i < args.size(); ++i) {
     auto flag = kFlags.find(args[i]);
-    if (flag == kFlags.end()) ExitUsage(2, absl::StrCat("unknown flag '", args[i].substr(0, 64), "'"));
+    if (flag == kFlags.end())
+      ExitUsage(2, absl::StrCat("unknown flag '", args[i].substr(0, 64), "'"));
     if (i + 1 >= args.size()) ExitUsage(2, absl::StrCat(args[i], ": missing value"));
     const std::string& value = args[++i];
     if (flag->first == "--config") path = value;
@@ -233,8 +234,9 @@ int Run(int argc, char** argv) {
   if (chmod(config.local_socket.c_str(), 0660) != 0) {
     spdlog::warn("chmod(0660, {}): {}", config.local_socket, strerror(errno));
   }
-  spdlog::info("ferryd {} ready: local unix:{}{}, peers on {}, {} peer(s) configured", kFerryVersion,
-               config.local_socket, config.local_tcp.empty() ? "" : absl::StrCat(" and ", config.local_tcp),
+  spdlog::info("ferryd {} ready: local unix:{}{}, peers on {}, {} peer(s) configured",
+               kFerryVersion, config.local_socket,
+               config.local_tcp.empty() ? "" : absl::StrCat(" and ", config.local_tcp),
                config.peer_listen, config.peers.size());
 
   config::Config running = config;

@@ -15,9 +15,9 @@ grpc::Status PeerService::Hello(grpc::ServerContext*, const ferry::v1::HelloRequ
   // Refused rather than misread: the other side's messages and wire frames may differ.
   if (req->protocol_version() != kPeerProtocolVersion) {
     return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                        absl::StrCat("protocol_version: ", Echo(req->node()), " speaks peer protocol ",
-                                     req->protocol_version(), ", ", core_->config().node,
-                                     " speaks ", kPeerProtocolVersion));
+                        absl::StrCat("protocol_version: ", Echo(req->node()),
+                                     " speaks peer protocol ", req->protocol_version(), ", ",
+                                     core_->config().node, " speaks ", kPeerProtocolVersion));
   }
   resp->set_node(core_->config().node);
   resp->set_protocol_version(kPeerProtocolVersion);

@@ -19,8 +19,9 @@ class PeerService final : public ferry::v1::Peer::Service {
                              ferry::v1::ResolveBufferResponse*) override;
   grpc::Status Health(grpc::ServerContext*, const ferry::v1::HealthRequest*,
                       ferry::v1::HealthResponse*) override;
-  grpc::Status Stage(grpc::ServerContext*,
-                     grpc::ServerReaderWriter<ferry::v1::StageReply, ferry::v1::StageRequest>*) override;
+  grpc::Status Stage(
+      grpc::ServerContext*,
+      grpc::ServerReaderWriter<ferry::v1::StageReply, ferry::v1::StageRequest>*) override;
 
  private:
   AgentCore* const core_;

@@ -68,7 +68,8 @@ TEST_F(AgentIntegrationTest, BatchOf4096ScatteredOpsLandsAndReportsEachOp) {
   std::shuffle(slot.begin(), slot.end(), std::mt19937(3));
   std::vector<OpSpec> ops;
   for (int i = 0; i < kOps; ++i) {
-    ops.push_back({ferry::v1::WRITE, (*src)->id(), i * kBlock, "node-b", "kv-4096", slot[i] * kBlock, kBlock});
+    ops.push_back({ferry::v1::WRITE, (*src)->id(), i * kBlock, "node-b", "kv-4096",
+                   slot[i] * kBlock, kBlock});
   }
   auto result = A().Run(ops, absl::Seconds(60), /*include_ops=*/true);
   ASSERT_TRUE(result.ok()) << result.status();
@@ -79,7 +80,9 @@ TEST_F(AgentIntegrationTest, BatchOf4096ScatteredOpsLandsAndReportsEachOp) {
     EXPECT_EQ(result->ops(i).code(), 0);
     EXPECT_EQ(result->ops(i).bytes(), kBlock);
     EXPECT_EQ(result->ops(i).provider(), "tcp");
-    ASSERT_EQ(0, std::memcmp((*src)->data() + i * kBlock, (*dst)->data() + slot[i] * kBlock, kBlock)) << i;
+    ASSERT_EQ(0,
+              std::memcmp((*src)->data() + i * kBlock, (*dst)->data() + slot[i] * kBlock, kBlock))
+        << i;
   }
   // And the same blocks read back in one READ batch.
   auto back = A().Alloc(kOps * kBlock);
@@ -95,12 +98,19 @@ TEST_F(AgentIntegrationTest, WatchStreamsProgressToTheEnd) {
   auto dst = B().Alloc(16 << 20, "watched");
   ASSERT_TRUE(src.ok() && dst.ok());
   std::vector<OpSpec> ops;
-  for (int i = 0; i < 256; ++i) ops.push_back({ferry::v1::WRITE, (*src)->id(), i * 65536ull, "node-b", "watched", i * 65536ull, 65536});
+  for (int i = 0; i < 256; ++i)
+    ops.push_back(
+        {ferry::v1::WRITE, (*src)->id(), i * 65536ull, "node-b", "watched", i * 65536ull, 65536});
   auto id = A().Submit(ops);
   ASSERT_TRUE(id.ok());
   ferry::v1::TransferProgress last;
   int updates = 0;
-  ASSERT_TRUE(A().Watch(*id, [&](const ferry::v1::TransferProgress& p) { last = p; ++updates; }).ok());
+  ASSERT_TRUE(A().Watch(*id,
+                        [&](const ferry::v1::TransferProgress& p) {
+                          last = p;
+                          ++updates;
+                        })
+                  .ok());
   EXPECT_GE(updates, 1);
   EXPECT_EQ(last.state(), ferry::v1::SUCCEEDED);
   EXPECT_EQ(last.ops_done(), 256u);
@@ -124,16 +134,46 @@ TEST_F(AgentIntegrationTest, BadInputIsRefusedWithTheFieldNamedAndNothingMoves) 
     absl::StatusCode code;
     const char* field;
   } cases[] = {
-      {"unknown buffer", {ferry::v1::WRITE, 999999, 0, "node-b", "guarded", 0, 16}, absl::StatusCode::kNotFound, "ops[1].local_buffer"},
-      {"freed buffer", {ferry::v1::WRITE, (*freed)->id(), 0, "node-b", "guarded", 0, 16}, absl::StatusCode::kNotFound, "was freed"},
-      {"local out of range", {ferry::v1::WRITE, s, (1 << 20) - 8, "node-b", "guarded", 0, 16}, absl::StatusCode::kOutOfRange, "ops[1].local_offset"},
-      {"remote out of range", {ferry::v1::WRITE, s, 0, "node-b", "guarded", (1 << 20) - 8, 16}, absl::StatusCode::kOutOfRange, "ops[1].remote_offset"},
-      {"offset overflow", {ferry::v1::WRITE, s, 0, "node-b", "guarded", ~0ull - 4, 16}, absl::StatusCode::kOutOfRange, "ops[1].remote_offset"},
-      {"unknown peer", {ferry::v1::WRITE, s, 0, "node-z", "guarded", 0, 16}, absl::StatusCode::kNotFound, "ops[1].peer"},
-      {"unknown remote buffer", {ferry::v1::WRITE, s, 0, "node-b", "nope", 0, 16}, absl::StatusCode::kNotFound, "ops[1].remote_buffer"},
-      {"zero length", {ferry::v1::WRITE, s, 0, "node-b", "guarded", 0, 0}, absl::StatusCode::kInvalidArgument, "ops[1].length"},
-      {"oversize", {ferry::v1::WRITE, s, 0, "node-b", "guarded", 0, 65ull << 20}, absl::StatusCode::kInvalidArgument, "max_op_bytes"},
-      {"no type", {ferry::v1::OP_TYPE_UNSPECIFIED, s, 0, "node-b", "guarded", 0, 16}, absl::StatusCode::kInvalidArgument, "ops[1].type"},
+      {"unknown buffer",
+       {ferry::v1::WRITE, 999999, 0, "node-b", "guarded", 0, 16},
+       absl::StatusCode::kNotFound,
+       "ops[1].local_buffer"},
+      {"freed buffer",
+       {ferry::v1::WRITE, (*freed)->id(), 0, "node-b", "guarded", 0, 16},
+       absl::StatusCode::kNotFound,
+       "was freed"},
+      {"local out of range",
+       {ferry::v1::WRITE, s, (1 << 20) - 8, "node-b", "guarded", 0, 16},
+       absl::StatusCode::kOutOfRange,
+       "ops[1].local_offset"},
+      {"remote out of range",
+       {ferry::v1::WRITE, s, 0, "node-b", "guarded", (1 << 20) - 8, 16},
+       absl::StatusCode::kOutOfRange,
+       "ops[1].remote_offset"},
+      {"offset overflow",
+       {ferry::v1::WRITE, s, 0, "node-b", "guarded", ~0ull - 4, 16},
+       absl::StatusCode::kOutOfRange,
+       "ops[1].remote_offset"},
+      {"unknown peer",
+       {ferry::v1::WRITE, s, 0, "node-z", "guarded", 0, 16},
+       absl::StatusCode::kNotFound,
+       "ops[1].peer"},
+      {"unknown remote buffer",
+       {ferry::v1::WRITE, s, 0, "node-b", "nope", 0, 16},
+       absl::StatusCode::kNotFound,
+       "ops[1].remote_buffer"},
+      {"zero length",
+       {ferry::v1::WRITE, s, 0, "node-b", "guarded", 0, 0},
+       absl::StatusCode::kInvalidArgument,
+       "ops[1].length"},
+      {"oversize",
+       {ferry::v1::WRITE, s, 0, "node-b", "guarded", 0, 65ull << 20},
+       absl::StatusCode::kInvalidArgument,
+       "max_op_bytes"},
+      {"no type",
+       {ferry::v1::OP_TYPE_UNSPECIFIED, s, 0, "node-b", "guarded", 0, 16},
+       absl::StatusCode::kInvalidArgument,
+       "ops[1].type"},
   };
   for (const Case& c : cases) {
     auto id = A().Submit({good, c.bad});
@@ -142,7 +182,8 @@ TEST_F(AgentIntegrationTest, BadInputIsRefusedWithTheFieldNamedAndNothingMoves) 
   }
   auto empty = A().Submit({});
   EXPECT_EQ(empty.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(std::count((*dst)->data(), (*dst)->data() + (1 << 20), 0), 1 << 20) << "a refused batch wrote";
+  EXPECT_EQ(std::count((*dst)->data(), (*dst)->data() + (1 << 20), 0), 1 << 20)
+      << "a refused batch wrote";
 }
 
 TEST_F(AgentIntegrationTest, BufferNamesAreUniqueAndFreedNamesAreGone) {
@@ -171,7 +212,8 @@ TEST_F(AgentIntegrationTest, FreeingATargetDuringTransfersNeverCorruptsOrCrashes
     auto dst = B().Alloc(32 << 20, "vanishing");
     ASSERT_TRUE(dst.ok());
     std::vector<OpSpec> ops;
-    for (int i = 0; i < 64; ++i) ops.push_back({ferry::v1::WRITE, (*src)->id(), 0, "node-b", "vanishing", 0, 32 << 20});
+    for (int i = 0; i < 64; ++i)
+      ops.push_back({ferry::v1::WRITE, (*src)->id(), 0, "node-b", "vanishing", 0, 32 << 20});
     auto id = A().Submit(ops);
     ASSERT_TRUE(id.ok()) << id.status();
     ASSERT_TRUE(B().Free((*dst)->id()).ok());
@@ -195,7 +237,8 @@ TEST(AgentFailureTest, PeerKilledMidTransferFailsUnavailableAndTheSurvivorServes
   auto dst = pair.cb->Alloc(64 << 20, "doomed");
   ASSERT_TRUE(src.ok() && dst.ok());
   std::vector<OpSpec> ops;
-  for (int i = 0; i < 128; ++i) ops.push_back({ferry::v1::WRITE, (*src)->id(), 0, "node-b", "doomed", 0, 64 << 20});
+  for (int i = 0; i < 128; ++i)
+    ops.push_back({ferry::v1::WRITE, (*src)->id(), 0, "node-b", "doomed", 0, 64 << 20});
   absl::Time start = absl::Now();
   auto id = pair.ca->Submit(ops, absl::Seconds(30));
   ASSERT_TRUE(id.ok()) << id.status();
@@ -227,7 +270,8 @@ TEST(AgentFailureTest, TransferToAStoppedPeerEndsAtItsDeadline) {
   auto dst = pair.cb->Alloc(64 << 20, "frozen");
   ASSERT_TRUE(src.ok() && dst.ok());
   std::vector<OpSpec> ops;
-  for (int i = 0; i < 64; ++i) ops.push_back({ferry::v1::WRITE, (*src)->id(), 0, "node-b", "frozen", 0, 64 << 20});
+  for (int i = 0; i < 64; ++i)
+    ops.push_back({ferry::v1::WRITE, (*src)->id(), 0, "node-b", "frozen", 0, 64 << 20});
   auto id = pair.ca->Submit(ops, absl::Seconds(2));
   ASSERT_TRUE(id.ok()) << id.status();
   kill(pair.b->pid(), SIGSTOP);
@@ -235,7 +279,8 @@ TEST(AgentFailureTest, TransferToAStoppedPeerEndsAtItsDeadline) {
   kill(pair.b->pid(), SIGCONT);
   ASSERT_TRUE(result.ok()) << result.status();
   if (result->state() == ferry::v1::FAILED) {
-    EXPECT_EQ(result->code(), static_cast<int>(absl::StatusCode::kDeadlineExceeded)) << result->message();
+    EXPECT_EQ(result->code(), static_cast<int>(absl::StatusCode::kDeadlineExceeded))
+        << result->message();
   }
   EXPECT_NE(result->state(), ferry::v1::RUNNING);
 }
@@ -245,7 +290,8 @@ TEST(AgentConfigTest, BadConfigStopsTheAgentWithFileLineAndKey) {
   AgentSpec spec{"node-x", dir, 0, {}, "tcp:\n  connections: lots\n"};
   auto agent = AgentProcess::Start(spec, absl::Seconds(5));
   ASSERT_FALSE(agent.ok());
-  EXPECT_THAT(std::string(agent.status().message()), HasSubstr("node-x.yaml:6: key 'tcp.connections'"));
+  EXPECT_THAT(std::string(agent.status().message()),
+              HasSubstr("node-x.yaml:6: key 'tcp.connections'"));
   std::system(("rm -rf " + dir).c_str());
 }
 

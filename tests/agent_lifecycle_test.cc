@@ -58,7 +58,8 @@ int WaitExit(pid_t pid, absl::Duration timeout = absl::Seconds(20)) {
 }
 
 // Runs a command to its end; its exit code, its output in `output`.
-int RunCommand(const std::vector<std::string>& argv, const std::string& dir, std::string* output = nullptr) {
+int RunCommand(const std::vector<std::string>& argv, const std::string& dir,
+               std::string* output = nullptr) {
   std::string log = absl::StrCat(dir, "/run-", getpid(), ".out");
   auto pid = SpawnChild(argv, log);
   if (!pid.ok()) return -1;
@@ -111,10 +112,12 @@ TEST(AgentLifecycleTest, TwelvePutsOf32MiBLeaveThePoolEmpty) {
   }
   for (int i = 0; i < 12; ++i) {
     std::string out;
-    int rc = RunCommand({FERRY_FERRYCTL, "--socket", pair.a->socket(), "put", file, "--to", "node-b:put-target"},
-                 pair.dir, &out);
+    int rc = RunCommand(
+        {FERRY_FERRYCTL, "--socket", pair.a->socket(), "put", file, "--to", "node-b:put-target"},
+        pair.dir, &out);
     ASSERT_EQ(rc, 0) << "put " << i << ": " << out;
-    EXPECT_TRUE(PoolReturnsTo(*pair.ca, 0)) << "put " << i << " left the pool at " << HostPoolUsed(*pair.ca);
+    EXPECT_TRUE(PoolReturnsTo(*pair.ca, 0))
+        << "put " << i << " left the pool at " << HostPoolUsed(*pair.ca);
   }
   auto info = pair.ca->GetInfo();
   ASSERT_TRUE(info.ok());
@@ -144,7 +147,8 @@ TEST(AgentLifecycleTest, BuffersOfAClientThatCrashesOrExitsAreFreedAndPersisting
   ASSERT_TRUE(kept.ok());
   for (const std::string mode : {"wait", "exit"}) {
     std::string out = absl::StrCat(pair.dir, "/helper-", mode, ".out");
-    auto pid = SpawnChild({FERRY_SESSION_HELPER, pair.a->socket(), "4", std::to_string(16 << 20), mode}, out);
+    auto pid = SpawnChild(
+        {FERRY_SESSION_HELPER, pair.a->socket(), "4", std::to_string(16 << 20), mode}, out);
     ASSERT_TRUE(pid.ok());
     ASSERT_TRUE(WaitForText(out, "ready", absl::Seconds(10))) << ReadFile(out);
     if (mode == "wait") {
@@ -276,7 +280,8 @@ TEST(AgentLifecycleTest, IdleConnectionsUnderALowFdLimitDoNotStopTransfers) {
     sockaddr_in from = {};
     from.sin_family = AF_INET;
     from.sin_addr.s_addr = htonl(INADDR_LOOPBACK + 1);
-    ASSERT_EQ(bind(fd.get(), reinterpret_cast<sockaddr*>(&from), sizeof(from)), 0) << strerror(errno);
+    ASSERT_EQ(bind(fd.get(), reinterpret_cast<sockaddr*>(&from), sizeof(from)), 0)
+        << strerror(errno);
     sockaddr_in addr = {};
     addr.sin_family = AF_INET;
     addr.sin_port = htons(hp->port);
@@ -309,14 +314,16 @@ TEST(AgentLifecycleTest, CancelEndsARunningBatchAndASmallOpIsNotStuckBehindIt) {
   auto dst = pair.cb->Alloc(64 << 20, "busy");
   ASSERT_TRUE(src.ok() && dst.ok());
   std::vector<OpSpec> ops;
-  for (int i = 0; i < 256; ++i) ops.push_back({ferry::v1::WRITE, (*src)->id(), 0, "node-b", "busy", 0, 64 << 20});
+  for (int i = 0; i < 256; ++i)
+    ops.push_back({ferry::v1::WRITE, (*src)->id(), 0, "node-b", "busy", 0, 64 << 20});
   auto id = pair.ca->Submit(ops, absl::Seconds(120));
   ASSERT_TRUE(id.ok()) << id.status();
   absl::SleepFor(absl::Milliseconds(100));
   auto cancelled = pair.ca->Cancel(*id);
   ASSERT_TRUE(cancelled.ok()) << cancelled.status();
   EXPECT_EQ(cancelled->state(), ferry::v1::FAILED);
-  EXPECT_EQ(cancelled->code(), static_cast<int>(absl::StatusCode::kCancelled)) << cancelled->message();
+  EXPECT_EQ(cancelled->code(), static_cast<int>(absl::StatusCode::kCancelled))
+      << cancelled->message();
   EXPECT_GT(cancelled->ops_failed(), 0u);
   EXPECT_EQ(cancelled->ops_total(), 256u);
   // Cancelling again, or waiting, tells the same ending.
@@ -350,7 +357,8 @@ TEST(AgentLifecycleTest, SigtermOfTheReceiverFailsTransfersUnavailable) {
   auto dst = pair.cb->Alloc(64 << 20, "stopping", "host", /*persist=*/true);
   ASSERT_TRUE(src.ok() && dst.ok());
   std::vector<OpSpec> ops;
-  for (int i = 0; i < 512; ++i) ops.push_back({ferry::v1::WRITE, (*src)->id(), 0, "node-b", "stopping", 0, 64 << 20});
+  for (int i = 0; i < 512; ++i)
+    ops.push_back({ferry::v1::WRITE, (*src)->id(), 0, "node-b", "stopping", 0, 64 << 20});
   auto id = pair.ca->Submit(ops, absl::Seconds(60));
   ASSERT_TRUE(id.ok()) << id.status();
   absl::SleepFor(absl::Milliseconds(100));
@@ -369,7 +377,8 @@ TEST(AgentLifecycleTest, ResultsOfA65536OpBatchFitADefaultClient) {
   auto dst = pair.cb->Alloc(kOps * 64, "many");
   ASSERT_TRUE(src.ok() && dst.ok());
   std::vector<OpSpec> ops;
-  for (uint64_t i = 0; i < kOps; ++i) ops.push_back({ferry::v1::WRITE, (*src)->id(), i * 64, "node-b", "many", i * 64, 64});
+  for (uint64_t i = 0; i < kOps; ++i)
+    ops.push_back({ferry::v1::WRITE, (*src)->id(), i * 64, "node-b", "many", i * 64, 64});
   auto result = pair.ca->Run(ops, absl::Seconds(60), /*include_ops=*/true);
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_EQ(result->state(), ferry::v1::SUCCEEDED) << result->message();
@@ -459,7 +468,8 @@ TEST(AgentLifecycleTest, SighupAppliesWhatItCanAndNamesWhatNeedsARestart) {
   }
   kill((*agent)->pid(), SIGHUP);
   const std::string log = (*agent)->log_path();
-  EXPECT_TRUE(WaitForText(log, "SIGHUP: peers: peer node-c added", absl::Seconds(10))) << ReadFile(log);
+  EXPECT_TRUE(WaitForText(log, "SIGHUP: peers: peer node-c added", absl::Seconds(10)))
+      << ReadFile(log);
   EXPECT_TRUE(WaitForText(log, "SIGHUP: host_pool.size: changed in the file; needs a restart",
                           absl::Seconds(5)));
   EXPECT_TRUE(WaitForText(log, "SIGHUP: log.level: info -> debug", absl::Seconds(5)));
@@ -477,9 +487,11 @@ TEST(AgentLifecycleTest, SighupAppliesWhatItCanAndNamesWhatNeedsARestart) {
   EXPECT_EQ(policy->overrides(0).key(), "gdr");
   // ferryctl shows which keys the run-time settings hold, and reset drops them.
   std::string out;
-  EXPECT_EQ(RunCommand({FERRY_FERRYCTL, "--socket", (*agent)->socket(), "policy", "get"}, dir, &out), 0);
+  EXPECT_EQ(
+      RunCommand({FERRY_FERRYCTL, "--socket", (*agent)->socket(), "policy", "get"}, dir, &out), 0);
   EXPECT_THAT(out, HasSubstr("run-time       gdr=never (over the config file"));
-  EXPECT_EQ(RunCommand({FERRY_FERRYCTL, "--socket", (*agent)->socket(), "policy", "reset"}, dir, &out), 0)
+  EXPECT_EQ(
+      RunCommand({FERRY_FERRYCTL, "--socket", (*agent)->socket(), "policy", "reset"}, dir, &out), 0)
       << out;
   policy = (*c)->GetPolicy();
   ASSERT_TRUE(policy.ok());
@@ -489,7 +501,8 @@ TEST(AgentLifecycleTest, SighupAppliesWhatItCanAndNamesWhatNeedsARestart) {
   // The reloaded limit holds for new Submits.
   auto big = (*c)->Alloc(2 << 20, "self-target");
   ASSERT_TRUE(big.ok());
-  auto id = (*c)->Submit({{ferry::v1::WRITE, (*big)->id(), 0, "node-a", "self-target", 0, 2 << 20}});
+  auto id =
+      (*c)->Submit({{ferry::v1::WRITE, (*big)->id(), 0, "node-a", "self-target", 0, 2 << 20}});
   EXPECT_EQ(id.status().code(), absl::StatusCode::kInvalidArgument) << id.status();
   c->reset();
   agent->reset();
@@ -557,10 +570,11 @@ TEST(AgentLifecycleTest, FlagsAreCheckedLikeTheFileAndBothBinariesAnswerHelpAndV
   // A relative socket path, from where the agent starts.
   auto port = PickFreePort();
   ASSERT_TRUE(port.ok());
-  auto pid = SpawnChild({"/bin/sh", "-c",
-                         absl::StrCat("cd ", dir, " && exec ", FERRY_FERRYD,
-                                      " --node rel --socket rel.sock --peer-listen 127.0.0.1:", *port)},
-                        dir + "/rel.log");
+  auto pid =
+      SpawnChild({"/bin/sh", "-c",
+                  absl::StrCat("cd ", dir, " && exec ", FERRY_FERRYD,
+                               " --node rel --socket rel.sock --peer-listen 127.0.0.1:", *port)},
+                 dir + "/rel.log");
   ASSERT_TRUE(pid.ok());
   bool served = false;
   for (int i = 0; i < 200 && !served; ++i) {
@@ -569,8 +583,12 @@ TEST(AgentLifecycleTest, FlagsAreCheckedLikeTheFileAndBothBinariesAnswerHelpAndV
     if (!served) absl::SleepFor(absl::Milliseconds(50));
   }
   EXPECT_TRUE(served) << ReadFile(dir + "/rel.log");
-  EXPECT_EQ(RunCommand({"/bin/sh", "-c", absl::StrCat("cd ", dir, " && ", FERRY_FERRYCTL, " --socket rel.sock info")},
-                dir, &out), 0) << out;
+  EXPECT_EQ(
+      RunCommand({"/bin/sh", "-c",
+                  absl::StrCat("cd ", dir, " && ", FERRY_FERRYCTL, " --socket rel.sock info")},
+                 dir, &out),
+      0)
+      << out;
   kill(*pid, SIGTERM);
   EXPECT_EQ(WaitExit(*pid), 0);
   std::system(("rm -rf " + dir).c_str());

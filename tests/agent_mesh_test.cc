@@ -66,18 +66,21 @@ TEST(AgentMeshTest, ThirtyTwoAgentsAllToAllKeepThreadsBoundedAndAccountingAtZero
       std::vector<OpSpec> ops;
       for (int j = 0; j < kAgents; ++j) {
         if (j == i) continue;
-        ops.push_back({ferry::v1::WRITE, sources[i]->id(), 0, absl::StrCat("n", j), "mesh", i * kBlock, kBlock});
+        ops.push_back({ferry::v1::WRITE, sources[i]->id(), 0, absl::StrCat("n", j), "mesh",
+                       i * kBlock, kBlock});
       }
       auto result = clients[i]->Run(ops, absl::Seconds(120));
       outcomes[i] = result.ok() ? TransferStatus(*result) : result.status();
     });
   }
   for (auto& t : senders) t.join();
-  for (int i = 0; i < kAgents; ++i) EXPECT_TRUE(outcomes[i].ok()) << "n" << i << ": " << outcomes[i];
+  for (int i = 0; i < kAgents; ++i)
+    EXPECT_TRUE(outcomes[i].ok()) << "n" << i << ": " << outcomes[i];
   for (int j = 0; j < kAgents; ++j) {
     for (int i = 0; i < kAgents; ++i) {
       if (i == j) continue;
-      ASSERT_EQ(targets[j]->data()[i * kBlock + kBlock - 1], 'a' + (i % 26)) << "n" << i << " -> n" << j;
+      ASSERT_EQ(targets[j]->data()[i * kBlock + kBlock - 1], 'a' + (i % 26))
+          << "n" << i << " -> n" << j;
     }
   }
   uint64_t most = 0;
@@ -89,7 +92,8 @@ TEST(AgentMeshTest, ThirtyTwoAgentsAllToAllKeepThreadsBoundedAndAccountingAtZero
                                               << " threads with " << kAgents - 1 << " peers";
   }
   std::printf("mesh of %d: most threads in one agent %llu (bound %llu)\n", kAgents,
-              static_cast<unsigned long long>(most), static_cast<unsigned long long>(ThreadBound()));
+              static_cast<unsigned long long>(most),
+              static_cast<unsigned long long>(ThreadBound()));
   targets.clear();
   sources.clear();
   clients.clear();

@@ -55,7 +55,8 @@ struct Pair {
     return {"node-a", dir, port_a, {{"node-b", absl::StrFormat("127.0.0.1:%d", port_b)}}, extra};
   }
   absl::Status StartB(const std::string& extra = "") {
-    AgentSpec spec{"node-b", dir, port_b, {{"node-a", absl::StrFormat("127.0.0.1:%d", port_a)}}, extra};
+    AgentSpec spec{
+        "node-b", dir, port_b, {{"node-a", absl::StrFormat("127.0.0.1:%d", port_a)}}, extra};
     spec.open_files = b_open_files;
     auto sb = AgentProcess::Start(spec);
     if (!sb.ok()) return sb.status();

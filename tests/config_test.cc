@@ -87,12 +87,14 @@ verbs: {device: mlx5_1, port: 2, gid_index: 3, timeout: 18, retry_cnt: 6, rnr_re
   EXPECT_EQ(d->verbs.cq_depth, 65536u);
   EXPECT_EQ(d->verbs.max_message_bytes, 0u);
 
-  EXPECT_THAT(ErrorOf("verbs:\n  gid: 3\n"), HasSubstr("test.yaml:2: key 'verbs.gid': unknown key"));
+  EXPECT_THAT(ErrorOf("verbs:\n  gid: 3\n"),
+              HasSubstr("test.yaml:2: key 'verbs.gid': unknown key"));
   EXPECT_THAT(ErrorOf("verbs:\n  gid_index: -2\n"),
               HasSubstr("test.yaml:2: key 'verbs.gid_index': -2 is outside -1..255"));
   EXPECT_THAT(ErrorOf("verbs:\n  retry_cnt: 8\n"),
               HasSubstr("key 'verbs.retry_cnt': 8 is outside 0..7"));
-  EXPECT_THAT(ErrorOf("verbs:\n  timeout: x\n"), HasSubstr("key 'verbs.timeout': expected a whole number"));
+  EXPECT_THAT(ErrorOf("verbs:\n  timeout: x\n"),
+              HasSubstr("key 'verbs.timeout': expected a whole number"));
   EXPECT_THAT(ErrorOf("verbs: {send_queue_depth: 16, signal_every: 64}\n"),
               HasSubstr("key 'verbs.signal_every': 64 exceeds send_queue_depth 16"));
   EXPECT_THAT(ErrorOf("verbs:\n  recv_queue_depth: 0\n"),
@@ -120,7 +122,8 @@ TEST(ConfigTest, ExampleFileDocumentsValidKeys) {
 }
 
 TEST(ConfigTest, UnknownKeysAreRefusedWithLineAndKey) {
-  EXPECT_THAT(ErrorOf("node: a\ncolour: blue\n"), HasSubstr("test.yaml:2: key 'colour': unknown key"));
+  EXPECT_THAT(ErrorOf("node: a\ncolour: blue\n"),
+              HasSubstr("test.yaml:2: key 'colour': unknown key"));
   EXPECT_THAT(ErrorOf("tcp:\n  conections: 4\n"), HasSubstr("test.yaml:2: key 'tcp.conections'"));
   EXPECT_THAT(ErrorOf("policy:\n  gdr_max: PIX\n"), HasSubstr("key 'policy.gdr_max'"));
 }
@@ -128,26 +131,31 @@ TEST(ConfigTest, UnknownKeysAreRefusedWithLineAndKey) {
 TEST(ConfigTest, RepeatedKeysAreRefused) {
   EXPECT_THAT(ErrorOf("listen:\n  peer: \"a:1\"\nlisten:\n  local: /x\n"),
               HasSubstr("test.yaml:3: key 'listen': appears twice"));
-  EXPECT_THAT(ErrorOf("tcp:\n  connections: 2\n  connections: 3\n"), HasSubstr("key 'tcp.connections': appears twice"));
+  EXPECT_THAT(ErrorOf("tcp:\n  connections: 2\n  connections: 3\n"),
+              HasSubstr("key 'tcp.connections': appears twice"));
 }
 
 TEST(ConfigTest, WrongTypesAreRefused) {
   EXPECT_THAT(ErrorOf("tcp: 4\n"), HasSubstr("key 'tcp': expected a mapping"));
-  EXPECT_THAT(ErrorOf("tcp:\n  connections: [1, 2]\n"), HasSubstr("test.yaml:2: key 'tcp.connections'"));
+  EXPECT_THAT(ErrorOf("tcp:\n  connections: [1, 2]\n"),
+              HasSubstr("test.yaml:2: key 'tcp.connections'"));
   EXPECT_THAT(ErrorOf("nics:\n  allow: mlx5_0\n"), HasSubstr("key 'nics.allow': expected a list"));
   EXPECT_THAT(ErrorOf("peers: [a, b]\n"), HasSubstr("key 'peers'"));
   EXPECT_THAT(ErrorOf("node: {a: 1}\n"), HasSubstr("key 'node': expected a string"));
 }
 
 TEST(ConfigTest, BadValuesAreRefused) {
-  EXPECT_THAT(ErrorOf("tcp:\n  connections: 0\n"), HasSubstr("key 'tcp.connections': 0 is outside 1..64"));
+  EXPECT_THAT(ErrorOf("tcp:\n  connections: 0\n"),
+              HasSubstr("key 'tcp.connections': 0 is outside 1..64"));
   EXPECT_THAT(ErrorOf("host_pool:\n  size: 12 parsecs\n"), HasSubstr("key 'host_pool.size'"));
   EXPECT_THAT(ErrorOf("host_pool:\n  size: 1KiB\n"), HasSubstr("at least 1 MiB"));
-  EXPECT_THAT(ErrorOf("listen:\n  peer: nowhere\n"), HasSubstr("key 'listen.peer': 'nowhere' is not host:port"));
+  EXPECT_THAT(ErrorOf("listen:\n  peer: nowhere\n"),
+              HasSubstr("key 'listen.peer': 'nowhere' is not host:port"));
   EXPECT_THAT(ErrorOf("peers:\n  b: \"host:99999\"\n"), HasSubstr("key 'peers.b'"));
   EXPECT_THAT(ErrorOf("log:\n  level: loud\n"), HasSubstr("key 'log.level'"));
   EXPECT_THAT(ErrorOf("node: \"a b\"\n"), HasSubstr("key 'node'"));
-  EXPECT_THAT(ErrorOf("policy:\n  gdr: sometimes\n"), HasSubstr("key 'policy.gdr': unknown gdr mode 'sometimes'"));
+  EXPECT_THAT(ErrorOf("policy:\n  gdr: sometimes\n"),
+              HasSubstr("key 'policy.gdr': unknown gdr mode 'sometimes'"));
   EXPECT_THAT(ErrorOf("policy:\n  gdr_max_path: FAR\n"), HasSubstr("unknown path class 'FAR'"));
   EXPECT_THAT(ErrorOf("policy:\n  fallback: pray\n"), HasSubstr("key 'policy.fallback'"));
   EXPECT_THAT(ErrorOf("policy:\n  staging_depth: 0\n"), HasSubstr("staging_depth"));
@@ -171,9 +179,12 @@ TEST(PolicyTest, SettingsApplyOrAreRefusedWithTheKey) {
   EXPECT_EQ(p.gdr_max_path, PathClass::kSys);
   ASSERT_TRUE(ApplyPolicySetting("staging_chunk", "8MiB", p).ok());
   EXPECT_EQ(p.staging_chunk_bytes, 8ull << 20);
-  EXPECT_THAT(std::string(ApplyPolicySetting("depth", "4", p).message()), HasSubstr("unknown policy key 'depth'"));
-  EXPECT_THAT(std::string(ApplyPolicySetting("staging_depth", "four", p).message()), HasSubstr("staging_depth"));
-  EXPECT_THAT(std::string(ApplyPolicySetting("staging_chunk", "1", p).message()), HasSubstr("staging_chunk"));
+  EXPECT_THAT(std::string(ApplyPolicySetting("depth", "4", p).message()),
+              HasSubstr("unknown policy key 'depth'"));
+  EXPECT_THAT(std::string(ApplyPolicySetting("staging_depth", "four", p).message()),
+              HasSubstr("staging_depth"));
+  EXPECT_THAT(std::string(ApplyPolicySetting("staging_chunk", "1", p).message()),
+              HasSubstr("staging_chunk"));
 }
 
 }  // namespace

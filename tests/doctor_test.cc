@@ -245,9 +245,11 @@ TEST(DoctorTest, TextAndJsonRenderings) {
   EXPECT_THAT(text, HasSubstr(" WARN, 0 FAIL\n"));
   std::string json = FormatDoctorJson(run.report, run.machine, run.plan);
   EXPECT_THAT(json, HasSubstr(R"({"ok":true,"counts":{"ok":)"));
-  EXPECT_THAT(json, HasSubstr(R"({"severity":"WARN","check":"nic mlx5_1","fact":"mlx5_1: all ports down)"));
+  EXPECT_THAT(
+      json, HasSubstr(R"({"severity":"WARN","check":"nic mlx5_1","fact":"mlx5_1: all ports down)"));
   EXPECT_THAT(json, HasSubstr(R"("topology":{"source":)"));
-  EXPECT_THAT(json, HasSubstr(R"("paths":{"0000:19:00.0":{"mlx5_0":"PIX","mlx5_1":"PIX","mlx5_2":"SYS"})"));
+  EXPECT_THAT(
+      json, HasSubstr(R"("paths":{"0000:19:00.0":{"mlx5_0":"PIX","mlx5_1":"PIX","mlx5_2":"SYS"})"));
 }
 
 TEST(AcsTest, ParsesTheExtendedCapabilityList) {

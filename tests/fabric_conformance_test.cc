@@ -365,8 +365,10 @@ TEST_P(FabricConformanceTest, ReconnectAfterBrokenEndpointWorks) {
   ASSERT_TRUE(again.ok()) << again.status();
   endpoint_ = *again;
   Waiter w;
-  ASSERT_TRUE(endpoint_->PostWrite({src_mr.get(), 0, 4096}, {dst_mr->remote_address(), dst_mr->key()},
-                                   w.Callback()).ok());
+  ASSERT_TRUE(endpoint_
+                  ->PostWrite({src_mr.get(), 0, 4096}, {dst_mr->remote_address(), dst_mr->key()},
+                              w.Callback())
+                  .ok());
   EXPECT_TRUE(w.Wait().ok()) << w.Wait();
   EXPECT_EQ(std::count(dst.begin(), dst.end(), 'q'), 4096);
 }

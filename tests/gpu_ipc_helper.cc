@@ -33,7 +33,8 @@ absl::Status CopyAndWait(ferry::memory::GpuDevice& gpu, bool to_host, void* dst,
     result = std::move(s);
     finished.Notify();
   };
-  absl::Status posted = to_host ? gpu.CopyToHost(dst, src, n, done) : gpu.CopyToDevice(dst, src, n, done);
+  absl::Status posted =
+      to_host ? gpu.CopyToHost(dst, src, n, done) : gpu.CopyToDevice(dst, src, n, done);
   if (!posted.ok()) return posted;
   finished.WaitForNotification();
   return result;
@@ -42,7 +43,8 @@ absl::Status CopyAndWait(ferry::memory::GpuDevice& gpu, bool to_host, void* dst,
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 7) return Fail("usage: gpu_ipc_helper HANDLE_HEX OFFSET LENGTH PCI SEED_CHECK SEED_WRITE");
+  if (argc != 7)
+    return Fail("usage: gpu_ipc_helper HANDLE_HEX OFFSET LENGTH PCI SEED_CHECK SEED_WRITE");
   std::string handle = absl::HexStringToBytes(argv[1]);
   uint64_t offset = 0, length = 0;
   uint32_t check = 0, write = 0;
@@ -81,7 +83,8 @@ int main(int argc, char** argv) {
   if (ferry::CloseCudaIpc(handle).code() != absl::StatusCode::kNotFound) {
     return Fail("closing a handle no longer open did not say NOT_FOUND");
   }
-  std::printf("gpu_ipc_helper: mapped %llu bytes at slab offset %llu on GPU %d, checked and wrote\n",
-              static_cast<unsigned long long>(length), static_cast<unsigned long long>(offset), *device);
+  std::printf(
+      "gpu_ipc_helper: mapped %llu bytes at slab offset %llu on GPU %d, checked and wrote\n",
+      static_cast<unsigned long long>(length), static_cast<unsigned long long>(offset), *device);
   return 0;
 }

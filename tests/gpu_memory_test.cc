@@ -139,7 +139,8 @@ TEST_F(GpuMemoryTest, DescribesItself) {
   EXPECT_EQ(gpu_->index(), 0);
   EXPECT_FALSE(gpu_->host_addressable());
   // The form hwloc and sysfs use, so topology and CUDA agree on which GPU is which.
-  EXPECT_TRUE(std::regex_match(gpu_->pci(), std::regex("[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\\.[0-7]")))
+  EXPECT_TRUE(
+      std::regex_match(gpu_->pci(), std::regex("[0-9a-f]{4}:[0-9a-f]{2}:[0-9a-f]{2}\\.[0-7]")))
       << gpu_->pci();
   std::printf("GPU 0 at %s (%zu GPU(s) visible)\n", gpu_->pci().c_str(), gpus_.size());
 }
@@ -290,22 +291,23 @@ TEST_F(GpuMemoryTest, StagedCopiesThroughPinnedBounceChunksChainFromCompletions)
     }
     char* staging = bounce.data() + slot * kChunk;
     uint64_t at = i * kChunk;
-    absl::Status posted = gpu_->CopyToHost(staging, src_dev + at, kChunk, [&, slot, staging, at](absl::Status s) {
-      if (s.ok()) {
-        s = gpu_->CopyToDevice(dst_dev + at, staging, kChunk, [&, slot](absl::Status s2) {
-          absl::MutexLock lock(&mu);
-          if (!s2.ok() && error.ok()) error = s2;
-          free_chunks.push_back(slot);
-          ++landed;
+    absl::Status posted =
+        gpu_->CopyToHost(staging, src_dev + at, kChunk, [&, slot, staging, at](absl::Status s) {
+          if (s.ok()) {
+            s = gpu_->CopyToDevice(dst_dev + at, staging, kChunk, [&, slot](absl::Status s2) {
+              absl::MutexLock lock(&mu);
+              if (!s2.ok() && error.ok()) error = s2;
+              free_chunks.push_back(slot);
+              ++landed;
+            });
+          }
+          if (!s.ok()) {
+            absl::MutexLock lock(&mu);
+            if (error.ok()) error = s;
+            free_chunks.push_back(slot);
+            ++landed;
+          }
         });
-      }
-      if (!s.ok()) {
-        absl::MutexLock lock(&mu);
-        if (error.ok()) error = s;
-        free_chunks.push_back(slot);
-        ++landed;
-      }
-    });
     ASSERT_TRUE(posted.ok()) << posted;
   }
   {
@@ -342,7 +344,8 @@ TEST_F(GpuMemoryTest, PinsAndUnpinsHostMemoryCountingPins) {
 TEST_F(GpuMemoryTest, DmabufExportGivesAnFdOrSaysWhyNot) {
   auto slab = gpu_->AllocateSlab(64 * kMiB);
   ASSERT_TRUE(slab.ok()) << slab.status();
-  EXPECT_EQ((*slab)->ExportDmabuf(60 * kMiB, 8 * kMiB).status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ((*slab)->ExportDmabuf(60 * kMiB, 8 * kMiB).status().code(),
+            absl::StatusCode::kOutOfRange);
   auto e = (*slab)->ExportDmabuf(0, 64 * kMiB);
   if (!e.ok()) {
     EXPECT_EQ(e.status().code(), absl::StatusCode::kUnimplemented) << e.status();
@@ -408,13 +411,16 @@ TEST_F(GpuMemoryTest, AnotherProcessMapsTheSlabByIpcAndWritesIt) {
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "gpu_ipc_helper failed (see its output)";
+  ASSERT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0)
+      << "gpu_ipc_helper failed (see its output)";
 
   ASSERT_TRUE(CopyAndWait(true, host.data(), dev, kSpan).ok());
   EXPECT_EQ(FirstMismatch(host.data(), kOffset, 1, 0), kOffset) << "written before the range";
-  EXPECT_EQ(FirstMismatch(host.data() + kOffset, kLength, 2, kOffset), kLength) << "not the child's bytes";
+  EXPECT_EQ(FirstMismatch(host.data() + kOffset, kLength, 2, kOffset), kLength)
+      << "not the child's bytes";
   uint64_t end = kOffset + kLength;
-  EXPECT_EQ(FirstMismatch(host.data() + end, kSpan - end, 1, end), kSpan - end) << "written after the range";
+  EXPECT_EQ(FirstMismatch(host.data() + end, kSpan - end, 1, end), kSpan - end)
+      << "written after the range";
 }
 
 }  // namespace

@@ -106,7 +106,8 @@ class GpuStagingTest : public ::testing::Test {
                                           const std::string& dst_name, Buffer& dst, uint64_t size) {
     Fill(src, static_cast<uint32_t>(size + dst.id()));
     std::memset(dst.data(), 0, size);
-    auto r = from.Run({{ferry::v1::WRITE, src.id(), 0, node, dst_name, 0, size}}, absl::Seconds(60), true);
+    auto r = from.Run({{ferry::v1::WRITE, src.id(), 0, node, dst_name, 0, size}}, absl::Seconds(60),
+                      true);
     EXPECT_TRUE(r.ok()) << r.status();
     if (!r.ok()) return {};
     EXPECT_TRUE(TransferStatus(*r).ok()) << TransferStatus(*r);
@@ -172,7 +173,8 @@ TEST_F(GpuStagingTest, EveryModeCombinationMovesVerifiedData) {
   std::memset((*a_gpu)->data(), 0, kSize);
   auto read = ca_->Run({{ferry::v1::READ, (*a_gpu)->id(), 0, "node-b", "b-host", 0, kSize}},
                        absl::Seconds(60), true);
-  ASSERT_TRUE(read.ok() && TransferStatus(*read).ok()) << (read.ok() ? TransferStatus(*read) : read.status());
+  ASSERT_TRUE(read.ok() && TransferStatus(*read).ok())
+      << (read.ok() ? TransferStatus(*read) : read.status());
   EXPECT_EQ(0, std::memcmp((*b_host)->data(), (*a_gpu)->data(), kSize));
   EXPECT_EQ(LegOf(*read, "local").mode(), "staged");
 
@@ -224,7 +226,9 @@ TEST_F(GpuStagingTest, KvBlocksIntoAStagedGpuLandInPlace) {
   auto r = cb_->Run(ops, absl::Seconds(60), true);
   ASSERT_TRUE(r.ok() && TransferStatus(*r).ok()) << (r.ok() ? TransferStatus(*r) : r.status());
   for (int i = 0; i < kBlocks; ++i) {
-    ASSERT_EQ(0, std::memcmp((*src)->data() + i * kBlock, (*dst)->data() + ops[i].remote_offset, kBlock)) << i;
+    ASSERT_EQ(
+        0, std::memcmp((*src)->data() + i * kBlock, (*dst)->data() + ops[i].remote_offset, kBlock))
+        << i;
     ASSERT_EQ(r->ops(i).legs(1).mode(), "staged");
   }
 }
@@ -246,7 +250,8 @@ TEST_F(GpuStagingTest, SetPolicyFlipsTheNextTransferAndNotTheRunningOne) {
   ASSERT_TRUE(before.ok() && after.ok()) << after.status();
   EXPECT_EQ(after->generation(), before->generation() + 1);
   auto still = cb_->Wait(*first, absl::Milliseconds(1));
-  EXPECT_EQ(still.status().code(), absl::StatusCode::kDeadlineExceeded) << "the first transfer already ended";
+  EXPECT_EQ(still.status().code(), absl::StatusCode::kDeadlineExceeded)
+      << "the first transfer already ended";
 
   auto second = cb_->Run({{ferry::v1::WRITE, (*src)->id(), 0, "node-a", "a-landing", 0, kSize}},
                          absl::Seconds(60), true);
@@ -274,7 +279,8 @@ TEST_F(GpuStagingTest, FallbackFailRefusesWithTheTopologyReason) {
   EXPECT_THAT(r->message(), HasSubstr("SYS apart"));
   // Loosening gdr_max_path makes the same transfer go GDR.
   ASSERT_TRUE(ca_->SetPolicy({{"gdr_max_path", "SYS"}}).ok());
-  auto ok = ca_->Run({{ferry::v1::WRITE, (*gpu)->id(), 0, "node-b", "b-target", 0, 4 * kMiB}}, absl::Seconds(30), true);
+  auto ok = ca_->Run({{ferry::v1::WRITE, (*gpu)->id(), 0, "node-b", "b-target", 0, 4 * kMiB}},
+                     absl::Seconds(30), true);
   ASSERT_TRUE(ok.ok() && TransferStatus(*ok).ok());
   EXPECT_EQ(LegOf(*ok, "local").mode(), "gdr");
 }
@@ -290,7 +296,8 @@ TEST_F(GpuStagingTest, InvalidPolicyIsRefusedAndTheOldOneStays) {
   auto now = ca_->GetPolicy();
   ASSERT_TRUE(now.ok());
   EXPECT_EQ(now->generation(), before->generation());
-  EXPECT_EQ(now->staging_depth(), before->staging_depth()) << "a refused batch applied part of itself";
+  EXPECT_EQ(now->staging_depth(), before->staging_depth())
+      << "a refused batch applied part of itself";
 }
 
 TEST_F(GpuStagingTest, SighupReloadsThePolicyAndRefusesABadFile) {

@@ -88,7 +88,8 @@ TEST_F(LegPlannerTest, GdrWhenThePathAllowsAndTheFabricReachesTheMemory) {
 
 TEST_F(LegPlannerTest, FailedRegistrationStagesWithItsReason) {
   Load("dgx8_switches.xml");
-  LegPlan leg = Plan(*MakeBuffer(0, false, "registering GPU cuda:0 memory with tcp failed (no)"), 0);
+  LegPlan leg =
+      Plan(*MakeBuffer(0, false, "registering GPU cuda:0 memory with tcp failed (no)"), 0);
   EXPECT_EQ(leg.mode, LegMode::kStaged);
   EXPECT_THAT(leg.reason, HasSubstr("with tcp failed (no)"));
   EXPECT_THAT(leg.reason, HasSubstr("staging through host memory on NUMA node"));

@@ -269,7 +269,9 @@ TEST_F(TensorIntegrationTest, EveryDtypeAndShapeRoundTrips) {
   }
   // A zero-element tensor needs no bytes and no landing buffer.
   auto recv = std::async(std::launch::async, [] { return b_->tensors->Recv("node-a", "empty"); });
-  ASSERT_TRUE(a_->tensors->Send((*src)->id(), 0, MakeMeta(v1::DTYPE_FLOAT32, {0, 4}, "empty"), "node-b").ok());
+  ASSERT_TRUE(
+      a_->tensors->Send((*src)->id(), 0, MakeMeta(v1::DTYPE_FLOAT32, {0, 4}, "empty"), "node-b")
+          .ok());
   auto got = recv.get();
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ(got->bytes, 0u);
@@ -362,8 +364,11 @@ TEST_F(TensorIntegrationTest, CancelledSendIsWithdrawnFromThePeer) {
   EXPECT_EQ(late.status().code(), absl::StatusCode::kDeadlineExceeded) << late.status();
   EXPECT_EQ(PoolUsed(b_), used_b);
   // The tag is free again.
-  auto recv = std::async(std::launch::async, [] { return b_->tensors->Recv("node-a", "cancel-me"); });
-  EXPECT_TRUE(a_->tensors->Send((*src)->id(), 0, MakeMeta(v1::DTYPE_FLOAT32, {1024}, "cancel-me"), "node-b").ok());
+  auto recv =
+      std::async(std::launch::async, [] { return b_->tensors->Recv("node-a", "cancel-me"); });
+  EXPECT_TRUE(
+      a_->tensors->Send((*src)->id(), 0, MakeMeta(v1::DTYPE_FLOAT32, {1024}, "cancel-me"), "node-b")
+          .ok());
   auto got = recv.get();
   ASSERT_TRUE(got.ok());
   EXPECT_TRUE(b_->client->Free(got->buffer->id()).ok());
@@ -372,7 +377,8 @@ TEST_F(TensorIntegrationTest, CancelledSendIsWithdrawnFromThePeer) {
 }
 
 TEST_F(TensorIntegrationTest, CancelledRecvReleasesItsTagAndMatchesNothing) {
-  auto recv = std::async(std::launch::async, [] { return b_->tensors->Recv("node-a", "recv-cancel"); });
+  auto recv =
+      std::async(std::launch::async, [] { return b_->tensors->Recv("node-a", "recv-cancel"); });
   absl::SleepFor(absl::Milliseconds(200));
   auto cancelled = b_->tensors->Cancel("node-a", "recv-cancel");
   ASSERT_TRUE(cancelled.ok()) << cancelled.status();
@@ -428,10 +434,12 @@ TEST_F(TensorIntegrationTest, BadInputIsRefusedAndCorruptsNothing) {
   s = a_->tensors->Send((*src)->id(), 0, MakeMeta(v1::DTYPE_FLOAT32, {-2}, "neg"), "node-b");
   EXPECT_THAT(s.status().message(), HasSubstr("meta.shape[0]"));
   // A device the buffer is not on, or that does not parse.
-  s = a_->tensors->Send((*src)->id(), 0, MakeMeta(v1::DTYPE_FLOAT32, {4}, "dev", {}, "cuda:0"), "node-b");
+  s = a_->tensors->Send((*src)->id(), 0, MakeMeta(v1::DTYPE_FLOAT32, {4}, "dev", {}, "cuda:0"),
+                        "node-b");
   EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(s.status().message(), HasSubstr("meta.device: 'cuda:0' but buffer"));
-  s = a_->tensors->Send((*src)->id(), 0, MakeMeta(v1::DTYPE_FLOAT32, {4}, "dev", {}, "tpu"), "node-b");
+  s = a_->tensors->Send((*src)->id(), 0, MakeMeta(v1::DTYPE_FLOAT32, {4}, "dev", {}, "tpu"),
+                        "node-b");
   EXPECT_THAT(s.status().message(), HasSubstr("meta.device"));
   // Unknown peer, missing tag.
   s = a_->tensors->Send((*src)->id(), 0, MakeMeta(v1::DTYPE_FLOAT32, {4}, "x"), "node-z");
@@ -464,7 +472,8 @@ TEST_F(TensorIntegrationTest, BadInputIsRefusedAndCorruptsNothing) {
   // The receiver's buffer is too small: both sides fail, the buffer is untouched.
   RecvOptions into;
   into.buffer = (*small)->id();
-  auto recv = std::async(std::launch::async, [&] { return b_->tensors->Recv("node-a", "small", into); });
+  auto recv =
+      std::async(std::launch::async, [&] { return b_->tensors->Recv("node-a", "small", into); });
   absl::SleepFor(absl::Milliseconds(100));
   s = a_->tensors->Send((*src)->id(), 0, MakeMeta(v1::DTYPE_FLOAT32, {1024}, "small"), "node-b");
   EXPECT_EQ(s.status().code(), absl::StatusCode::kOutOfRange) << s.status();
@@ -474,14 +483,16 @@ TEST_F(TensorIntegrationTest, BadInputIsRefusedAndCorruptsNothing) {
   // Dtype / shape the receiver did not expect: both sides fail.
   RecvOptions expect;
   expect.expect = MakeMeta(v1::DTYPE_FLOAT16, {4}, "");
-  recv = std::async(std::launch::async, [&] { return b_->tensors->Recv("node-a", "expect", expect); });
+  recv =
+      std::async(std::launch::async, [&] { return b_->tensors->Recv("node-a", "expect", expect); });
   absl::SleepFor(absl::Milliseconds(100));
   s = a_->tensors->Send((*src)->id(), 0, MakeMeta(v1::DTYPE_FLOAT32, {4}, "expect"), "node-b");
   EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(s.status().message(), HasSubstr("meta.dtype"));
   EXPECT_THAT(recv.get().status().message(), HasSubstr("expects float16"));
   expect.expect = MakeMeta(v1::DTYPE_FLOAT32, {2, 2}, "");
-  recv = std::async(std::launch::async, [&] { return b_->tensors->Recv("node-a", "expect", expect); });
+  recv =
+      std::async(std::launch::async, [&] { return b_->tensors->Recv("node-a", "expect", expect); });
   absl::SleepFor(absl::Milliseconds(100));
   s = a_->tensors->Send((*src)->id(), 0, MakeMeta(v1::DTYPE_FLOAT32, {4}, "expect"), "node-b");
   EXPECT_THAT(s.status().message(), HasSubstr("meta.shape"));

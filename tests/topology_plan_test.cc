@@ -378,14 +378,16 @@ TEST(PlanFormatTest, JsonHasTheDocumentedShape) {
       R"(staging through host memory on NUMA node 1",)"));
   EXPECT_THAT(json, HasSubstr(R"("nics":[{"name":"mlx5_0","pci":"0000:86:00.0","numa":1,)"));
   EXPECT_THAT(json, HasSubstr(R"("paths":{"0000:3b:00.0":{"mlx5_0":"SYS"}})"));
-  EXPECT_THAT(json, HasSubstr(R"("policy":{"gdr":"auto","gdr_max_path":"PHB","fallback":"staged"})"));
+  EXPECT_THAT(json,
+              HasSubstr(R"("policy":{"gdr":"auto","gdr_max_path":"PHB","fallback":"staged"})"));
   EXPECT_EQ(json.back(), '\n');
 }
 
 TEST(PlanFormatTest, JsonNullsForNoNicAndGdr) {
   Machine none = Load("gpu_no_nic");
   std::string json = FormatPlanJson(none, Plan(none));
-  EXPECT_THAT(json, HasSubstr(R"("nic":null,"path":null,"gdr":false,"mode":"staged","bounce_numa":0)"));
+  EXPECT_THAT(json,
+              HasSubstr(R"("nic":null,"path":null,"gdr":false,"mode":"staged","bounce_numa":0)"));
   EXPECT_THAT(json, HasSubstr(R"("nics":[])"));
   EXPECT_THAT(json, HasSubstr(R"("paths":{"0000:01:00.0":{}})"));
 

@@ -35,7 +35,8 @@ TEST_F(VerbsHardwareTest, LoopbackWriteAndReadOnTheFirstActivePort) {
   std::vector<char> src(1 << 20, 'h'), dst(1 << 20, 0), back(1 << 20, 0);
   auto src_mr = initiator_->Register(src.data(), src.size(), fabric::kLocal);
   auto back_mr = initiator_->Register(back.data(), back.size(), fabric::kLocal);
-  auto dst_mr = target_->Register(dst.data(), dst.size(), fabric::kRemoteWrite | fabric::kRemoteRead);
+  auto dst_mr =
+      target_->Register(dst.data(), dst.size(), fabric::kRemoteWrite | fabric::kRemoteRead);
   ASSERT_TRUE(src_mr.ok() && back_mr.ok() && dst_mr.ok());
   EXPECT_EQ((*src_mr)->registration(), "ibv_reg_mr");
   for (bool read : {false, true}) {

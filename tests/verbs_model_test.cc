@@ -89,8 +89,9 @@ class VerbsModelTest : public ::testing::Test {
     a.retry_cnt = 7;
     a.rnr_retry = rnr_retry;
     a.max_rd_atomic = 4;
-    return model_.ModifyQp(qp, &a, IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT |
-                                       IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC);
+    return model_.ModifyQp(qp, &a,
+                           IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+                               IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC);
   }
   // A connected pair: a on LID 1 -> b on LID 2.
   void Pair(ibv_qp** a, ibv_qp** b, uint8_t rnr_retry = 7) {
@@ -254,7 +255,8 @@ TEST_F(VerbsModelTest, WriteReadAndWriteWithImmediateMoveBytes) {
                                       IBV_ACCESS_REMOTE_READ);
   uint64_t base = reinterpret_cast<uint64_t>(dst.data());
   ASSERT_EQ(Post(a, IBV_WR_RDMA_WRITE, src.data(), 4096, src_mr->lkey, base, dst_mr->rkey, 1), 0);
-  ASSERT_EQ(Post(a, IBV_WR_RDMA_READ, back.data(), 100, back_mr->lkey, base + 10, dst_mr->rkey, 2), 0);
+  ASSERT_EQ(Post(a, IBV_WR_RDMA_READ, back.data(), 100, back_mr->lkey, base + 10, dst_mr->rkey, 2),
+            0);
   auto wcs = Poll(cq_a_, 2);
   ASSERT_EQ(wcs.size(), 2u);
   EXPECT_EQ(wcs[0].wr_id, 1u);
@@ -269,7 +271,8 @@ TEST_F(VerbsModelTest, WriteReadAndWriteWithImmediateMoveBytes) {
   recv.wr_id = 77;
   ibv_recv_wr* bad = nullptr;
   ASSERT_EQ(model_.PostRecv(b, &recv, &bad), 0);
-  ASSERT_EQ(Post(a, IBV_WR_RDMA_WRITE_WITH_IMM, src.data(), 8, src_mr->lkey, base, dst_mr->rkey, 3), 0);
+  ASSERT_EQ(Post(a, IBV_WR_RDMA_WRITE_WITH_IMM, src.data(), 8, src_mr->lkey, base, dst_mr->rkey, 3),
+            0);
   auto rwc = Poll(cq_b_, 1);
   ASSERT_EQ(rwc.size(), 1u);
   EXPECT_EQ(rwc[0].wr_id, 77u);
@@ -289,11 +292,13 @@ TEST_F(VerbsModelTest, BadRkeyIsRemoteAccessErrorThenEverythingFlushes) {
   ibv_mr* ro_mr = Mr(pd_b_, read_only, IBV_ACCESS_REMOTE_READ);
   uint64_t base = reinterpret_cast<uint64_t>(dst.data());
   model_.SetPaused(true);
-  ASSERT_EQ(Post(a, IBV_WR_RDMA_WRITE, src.data(), 64, src_mr->lkey, base, dst_mr->rkey, 1, false), 0);
+  ASSERT_EQ(Post(a, IBV_WR_RDMA_WRITE, src.data(), 64, src_mr->lkey, base, dst_mr->rkey, 1, false),
+            0);
   // Unsignalled, and the key of a region peers may not write.
   ASSERT_EQ(Post(a, IBV_WR_RDMA_WRITE, src.data(), 64, src_mr->lkey,
                  reinterpret_cast<uint64_t>(read_only.data()), ro_mr->rkey, 2, false), 0);
-  ASSERT_EQ(Post(a, IBV_WR_RDMA_WRITE, src.data(), 64, src_mr->lkey, base, dst_mr->rkey, 3, false), 0);
+  ASSERT_EQ(Post(a, IBV_WR_RDMA_WRITE, src.data(), 64, src_mr->lkey, base, dst_mr->rkey, 3, false),
+            0);
   model_.SetPaused(false);
   auto wcs = Poll(cq_a_, 2);
   ASSERT_EQ(wcs.size(), 2u);
@@ -319,7 +324,8 @@ TEST_F(VerbsModelTest, BadLkeyAndOversizeAreLocalErrors) {
   ibv_mr* dst_mr = Mr(pd_b_, dst, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
   uint64_t base = reinterpret_cast<uint64_t>(dst.data());
   // Beyond the local MR.
-  ASSERT_EQ(Post(a, IBV_WR_RDMA_WRITE, src.data() + 200, 100, src_mr->lkey, base, dst_mr->rkey, 1), 0);
+  ASSERT_EQ(Post(a, IBV_WR_RDMA_WRITE, src.data() + 200, 100, src_mr->lkey, base, dst_mr->rkey, 1),
+            0);
   auto wcs = Poll(cq_a_, 1);
   ASSERT_EQ(wcs.size(), 1u);
   EXPECT_EQ(wcs[0].status, IBV_WC_LOC_PROT_ERR);
@@ -348,7 +354,8 @@ TEST_F(VerbsModelTest, SendQueueSlotsReturnOnlyWhenASignalledCompletionIsPolled)
   ibv_mr* dst_mr = Mr(pd_b_, dst, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
   uint64_t base = reinterpret_cast<uint64_t>(dst.data());
   for (int i = 0; i < 4; ++i) {
-    ASSERT_EQ(Post(a, IBV_WR_RDMA_WRITE, src.data(), 8, src_mr->lkey, base, dst_mr->rkey, i, i == 3), 0);
+    ASSERT_EQ(
+        Post(a, IBV_WR_RDMA_WRITE, src.data(), 8, src_mr->lkey, base, dst_mr->rkey, i, i == 3), 0);
   }
   EXPECT_EQ(Post(a, IBV_WR_RDMA_WRITE, src.data(), 8, src_mr->lkey, base, dst_mr->rkey, 9), ENOMEM);
   model_.WaitIdle();

@@ -118,7 +118,8 @@ TEST(HandshakeTest, MalformedBytesAreRefusedWithTheReason) {
 }
 
 TEST(VerbsDeviceTest, NoRdmaIsUnavailableWithTheCallAndErrno) {
-  auto f = VerbsFabric::Create({}, std::make_shared<VerbsModel>(std::vector<model::DeviceConfig>{}));
+  auto f =
+      VerbsFabric::Create({}, std::make_shared<VerbsModel>(std::vector<model::DeviceConfig>{}));
   EXPECT_EQ(f.status().code(), absl::StatusCode::kUnavailable);
   EXPECT_EQ(f.status().message(), "ibv_get_device_list: no RDMA devices (ENOSYS)");
 }
@@ -147,7 +148,8 @@ TEST(VerbsDeviceTest, PicksByNameOrTheFirstActivePort) {
   named.device = "mlx5_0";
   auto d = VerbsFabric::Create(named, m);
   EXPECT_EQ(d.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(std::string(d.status().message()), HasSubstr("mlx5_0 has no active port (port 1 is down)"));
+  EXPECT_THAT(std::string(d.status().message()),
+              HasSubstr("mlx5_0 has no active port (port 1 is down)"));
   named.device = "mlx5_9";
   auto missing = VerbsFabric::Create(named, m);
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
@@ -183,7 +185,8 @@ TEST(VerbsQpTest, InfinibandAddressesByLidWithTheSmallerMtu) {
   EXPECT_EQ(ini.rnr_retry, 6);
   // Only the target lets peers in.
   EXPECT_EQ(ini.qp_access_flags, 0u);
-  EXPECT_EQ(tgt.qp_access_flags, static_cast<unsigned>(IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ));
+  EXPECT_EQ(tgt.qp_access_flags,
+            static_cast<unsigned>(IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ));
 }
 
 TEST(VerbsQpTest, RoceUsesAGrhFromTheRoceV2Gid) {
@@ -215,7 +218,8 @@ TEST(VerbsQpTest, GidIndexMustBeRoceV2AndLinkLayersMustMatch) {
   v1.gid_index = 2;  // the RoCE v1 entry
   auto f = VerbsFabric::Create(v1, m);
   EXPECT_EQ(f.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_THAT(std::string(f.status().message()), HasSubstr("GID index 2 (::ffff:10.0.0.1) is not RoCE v2"));
+  EXPECT_THAT(std::string(f.status().message()),
+              HasSubstr("GID index 2 (::ffff:10.0.0.1) is not RoCE v2"));
   auto roce = VerbsFabric::Create({}, m);
   ASSERT_TRUE(roce.ok());
   auto pending = (*roce)->BeginConnect("mlx5_3:1/ib/lid=0x5");
@@ -346,7 +350,8 @@ TEST(VerbsOpsTest, QpErrorFlushesEachOpOnceThenReconnectFreesTheOldTarget) {
     ASSERT_TRUE(p.endpoint->PostWrite({s->get(), 0, 4096}, {(*d)->remote_address(), (*d)->key()},
                                       [&, i](absl::Status st) {
                                         calls[i].fetch_add(1);
-                                        unavailable.fetch_add(st.code() == absl::StatusCode::kUnavailable);
+                                        unavailable.fetch_add(st.code() ==
+                                                              absl::StatusCode::kUnavailable);
                                       }).ok());
   }
   const uint32_t old_target = p.verbs_endpoint().remote_qpn();

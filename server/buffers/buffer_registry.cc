@@ -50,8 +50,8 @@ absl::StatusOr<std::shared_ptr<Buffer>> BufferRegistry::Allocate(uint64_t size,
   if (size == 0) return absl::InvalidArgumentError("size: must be positive");
   if (!name.empty()) {
     if (name.size() > kMaxBufferName || name.find_first_of(": \t\n") != std::string::npos) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("name: ", Echo(name), " must be at most 256 characters without ':' or spaces"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "name: ", Echo(name), " must be at most 256 characters without ':' or spaces"));
     }
     absl::MutexLock lock(&mu_);
     if (by_name_.contains(name)) {
@@ -96,8 +96,8 @@ absl::Status BufferRegistry::FreeFor(uint64_t id, uint64_t session) {
     absl::MutexLock lock(&mu_);
     auto it = by_id_.find(id);
     if (it == by_id_.end()) {
-      return absl::NotFoundError(absl::StrCat("id: buffer ", id,
-                                              id > 0 && id < next_id_ ? " was freed" : " does not exist"));
+      return absl::NotFoundError(absl::StrCat(
+          "id: buffer ", id, id > 0 && id < next_id_ ? " was freed" : " does not exist"));
     }
     uint64_t owner = it->second->owner();
     if (session != kAnySession && owner != 0 && owner != session) {
@@ -151,8 +151,8 @@ absl::Status BufferRegistry::Unexport(uint64_t id) {
     absl::MutexLock lock(&mu_);
     auto it = by_id_.find(id);
     if (it == by_id_.end()) {
-      return absl::NotFoundError(absl::StrCat("id: buffer ", id,
-                                              id > 0 && id < next_id_ ? " was freed" : " does not exist"));
+      return absl::NotFoundError(absl::StrCat(
+          "id: buffer ", id, id > 0 && id < next_id_ ? " was freed" : " does not exist"));
     }
     buffer = it->second;
     ForgetName(*buffer);
@@ -172,8 +172,8 @@ absl::StatusOr<std::shared_ptr<Buffer>> BufferRegistry::Get(uint64_t id,
   absl::MutexLock lock(&mu_);
   auto it = by_id_.find(id);
   if (it == by_id_.end()) {
-    return absl::NotFoundError(absl::StrCat(field, ": buffer ", id,
-                                            id > 0 && id < next_id_ ? " was freed" : " does not exist"));
+    return absl::NotFoundError(absl::StrCat(
+        field, ": buffer ", id, id > 0 && id < next_id_ ? " was freed" : " does not exist"));
   }
   return it->second;
 }
@@ -181,7 +181,8 @@ absl::StatusOr<std::shared_ptr<Buffer>> BufferRegistry::Get(uint64_t id,
 absl::StatusOr<std::shared_ptr<Buffer>> BufferRegistry::FindByName(const std::string& name) const {
   absl::MutexLock lock(&mu_);
   auto it = by_name_.find(name);
-  if (it == by_name_.end()) return absl::NotFoundError(absl::StrCat("no buffer named ", Echo(name)));
+  if (it == by_name_.end())
+    return absl::NotFoundError(absl::StrCat("no buffer named ", Echo(name)));
   return by_id_.at(it->second);
 }
 

@@ -59,7 +59,8 @@ absl::StatusOr<std::unique_ptr<BufferMemory>> GpuPools::Allocate(int gpu, uint64
   absl::MutexLock lock(&pool.mu);
   auto offset = pool.allocator->Allocate(size);
   if (!offset.ok()) {
-    return absl::ResourceExhaustedError(absl::StrCat("GPU cuda:", gpu, " pool: ", offset.status().message()));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("GPU cuda:", gpu, " pool: ", offset.status().message()));
   }
   return std::unique_ptr<BufferMemory>(new Block(&pool, gpu, *offset, size));
 }

@@ -27,7 +27,8 @@ absl::StatusOr<BufferRegistrations> RegisterWithFabrics(const BufferMemory& memo
         absl::StrCat(memory.device(), ": GPU memory without the agent's GPU pools"));
   }
   for (fabric::Fabric* f : fabrics) {
-    GdrRegistration r = gpus->RegisterForGdr(memory.gpu(), *f, memory.data(), memory.size(), access);
+    GdrRegistration r =
+        gpus->RegisterForGdr(memory.gpu(), *f, memory.data(), memory.size(), access);
     if (r.region != nullptr) out.regions.emplace_back(f->rail(), std::move(r.region));
     out.attempts.push_back(std::move(r.attempt));
   }

@@ -57,9 +57,10 @@ LegPlan PlanLeg(const Buffer& buffer, int topology_gpu, const topology::Machine&
   for (const RegistrationAttempt& attempt : buffer.attempts()) {
     if (attempt.rail == rail && !attempt.status.ok()) why = std::string(attempt.status.message());
   }
-  leg.reason = absl::StrCat(d.reason, "; but ", why, fail ? "; policy fallback is fail"
-                                                         : absl::StrCat("; staging through host memory on NUMA node ",
-                                                                        leg.bounce_numa));
+  leg.reason = absl::StrCat(
+      d.reason, "; but ", why,
+      fail ? "; policy fallback is fail"
+           : absl::StrCat("; staging through host memory on NUMA node ", leg.bounce_numa));
   return leg;
 }
 

@@ -24,8 +24,8 @@ struct LegPlan {
 };
 
 // `rail` is the fabric the transfer uses; `buffer.region(rail)` tells whether it can reach
-// the buffer directly, and the buffer's registration attempt with it why not. `topology_gpu` is the buffer's GPU in `machine.gpus`
-// (matched by PCI address), -1 when the topology does not have it.
+// the buffer directly, and the buffer's registration attempt with it why not. `topology_gpu` is the
+// buffer's GPU in `machine.gpus` (matched by PCI address), -1 when the topology does not have it.
 LegPlan PlanLeg(const Buffer& buffer, int topology_gpu, const topology::Machine& machine,
                 const PolicySnapshot& snapshot, const fabric::RailId& rail);
 

@@ -74,7 +74,8 @@ bool Transfer::SettleLocked(size_t index, const absl::Status& status, const std:
   } else {
     ++failed_;
     if (first_error_.ok()) {
-      first_error_ = absl::Status(status.code(), absl::StrCat("ops[", index, "]: ", status.message()));
+      first_error_ =
+          absl::Status(status.code(), absl::StrCat("ops[", index, "]: ", status.message()));
     }
   }
   ++version_;

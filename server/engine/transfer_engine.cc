@@ -69,7 +69,8 @@ absl::StatusOr<std::vector<PlannedOp>> TransferEngine::Plan(const ferry::v1::Sub
       return absl::InvalidArgumentError(absl::StrCat(f, "type: must be WRITE or READ"));
     }
     p.type = op.type();
-    if (op.length() == 0) return absl::InvalidArgumentError(absl::StrCat(f, "length: must be positive"));
+    if (op.length() == 0)
+      return absl::InvalidArgumentError(absl::StrCat(f, "length: must be positive"));
     if (op.length() > limits.max_op_bytes) {
       return absl::InvalidArgumentError(absl::StrCat(f, "length: ", op.length(),
                                                      " bytes is more than limits.max_op_bytes (",
@@ -82,7 +83,8 @@ absl::StatusOr<std::vector<PlannedOp>> TransferEngine::Plan(const ferry::v1::Sub
                         absl::StrCat("local buffer ", p.local->id()), p.local->size());
     }
     p.local_offset = op.local_offset();
-    if (op.peer().empty()) return absl::InvalidArgumentError(absl::StrCat(f, "peer: must name a node"));
+    if (op.peer().empty())
+      return absl::InvalidArgumentError(absl::StrCat(f, "peer: must name a node"));
     if (!peers_->Known(op.peer())) {
       return absl::NotFoundError(absl::StrCat(f, "peer: unknown node ", Echo(op.peer())));
     }
@@ -171,9 +173,9 @@ absl::Status RemoteOutcome(absl::Status status, const PlannedOp& op) {
       status.code() != absl::StatusCode::kOutOfRange) {
     return status;
   }
-  return absl::AbortedError(absl::StrCat("remote_buffer: ", Echo(op.remote->name), " on ",
-                                         op.remote->node, " was freed or unexported while the op ran (",
-                                         status.message(), ")"));
+  return absl::AbortedError(
+      absl::StrCat("remote_buffer: ", Echo(op.remote->name), " on ", op.remote->node,
+                   " was freed or unexported while the op ran (", status.message(), ")"));
 }
 
 }  // namespace
@@ -197,8 +199,10 @@ void TransferEngine::Post(const std::shared_ptr<Transfer>& transfer, absl::Time 
     const PlannedOp& op = ops[i];
     auto it = endpoints.find(op.remote->node);
     if (it == endpoints.end()) {
-      it = endpoints.emplace(op.remote->node,
-                             peers_->Endpoint(op.remote->node, op.remote->incarnation, deadline)).first;
+      it = endpoints
+               .emplace(op.remote->node,
+                        peers_->Endpoint(op.remote->node, op.remote->incarnation, deadline))
+               .first;
     }
     if (!it->second.ok()) {
       Settle(transfer, i, it->second.status(), "");

@@ -31,7 +31,8 @@ bool SocketAnswers(const std::string& path) {
 std::string HolderPid(int fd) {
   char text[32] = {};
   ssize_t n = pread(fd, text, sizeof(text) - 1, 0);
-  std::string pid = n > 0 ? std::string(absl::StripAsciiWhitespace(absl::string_view(text, n))) : "";
+  std::string pid =
+      n > 0 ? std::string(absl::StripAsciiWhitespace(absl::string_view(text, n))) : "";
   return pid.empty() ? "unknown" : pid;
 }
 
@@ -44,16 +45,17 @@ absl::StatusOr<std::unique_ptr<InstanceLock>> InstanceLock::Acquire(const std::s
   if (!fd.valid()) return absl::ErrnoToStatus(errno, absl::StrCat("open(", lock_path, ")"));
   absl::Time deadline = absl::Now() + wait;
   while (flock(fd.get(), LOCK_EX | LOCK_NB) != 0) {
-    if (errno != EWOULDBLOCK) return absl::ErrnoToStatus(errno, absl::StrCat("flock(", lock_path, ")"));
+    if (errno != EWOULDBLOCK)
+      return absl::ErrnoToStatus(errno, absl::StrCat("flock(", lock_path, ")"));
     if (SocketAnswers(socket_path)) {
       return absl::FailedPreconditionError(absl::StrCat(
           "another ferryd (pid ", HolderPid(fd.get()), ") serves ", socket_path,
           "; stop it first, or give this one another listen.local"));
     }
     if (absl::Now() >= deadline) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "another ferryd (pid ", HolderPid(fd.get()), ") holds ", lock_path, " and did not let go within ",
-          absl::FormatDuration(wait)));
+      return absl::FailedPreconditionError(
+          absl::StrCat("another ferryd (pid ", HolderPid(fd.get()), ") holds ", lock_path,
+                       " and did not let go within ", absl::FormatDuration(wait)));
     }
     absl::SleepFor(absl::Milliseconds(20));
   }
@@ -65,7 +67,8 @@ absl::StatusOr<std::unique_ptr<InstanceLock>> InstanceLock::Acquire(const std::s
   if (unlink(socket_path.c_str()) != 0 && errno != ENOENT) {
     return absl::ErrnoToStatus(errno, absl::StrCat("unlink(", socket_path, ") (a stale socket)"));
   }
-  return std::unique_ptr<InstanceLock>(new InstanceLock(socket_path, std::move(lock_path), std::move(fd)));
+  return std::unique_ptr<InstanceLock>(
+      new InstanceLock(socket_path, std::move(lock_path), std::move(fd)));
 }
 
 void InstanceLock::NoteSocketBound() {
@@ -79,7 +82,8 @@ void InstanceLock::NoteSocketBound() {
 void InstanceLock::RemoveSocket() {
   if (socket_ino_ == 0) return;
   struct stat st = {};
-  if (stat(socket_path_.c_str(), &st) == 0 && st.st_dev == socket_dev_ && st.st_ino == socket_ino_) {
+  if (stat(socket_path_.c_str(), &st) == 0 && st.st_dev == socket_dev_ &&
+      st.st_ino == socket_ino_) {
     unlink(socket_path_.c_str());
   }
   socket_ino_ = 0;

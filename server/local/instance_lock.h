@@ -34,7 +34,9 @@ class InstanceLock {
 
  private:
   InstanceLock(std::string socket_path, std::string lock_path, UniqueFd fd)
-      : socket_path_(std::move(socket_path)), lock_path_(std::move(lock_path)), fd_(std::move(fd)) {}
+      : socket_path_(std::move(socket_path)),
+        lock_path_(std::move(lock_path)),
+        fd_(std::move(fd)) {}
 
   const std::string socket_path_;
   const std::string lock_path_;

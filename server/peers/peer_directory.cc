@@ -114,7 +114,8 @@ absl::StatusOr<RemoteBuffer> PeerDirectory::Resolve(const std::string& node,
   return out;
 }
 
-absl::StatusOr<std::shared_ptr<ferry::v1::Peer::Stub>> PeerDirectory::Stub(const std::string& node) {
+absl::StatusOr<std::shared_ptr<ferry::v1::Peer::Stub>> PeerDirectory::Stub(
+    const std::string& node) {
   absl::MutexLock lock(&mu_);
   ASSIGN_OR_RETURN(Link* link, FindLink(node));
   return link->stub;
@@ -137,7 +138,8 @@ std::vector<std::string> PeerDirectory::Update(const std::map<std::string, std::
         continue;
       }
       changes.push_back(absl::StrCat("peer ", it->first, " removed"));
-      if (it->second.connected.endpoint) closing.push_back(std::move(it->second.connected.endpoint));
+      if (it->second.connected.endpoint)
+        closing.push_back(std::move(it->second.connected.endpoint));
       it = links_.erase(it);
     }
     for (const auto& [name, address] : peers) {
@@ -148,7 +150,8 @@ std::vector<std::string> PeerDirectory::Update(const std::map<std::string, std::
         link.address = address;
         changes.push_back(absl::StrCat("peer ", name, " added at ", address));
       } else if (link.address != address) {
-        changes.push_back(absl::StrCat("peer ", name, " moved from ", link.address, " to ", address));
+        changes.push_back(
+            absl::StrCat("peer ", name, " moved from ", link.address, " to ", address));
         link.address = address;
         link.channel.reset();
         link.stub.reset();
@@ -188,7 +191,8 @@ absl::StatusOr<PeerEndpoint> PeerDirectory::Endpoint(const std::string& node, ui
     auto found = links_.find(node);
     if (found == links_.end()) {
       connected.endpoint->Close();
-      return absl::UnavailableError(absl::StrCat("peer ", node, " was removed from the configuration"));
+      return absl::UnavailableError(
+          absl::StrCat("peer ", node, " was removed from the configuration"));
     }
     Link& l = found->second;
     old = std::move(l.connected);
@@ -218,10 +222,12 @@ absl::StatusOr<PeerEndpoint> PeerDirectory::Connect(const std::string& node,
     ctx.set_deadline(absl::ToChronoTime(deadline));
     grpc::Status s = stub->Hello(&ctx, hello, &welcome);
     if (s.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
-      return absl::FailedPreconditionError(absl::StrCat("peer ", node, " refused Hello: ", s.error_message()));
+      return absl::FailedPreconditionError(
+          absl::StrCat("peer ", node, " refused Hello: ", s.error_message()));
     }
     if (!s.ok()) {
-      return absl::UnavailableError(absl::StrCat("peer ", node, " did not answer Hello: ", s.error_message()));
+      return absl::UnavailableError(
+          absl::StrCat("peer ", node, " did not answer Hello: ", s.error_message()));
     }
   }
   if (welcome.node() != node) {

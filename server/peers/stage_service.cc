@@ -205,7 +205,8 @@ class StageCallServer {
       absl::MutexLock lock(&mu_);
       auto it = granted_.find(c.grant());
       if (it == granted_.end()) {
-        return absl::InvalidArgumentError(absl::StrCat("chunk.grant: ", c.grant(), " is not granted"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("chunk.grant: ", c.grant(), " is not granted"));
       }
       chunk = std::move(it->second);
       granted_.erase(it);

@@ -61,9 +61,10 @@ absl::StatusOr<ferry::v1::Notification> NotificationBoard::Take(const std::strin
       return absl::CancelledError(absl::StrCat("wait for notification '", name, "' was cancelled"));
     }
     if (now >= deadline) {
-      return absl::DeadlineExceededError(absl::StrCat(
-          "no notification '", name, "'", from_node.empty() ? "" : absl::StrCat(" from ", from_node),
-          " arrived before the deadline"));
+      return absl::DeadlineExceededError(
+          absl::StrCat("no notification '", name, "'",
+                       from_node.empty() ? "" : absl::StrCat(" from ", from_node),
+                       " arrived before the deadline"));
     }
     posted_.WaitWithDeadline(&mu_, std::min(deadline, now + absl::Milliseconds(100)));
   }

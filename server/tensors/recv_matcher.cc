@@ -109,7 +109,8 @@ absl::Status RecvMatcher::MatchLocked(PendingOffer& offer, Recv& recv) {
   bool allocated = false;
   if (bad.ok() && !landing && offer.bytes > 0) {
     // Named so the sender's agent can resolve and WRITE into it; unique per receive.
-    auto made = buffers_->Allocate(offer.bytes, absl::StrCat("ferry.recv.", recv.id, ".", absl::Hex(offer.send_id)));
+    auto made = buffers_->Allocate(
+        offer.bytes, absl::StrCat("ferry.recv.", recv.id, ".", absl::Hex(offer.send_id)));
     if (!made.ok()) {
       bad = absl::Status(made.status().code(),
                          absl::StrCat("the ", who, " on ", node_, " cannot allocate ", offer.bytes,
@@ -145,7 +146,8 @@ void RecvMatcher::FinishLocked(Recv& recv, const absl::Status& status) {
   recv.state = status.ok() ? Recv::kDone : Recv::kFailed;
   // A landing buffer the agent named for this send is exported no longer: the tensor is
   // the receiver's now, and no peer (the finished sender included) may write into it.
-  if (status.ok() && recv.allocated && recv.landing) buffers_->Unexport(recv.landing->id()).IgnoreError();
+  if (status.ok() && recv.allocated && recv.landing)
+    buffers_->Unexport(recv.landing->id()).IgnoreError();
   if (!status.ok()) {
     if (recv.allocated && recv.landing) buffers_->Free(recv.landing->id()).IgnoreError();
     recv.landing.reset();
@@ -292,7 +294,8 @@ absl::Status RecvMatcher::Complete(const std::string& from_node, uint64_t send_i
     absl::Status why = recv.status;
     if (recv.allocated && recv.landing) buffers_->Free(recv.landing->id()).IgnoreError();
     recv.landing.reset();
-    return absl::CancelledError(absl::StrCat("the receiver on ", node_, " gave up: ", why.message()));
+    return absl::CancelledError(
+        absl::StrCat("the receiver on ", node_, " gave up: ", why.message()));
   }
   if (status.ok()) {
     FinishLocked(recv, status);
@@ -331,7 +334,8 @@ void RecvMatcher::ReapLoop() {
     absl::Time now = absl::Now();
     std::vector<OfferKey> expired;
     for (const auto& [key, offer] : offers_) {
-      absl::Time limit = offer->recv ? offer->sender_deadline + kCompleteGrace : offer->sender_deadline;
+      absl::Time limit =
+          offer->recv ? offer->sender_deadline + kCompleteGrace : offer->sender_deadline;
       if (now > limit) expired.push_back(key);
     }
     for (const auto& key : expired) {

@@ -50,7 +50,9 @@ grpc::Status TensorService::Recv(grpc::ServerContext* ctx, const ferry::v1::Recv
     // The landing buffer is the receiving client's now: freed when its session ends.
     auto session = SessionOfCall(*ctx, core_->sessions());
     if (session.ok() && *session != 0) {
-      core_->buffers().Adopt(resp->buffer().id(), core_->sessions().OwnerFor(*session)).IgnoreError();
+      core_->buffers()
+          .Adopt(resp->buffer().id(), core_->sessions().OwnerFor(*session))
+          .IgnoreError();
       auto buffer = core_->buffers().Get(resp->buffer().id(), "buffer");
       if (buffer.ok()) DescribeBuffer(**buffer, resp->mutable_buffer());
     }
@@ -61,7 +63,8 @@ grpc::Status TensorService::Recv(grpc::ServerContext* ctx, const ferry::v1::Recv
 grpc::Status TensorService::WriteBlocks(grpc::ServerContext* ctx,
                                         const ferry::v1::WriteBlocksRequest* req,
                                         ferry::v1::WriteBlocksResponse* resp) {
-  auto r = core_->tensors().WriteBlocks(*req, CallDeadline(ctx, req->timeout_ms()), ClientGone(ctx));
+  auto r =
+      core_->tensors().WriteBlocks(*req, CallDeadline(ctx, req->timeout_ms()), ClientGone(ctx));
   if (!r.ok()) return ToGrpcStatus(r.status());
   *resp = *std::move(r);
   return grpc::Status::OK;
@@ -86,9 +89,9 @@ grpc::Status TensorService::WaitNotification(grpc::ServerContext* ctx,
   return grpc::Status::OK;
 }
 
-grpc::Status TensorService::StreamNotifications(grpc::ServerContext* ctx,
-                                                const ferry::v1::StreamNotificationsRequest* req,
-                                                grpc::ServerWriter<ferry::v1::Notification>* writer) {
+grpc::Status TensorService::StreamNotifications(
+    grpc::ServerContext* ctx, const ferry::v1::StreamNotificationsRequest* req,
+    grpc::ServerWriter<ferry::v1::Notification>* writer) {
   // A stream without a timeout runs until the client cancels it (or the agent stops).
   absl::Time deadline = req->timeout_ms() > 0
                             ? std::min(absl::FromChrono(ctx->deadline()),
@@ -132,11 +135,13 @@ grpc::Status TensorPeerService::Match(grpc::ServerContext* ctx, const ferry::v1:
   auto span = tensors::TensorSpanBytes(req->meta(), "meta");
   if (!span.ok()) return ToGrpcStatus(span.status());
   if (*span != req->bytes()) {
-    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                        absl::StrCat("bytes: ", req->bytes(), " does not match meta (", *span, ")"));
+    return grpc::Status(
+        grpc::StatusCode::INVALID_ARGUMENT,
+        absl::StrCat("bytes: ", req->bytes(), " does not match meta (", *span, ")"));
   }
-  absl::Time wait_until = std::min(absl::FromChrono(ctx->deadline()),
-                                   absl::Now() + absl::Milliseconds(std::min(req->wait_ms(), 5000u)));
+  absl::Time wait_until =
+      std::min(absl::FromChrono(ctx->deadline()),
+               absl::Now() + absl::Milliseconds(std::min(req->wait_ms(), 5000u)));
   auto landing = core_->tensors().matcher().Offer(req->from_node(), req->send_id(), req->meta(),
                                                   req->bytes(),
                                                   absl::FromUnixMillis(req->deadline_unix_ms()),
@@ -150,10 +155,12 @@ grpc::Status TensorPeerService::Match(grpc::ServerContext* ctx, const ferry::v1:
   return grpc::Status::OK;
 }
 
-grpc::Status TensorPeerService::Complete(grpc::ServerContext*, const ferry::v1::CompleteRequest* req,
+grpc::Status TensorPeerService::Complete(grpc::ServerContext*,
+                                         const ferry::v1::CompleteRequest* req,
                                          ferry::v1::CompleteResponse*) {
   absl::Status status(static_cast<absl::StatusCode>(req->code()), req->message());
-  return ToGrpcStatus(core_->tensors().matcher().Complete(req->from_node(), req->send_id(), status));
+  return ToGrpcStatus(
+      core_->tensors().matcher().Complete(req->from_node(), req->send_id(), status));
 }
 
 grpc::Status TensorPeerService::CancelSend(grpc::ServerContext*,

@@ -71,7 +71,8 @@ TensorState::TensorState(PeerDirectory* peers, BufferRegistry* buffers, Transfer
 uint32_t TensorState::EngineTimeoutMs(absl::Time deadline) const {
   int64_t left_ms = absl::ToInt64Milliseconds(deadline - absl::Now());
   int64_t cap_ms = absl::ToInt64Milliseconds(engine_->limits().max_timeout);
-  return static_cast<uint32_t>(std::clamp<int64_t>(left_ms, 1, std::min<int64_t>(cap_ms, UINT32_MAX)));
+  return static_cast<uint32_t>(
+      std::clamp<int64_t>(left_ms, 1, std::min<int64_t>(cap_ms, UINT32_MAX)));
 }
 
 absl::StatusOr<std::unique_ptr<ferry::v1::TensorPeer::Stub>> TensorState::Stub(
@@ -241,7 +242,8 @@ absl::StatusOr<ferry::v1::SendResponse> TensorState::Send(const ferry::v1::SendR
     // Bytes in flight land in the peer's buffer whatever the client does now, so the send
     // is settled (and the peer told) only after the transfer itself ended.
     written = id.ok() ? AwaitTransfer(*id) : id.status();
-    if (written.ok() && cancelled()) written = absl::CancelledError(absl::StrCat(what, " was cancelled"));
+    if (written.ok() && cancelled())
+      written = absl::CancelledError(absl::StrCat(what, " was cancelled"));
   }
 
   // 3. Tell the receiver.
@@ -290,8 +292,9 @@ absl::StatusOr<ferry::v1::RecvResponse> TensorState::Recv(const ferry::v1::RecvR
           " has no name, so peers cannot write into it; allocate the landing buffer with a name"));
     }
     if (req.offset() > spec.buffer->size()) {
-      return absl::OutOfRangeError(absl::StrCat("offset: ", req.offset(), " is past the end of buffer ",
-                                                req.buffer(), " (", spec.buffer->size(), " bytes)"));
+      return absl::OutOfRangeError(absl::StrCat("offset: ", req.offset(),
+                                                " is past the end of buffer ", req.buffer(), " (",
+                                                spec.buffer->size(), " bytes)"));
     }
   }
   ASSIGN_OR_RETURN(RecvMatcher::Ticket ticket, matcher_.Post(std::move(spec)));

@@ -45,7 +45,8 @@ class TensorState {
   absl::StatusOr<ferry::v1::RecvResponse> Recv(const ferry::v1::RecvRequest& req,
                                                absl::Time deadline, const CancelledFn& client_gone);
   absl::StatusOr<ferry::v1::WriteBlocksResponse> WriteBlocks(
-      const ferry::v1::WriteBlocksRequest& req, absl::Time deadline, const CancelledFn& client_gone);
+      const ferry::v1::WriteBlocksRequest& req, absl::Time deadline,
+      const CancelledFn& client_gone);
   // Cancels pending sends to and receives from (peer, tag). NOT_FOUND if there were none.
   absl::StatusOr<ferry::v1::CancelResponse> Cancel(const std::string& peer, const std::string& tag);
   void ListPending(ferry::v1::ListPendingResponse* out);

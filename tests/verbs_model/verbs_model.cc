@@ -577,7 +577,8 @@ int VerbsModel::ModifyLocked(Qp* q, const ibv_qp_attr& a, int mask) {
   if (mask & IBV_QP_PORT) {
     if (a.port_num < 1 || a.port_num > dc.ports.size()) return Fail(EINVAL);
   }
-  const PortConfig& port = dc.ports[std::max<int>(mask & IBV_QP_PORT ? a.port_num : q->attr.port_num, 1) - 1];
+  const PortConfig& port =
+      dc.ports[std::max<int>(mask & IBV_QP_PORT ? a.port_num : q->attr.port_num, 1) - 1];
   if (mask & IBV_QP_PATH_MTU) {
     if (a.path_mtu < IBV_MTU_256 || a.path_mtu > port.active_mtu) return Fail(EINVAL);
   }

@@ -35,12 +35,14 @@ std::string BindToNode(void* p, uint64_t n, int numa) {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<BouncePool>> BouncePool::Create(std::string name, int numa,
-                                                               uint64_t chunk_bytes, uint32_t chunks,
+                                                               uint64_t chunk_bytes,
+                                                               uint32_t chunks,
                                                                std::vector<GpuDevice*> pin_with) {
   if (chunk_bytes == 0 || chunks == 0) return absl::InvalidArgumentError("bounce pool: empty");
   uint64_t size = chunk_bytes * chunks;
   void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED) return absl::ErrnoToStatus(errno, absl::StrCat("mmap(bounce pool ", name, ", ", size, ")"));
+  if (p == MAP_FAILED)
+    return absl::ErrnoToStatus(errno, absl::StrCat("mmap(bounce pool ", name, ", ", size, ")"));
   std::string placement = BindToNode(p, size, numa);
   std::vector<GpuDevice*> pinned;
   for (GpuDevice* gpu : pin_with) {

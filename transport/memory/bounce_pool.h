@@ -25,7 +25,9 @@ class BouncePool {
   class Lease {
    public:
     Lease() = default;
-    Lease(Lease&& other) noexcept : pool_(other.pool_), chunk_(other.chunk_) { other.pool_ = nullptr; }
+    Lease(Lease&& other) noexcept : pool_(other.pool_), chunk_(other.chunk_) {
+      other.pool_ = nullptr;
+    }
     Lease& operator=(Lease&& other) noexcept;
     Lease(const Lease&) = delete;
     Lease& operator=(const Lease&) = delete;
@@ -53,7 +55,9 @@ class BouncePool {
   // A free chunk, waiting until `deadline` for one; an empty lease on timeout.
   Lease Acquire(absl::Time deadline);
 
-  char* chunk_data(uint32_t chunk) const { return base_ + static_cast<uint64_t>(chunk) * chunk_bytes_; }
+  char* chunk_data(uint32_t chunk) const {
+    return base_ + static_cast<uint64_t>(chunk) * chunk_bytes_;
+  }
   uint64_t chunk_bytes() const { return chunk_bytes_; }
   uint32_t chunks() const { return chunks_; }
   char* data() const { return base_; }

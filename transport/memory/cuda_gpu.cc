@@ -170,7 +170,8 @@ class PinRegistry {
     if (--it->second.count > 0) return;
     pins_.erase(it);
     ScopedCudaDevice d(device);
-    absl::Status s = CudaStatus(cudaHostUnregister(host), absl::StrCat("cudaHostUnregister(GPU ", device, ")"));
+    absl::Status s =
+        CudaStatus(cudaHostUnregister(host), absl::StrCat("cudaHostUnregister(GPU ", device, ")"));
     if (!s.ok()) spdlog::warn("{}", s.ToString());
   }
 
@@ -303,7 +304,8 @@ class CudaGpu : public GpuDevice {
       CUresult r = Driver().pointer_set_attribute(&one, CU_POINTER_ATTRIBUTE_SYNC_MEMOPS,
                                                   reinterpret_cast<CUdeviceptr>(p));
       if (r != CUDA_SUCCESS) {
-        spdlog::warn("cuPointerSetAttribute(GPU {}, SYNC_MEMOPS): {}", index_, DriverErrorString(r));
+        spdlog::warn("cuPointerSetAttribute(GPU {}, SYNC_MEMOPS): {}", index_,
+                     DriverErrorString(r));
       }
     }
     // Without an IPC handle the slab still serves GDR and staging; only mapping it into
@@ -357,12 +359,15 @@ class CudaGpu : public GpuDevice {
     CUdevice dev = 0;
     int supported = 0;
     CUresult r = api.device_get(&dev, index);
-    if (r == CUDA_SUCCESS) r = api.device_get_attribute(&supported, CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED, dev);
+    if (r == CUDA_SUCCESS)
+      r = api.device_get_attribute(&supported, CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED, dev);
     if (r != CUDA_SUCCESS) {
-      return absl::StrCat("GPU ", index, ": cuDeviceGetAttribute(DMA_BUF_SUPPORTED): ", DriverErrorString(r));
+      return absl::StrCat("GPU ", index,
+                          ": cuDeviceGetAttribute(DMA_BUF_SUPPORTED): ", DriverErrorString(r));
     }
     if (supported == 0) {
-      return absl::StrCat("GPU ", index, " reports CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED = 0 (DMA-BUF "
+      return absl::StrCat("GPU ", index,
+                          " reports CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED = 0 (DMA-BUF "
                           "export needs the NVIDIA open kernel modules and Linux >= 5.12)");
     }
     return "";
@@ -385,8 +390,9 @@ class CudaGpu : public GpuDevice {
       // BlockingSync: cudaEventSynchronize sleeps rather than spins once the poller has
       // stopped spinning itself (see WaitFor). No timing: cheaper to record.
       cudaEvent_t e = nullptr;
-      RETURN_IF_ERROR(CudaStatus(cudaEventCreateWithFlags(&e, cudaEventBlockingSync | cudaEventDisableTiming),
-                                 absl::StrCat("cudaEventCreateWithFlags(GPU ", index_, ")")));
+      RETURN_IF_ERROR(
+          CudaStatus(cudaEventCreateWithFlags(&e, cudaEventBlockingSync | cudaEventDisableTiming),
+                     absl::StrCat("cudaEventCreateWithFlags(GPU ", index_, ")")));
       event.reset(e);
     }
     absl::Status s = CudaStatus(cudaMemcpyAsync(dst, src, n, kind, stream_.get()),
@@ -431,7 +437,8 @@ class CudaGpu : public GpuDevice {
       Pending p;
       {
         absl::MutexLock lock(&mu_);
-        auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return stopping_ || !pending_.empty(); };
+        auto ready = [this]()
+                         ABSL_SHARED_LOCKS_REQUIRED(mu_) { return stopping_ || !pending_.empty(); };
         mu_.Await(absl::Condition(&ready));
         if (pending_.empty()) return;  // stopping, and every copy has completed
         p = std::move(pending_.front());

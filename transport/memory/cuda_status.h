@@ -52,7 +52,8 @@ inline absl::Status CudaStatus(cudaError_t err, absl::string_view call) {
   std::string message = absl::StrCat(call, ": ", cudaGetErrorString(err), " (",
                                       cudaGetErrorName(err), ")");
   if (err == cudaErrorInsufficientDriver) {
-    absl::StrAppend(&message, "; no NVIDIA driver is loaded, or it is older than this CUDA runtime");
+    absl::StrAppend(&message,
+                    "; no NVIDIA driver is loaded, or it is older than this CUDA runtime");
   }
   return absl::Status(CudaStatusCode(err), message);
 }
@@ -88,8 +89,8 @@ class ScopedCudaDevice {
     static const PFN_cuCtxGetCurrent_v4000 get_current = [] {
       void* p = nullptr;
       cudaDriverEntryPointQueryResult found = cudaDriverEntryPointSymbolNotFound;
-      if (cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &p, 12000, cudaEnableDefault, &found) !=
-              cudaSuccess ||
+      if (cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &p, 12000, cudaEnableDefault,
+                                           &found) != cudaSuccess ||
           found != cudaDriverEntryPointSuccess) {
         (void)cudaGetLastError();
         p = nullptr;

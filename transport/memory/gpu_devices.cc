@@ -23,7 +23,8 @@ absl::StatusOr<std::vector<std::unique_ptr<GpuDevice>>> CreateGpus(const GpuOpti
   auto cuda = CreateCudaGpus();
   if (options.backend == "cuda") {
     if (!cuda.ok()) return cuda.status();
-    if (cuda->empty()) return absl::FailedPreconditionError("gpu.backend is cuda but no GPU is visible");
+    if (cuda->empty())
+      return absl::FailedPreconditionError("gpu.backend is cuda but no GPU is visible");
     *why = absl::StrCat("gpu: ", cuda->size(), " CUDA GPU(s)");
     return cuda;
   }

@@ -19,9 +19,11 @@ absl::StatusOr<std::unique_ptr<HostPool>> HostPool::Create(uint64_t size, const 
     return absl::ErrnoToStatus(errno, absl::StrCat("ftruncate(memfd, ", size, ")"));
   }
   void* base = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
-  if (base == MAP_FAILED) return absl::ErrnoToStatus(errno, absl::StrCat("mmap(host pool, ", size, ")"));
+  if (base == MAP_FAILED)
+    return absl::ErrnoToStatus(errno, absl::StrCat("mmap(host pool, ", size, ")"));
   std::string path = absl::StrCat("/proc/", getpid(), "/fd/", fd.get());
-  return std::unique_ptr<HostPool>(new HostPool(std::move(fd), static_cast<char*>(base), size, path));
+  return std::unique_ptr<HostPool>(
+      new HostPool(std::move(fd), static_cast<char*>(base), size, path));
 }
 
 HostPool::HostPool(UniqueFd fd, char* base, uint64_t size, std::string path)
@@ -49,7 +51,8 @@ void HostPool::Release(uint64_t offset, uint64_t size) {
   uint64_t span = (size + kAlignment - 1) / kAlignment * kAlignment;
   if (fallocate(fd_.get(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(offset),
                 static_cast<off_t>(span)) != 0) {
-    spdlog::warn("host pool: fallocate(PUNCH_HOLE, {} bytes at {}): {}", span, offset, strerror(errno));
+    spdlog::warn("host pool: fallocate(PUNCH_HOLE, {} bytes at {}): {}", span, offset,
+                 strerror(errno));
   }
   absl::MutexLock lock(&mu_);
   absl::Status s = allocator_.Free(offset);

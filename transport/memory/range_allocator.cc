@@ -29,13 +29,15 @@ absl::StatusOr<uint64_t> RangeAllocator::Allocate(uint64_t size) {
     used_ += want;
     return offset;
   }
-  return absl::ResourceExhaustedError(absl::StrCat(
-      "no free range of ", want, " bytes (", capacity_ - used_, " free, largest ", largest_free(), ")"));
+  return absl::ResourceExhaustedError(absl::StrCat("no free range of ", want, " bytes (",
+                                                   capacity_ - used_, " free, largest ",
+                                                   largest_free(), ")"));
 }
 
 absl::Status RangeAllocator::Free(uint64_t offset) {
   auto it = taken_.find(offset);
-  if (it == taken_.end()) return absl::InvalidArgumentError(absl::StrCat("offset ", offset, " is not allocated"));
+  if (it == taken_.end())
+    return absl::InvalidArgumentError(absl::StrCat("offset ", offset, " is not allocated"));
   uint64_t size = it->second;
   taken_.erase(it);
   used_ -= size;

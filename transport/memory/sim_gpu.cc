@@ -28,7 +28,8 @@ class SimSlab : public DeviceSlab {
   void* data() const override { return data_; }
   uint64_t size() const override { return size_; }
   absl::StatusOr<GpuExport> Export(uint64_t offset, uint64_t length) const override {
-    if (offset > size_ || length > size_ - offset) return absl::OutOfRangeError("export outside the slab");
+    if (offset > size_ || length > size_ - offset)
+      return absl::OutOfRangeError("export outside the slab");
     GpuExport e;
     e.kind = "shm";
     e.path = absl::StrCat("/proc/", getpid(), "/fd/", fd_.get());
@@ -105,7 +106,8 @@ class SimGpu : public GpuDevice {
       Copy copy;
       {
         absl::MutexLock lock(&mu_);
-        auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return stopping_ || !queue_.empty(); };
+        auto ready = [this]()
+                         ABSL_SHARED_LOCKS_REQUIRED(mu_) { return stopping_ || !queue_.empty(); };
         mu_.Await(absl::Condition(&ready));
         if (queue_.empty()) return;  // stopping, and nothing left to do
         copy = std::move(queue_.front());

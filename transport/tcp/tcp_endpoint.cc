@@ -90,7 +90,8 @@ absl::Status TcpEndpoint::Post(uint32_t op_code, const fabric::LocalSlice& local
     return absl::OutOfRangeError(absl::StrCat("tcp: local slice [", local.offset, ", +",
                                               local.length, ") is outside its region"));
   }
-  if (broken()) return absl::UnavailableError(absl::StrCat("tcp: endpoint to ", address_, " is broken"));
+  if (broken())
+    return absl::UnavailableError(absl::StrCat("tcp: endpoint to ", address_, " is broken"));
   auto op = static_cast<WireOp>(op_code);
   char* base = static_cast<char*>(local.region->data()) + local.offset;
 
@@ -101,8 +102,9 @@ absl::Status TcpEndpoint::Post(uint32_t op_code, const fabric::LocalSlice& local
     parts = std::min<uint64_t>(connections_.size(), local.length / stripe_min_bytes_);
   }
   uint64_t part_len = (local.length / parts + kStripeAlign - 1) / kStripeAlign * kStripeAlign;
-  auto joined = parts > 1 ? std::make_shared<PartsCompletion>(static_cast<int>(parts), std::move(done))
-                          : nullptr;
+  auto joined = parts > 1
+                    ? std::make_shared<PartsCompletion>(static_cast<int>(parts), std::move(done))
+                    : nullptr;
   uint32_t first = next_connection_.fetch_add(static_cast<uint32_t>(parts));
   for (uint64_t i = 0; i < parts; ++i) {
     uint64_t offset = i * part_len;

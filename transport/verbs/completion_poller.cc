@@ -11,9 +11,9 @@ namespace ferry::verbs {
 
 absl::Status WcStatusToStatus(const ibv_wc& wc) {
   if (wc.status == IBV_WC_SUCCESS) return absl::OkStatus();
-  std::string what = absl::StrFormat("verbs: QP 0x%x wr_id %d: %s (ibv_wc_status %d, vendor_err 0x%x)",
-                                     wc.qp_num, wc.wr_id, ibv_wc_status_str(wc.status),
-                                     static_cast<int>(wc.status), wc.vendor_err);
+  std::string what = absl::StrFormat(
+      "verbs: QP 0x%x wr_id %d: %s (ibv_wc_status %d, vendor_err 0x%x)", wc.qp_num, wc.wr_id,
+      ibv_wc_status_str(wc.status), static_cast<int>(wc.status), wc.vendor_err);
   switch (wc.status) {
     // The responder refused the rkey, the range or the access: its memory is untouched.
     // (An HCA does not tell a bad key from a bad range; both are one R_Key violation.)

@@ -64,7 +64,8 @@ absl::StatusOr<QpAddress> ParseQpAddress(const std::string& bytes) {
   a.mtu = static_cast<ibv_mtu>(mtu);
   a.qpn = static_cast<uint32_t>(GetLe(p + 8, 4));
   a.psn = static_cast<uint32_t>(GetLe(p + 12, 4));
-  if (a.qpn == 0 || a.qpn > 0xffffff) return bad(absl::StrCat("QP number ", a.qpn, " is not 24-bit"));
+  if (a.qpn == 0 || a.qpn > 0xffffff)
+    return bad(absl::StrCat("QP number ", a.qpn, " is not 24-bit"));
   if (a.psn > 0xffffff) return bad(absl::StrCat("PSN ", a.psn, " is not 24-bit"));
   a.lid = static_cast<uint16_t>(GetLe(p + 16, 2));
   std::memcpy(a.gid.raw, p + 18, 16);

@@ -141,7 +141,8 @@ absl::Status InitiatorQp::Post(ibv_wr_opcode opcode, const fabric::LocalSlice& l
       return absl::UnavailableError(absl::StrFormat("verbs: endpoint (QP 0x%x) is closed", qpn_));
     }
     if (!connected_) {
-      return absl::FailedPreconditionError(absl::StrFormat("verbs: QP 0x%x is not connected", qpn_));
+      return absl::FailedPreconditionError(
+          absl::StrFormat("verbs: QP 0x%x is not connected", qpn_));
     }
     auto op = std::make_shared<Op>();
     op->done = std::move(done);

@@ -5,10 +5,10 @@
 // Ops are split into WRs of at most the port's message size. WRs wait in `pending_` while
 // the send queue is full and are posted in chains; every Nth WR is signalled, and so is the
 // last of a chain unless more WRs wait and a signalled one is already in flight (whose
-// completion will post them). Under light load each op is signalled; under load one in N. A signalled completion retires every earlier WR of the QP (an RC QP
-// completes in order), which frees their send queue slots. When the QP enters the error
-// state the HCA flushes every posted WR with an error completion (signalled or not), so
-// each op still completes exactly once.
+// completion will post them). Under light load each op is signalled; under load one in N. A
+// signalled completion retires every earlier WR of the QP (an RC QP completes in order), which
+// frees their send queue slots. When the QP enters the error state the HCA flushes every posted WR
+// with an error completion (signalled or not), so each op still completes exactly once.
 
 #include <deque>
 #include <memory>

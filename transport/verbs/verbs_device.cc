@@ -170,7 +170,8 @@ absl::StatusOr<std::shared_ptr<VerbsDevice>> VerbsDevice::Open(std::shared_ptr<V
     std::shared_ptr<VerbsDevice> device(new VerbsDevice(api, std::move(context), port));
     device->res_->pd = PdPtr(api->AllocPd(device->context()), PdDeleter{api.get()});
     if (!device->res_->pd) return CallError(-1, absl::StrCat("ibv_alloc_pd(", name, ")"));
-    int cqe = static_cast<int>(std::min<uint64_t>(options.cq_depth, port.max_cqe > 0 ? port.max_cqe : options.cq_depth));
+    int cqe = static_cast<int>(
+        std::min<uint64_t>(options.cq_depth, port.max_cqe > 0 ? port.max_cqe : options.cq_depth));
     device->res_->cq = CqPtr(api->CreateCq(device->context(), cqe), CqDeleter{api.get()});
     if (!device->res_->cq) {
       return CallError(-1, absl::StrFormat("ibv_create_cq(%s, %d entries)", name, cqe));

@@ -55,7 +55,8 @@ class VerbsPendingConnection : public fabric::PendingConnection {
 
 absl::StatusOr<std::unique_ptr<VerbsFabric>> VerbsFabric::Create(const VerbsOptions& options,
                                                                  std::shared_ptr<VerbsApi> api) {
-  if (options.signal_every == 0) return absl::InvalidArgumentError("verbs: signal_every must be >= 1");
+  if (options.signal_every == 0)
+    return absl::InvalidArgumentError("verbs: signal_every must be >= 1");
   if (options.retry_cnt > 7 || options.rnr_retry > 7 || options.timeout > 31) {
     return absl::InvalidArgumentError("verbs: retry_cnt and rnr_retry are 0..7, timeout 0..31");
   }
