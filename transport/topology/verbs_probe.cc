@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "absl/strings/str_cat.h"
+#include "base/errno_name.h"
 #include "transport/topology/probes.h"
 
 namespace ferry::topology {
@@ -20,19 +21,6 @@ struct ContextDeleter {
 struct PdDeleter {
   void operator()(ibv_pd* pd) const noexcept { ibv_dealloc_pd(pd); }
 };
-
-std::string ErrnoName(int err) {
-  switch (err) {
-    case ENOSYS: return "ENOSYS";
-    case EOPNOTSUPP: return "EOPNOTSUPP";
-    case EPROTONOSUPPORT: return "EPROTONOSUPPORT";
-    case EBADF: return "EBADF";
-    case EINVAL: return "EINVAL";
-    case EPERM: return "EPERM";
-    case ENODEV: return "ENODEV";
-    default: return absl::StrCat("errno ", err);
-  }
-}
 
 }  // namespace
 

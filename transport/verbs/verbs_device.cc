@@ -126,11 +126,6 @@ absl::Status DescribePort(VerbsApi& api, ibv_context* ctx, const VerbsOptions& o
 
 }  // namespace
 
-std::string ErrnoName(int err) {
-  const char* name = strerrorname_np(err);
-  return name != nullptr ? name : absl::StrCat("errno ", err);
-}
-
 absl::StatusOr<std::shared_ptr<VerbsDevice>> VerbsDevice::Open(std::shared_ptr<VerbsApi> api,
                                                                const VerbsOptions& options) {
   int count = 0;

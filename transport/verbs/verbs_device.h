@@ -12,6 +12,7 @@
 #include "transport/verbs/handshake.h"
 #include "transport/verbs/ibv_handles.h"
 #include "transport/verbs/port_info.h"
+#include "base/errno_name.h"
 #include "transport/verbs/verbs_api.h"
 #include "transport/verbs/verbs_options.h"
 
@@ -61,7 +62,7 @@ class VerbsDevice {
   uint32_t cq_reserved_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
-// "no RDMA devices (ENOSYS)" style name of an errno value.
-std::string ErrnoName(int err);
+// "no RDMA devices (ENOSYS)" style name of an errno value (base/errno_name.h).
+using ::ferry::ErrnoName;
 
 }  // namespace ferry::verbs
