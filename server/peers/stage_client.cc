@@ -27,7 +27,10 @@ class GrpcStageCall final : public StageCall {
 
   // The reader thread holds the call while it runs, so the last reference goes either here
   // on another thread once the reader is done, or with the reader itself, at its very end.
+  // The reader joins the writer before it ends; a writer is left only if the reader never ran.
   ~GrpcStageCall() override {
+    StopWriter();
+    if (writer_.joinable()) writer_.join();
     if (!reader_.joinable()) return;
     if (reader_.get_id() == std::this_thread::get_id()) {
       reader_.detach();
@@ -51,6 +54,7 @@ class GrpcStageCall final : public StageCall {
     open.mutable_open()->set_provider(spec_.provider);
     open.mutable_open()->set_read(read_);
     if (!stream_->Write(open)) return Finish("Stage: the peer closed the call");
+    writer_ = std::thread([this] { WriteLoop(); });
     reader_ = std::thread([self = std::static_pointer_cast<GrpcStageCall>(shared_from_this())] {
       self->Read();
     });
@@ -83,15 +87,13 @@ class GrpcStageCall final : public StageCall {
     f->set_offset(offset);
     f->set_length(length);
     f->set_token(token);
-    absl::MutexLock lock(&write_mu_);
-    stream_->Write(req);  // a failed write ends the call; the reader then fails the fetch
+    Send(std::move(req));  // a failed write ends the call; the reader then fails the fetch
   }
 
   void Release(uint64_t grant) override {
     ferry::v1::StageRequest req;
     req.set_release(grant);
-    absl::MutexLock lock(&write_mu_);
-    stream_->Write(req);
+    Send(std::move(req));
   }
 
   absl::StatusOr<StageGrant> TakeGrant(absl::Time deadline) override {
@@ -109,18 +111,13 @@ class GrpcStageCall final : public StageCall {
     c->set_offset(offset);
     c->set_length(length);
     c->set_token(token);
-    absl::MutexLock lock(&write_mu_);
-    return stream_->Write(req);
+    return Send(std::move(req));
   }
 
   absl::Status Close(absl::Time deadline) override {
-    {
-      ferry::v1::StageRequest req;
-      req.set_close(true);
-      absl::MutexLock lock(&write_mu_);
-      stream_->Write(req);
-      stream_->WritesDone();
-    }
+    ferry::v1::StageRequest req;
+    req.set_close(true);
+    Send(std::move(req));  // the writer then half-closes the stream
     absl::MutexLock lock(&mu_);
     auto ended = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return ended_; };
     mu_.AwaitWithDeadline(absl::Condition(&ended), deadline);
@@ -129,6 +126,44 @@ class GrpcStageCall final : public StageCall {
   }
 
  private:
+  // Queues `req` for the writer thread, so that no caller blocks on the stream: Report and
+  // Release run on fabric completion threads, which must never wait for a peer. False once
+  // the call can take no more (it ended, or a write failed).
+  bool Send(ferry::v1::StageRequest req) {
+    absl::MutexLock lock(&out_mu_);
+    if (out_closed_) return false;
+    outbox_.push_back(std::move(req));
+    return true;
+  }
+
+  // The writer thread: writes queued messages in order; after `close`, half-closes the
+  // stream. A failed write means the call ended (the reader sees it and fails what waits).
+  void WriteLoop() {
+    for (;;) {
+      ferry::v1::StageRequest req;
+      {
+        absl::MutexLock lock(&out_mu_);
+        auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(out_mu_) {
+          return !outbox_.empty() || out_closed_;
+        };
+        out_mu_.Await(absl::Condition(&ready));
+        if (outbox_.empty()) return;
+        req = std::move(outbox_.front());
+        outbox_.pop_front();
+      }
+      const bool close = req.kind_case() == ferry::v1::StageRequest::kClose;
+      const bool written = stream_->Write(req);
+      if (written && close) stream_->WritesDone();
+      if (!written || close) return StopWriter();
+    }
+  }
+
+  void StopWriter() {
+    absl::MutexLock lock(&out_mu_);
+    out_closed_ = true;
+    outbox_.clear();
+  }
+
   // Waits for a grant in the queue; why none will come (the call ended, or `deadline`).
   absl::Status AwaitGrant(absl::Time deadline, const char* what)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -166,6 +201,10 @@ class GrpcStageCall final : public StageCall {
                                reply.done().message());
       }
     }
+    // Nothing more goes out on an ended call; the writer leaves before Finish, which must not
+    // run beside a Write.
+    StopWriter();
+    writer_.join();
     absl::Status end = Finish("Stage");
     if (!end.ok() && verdict.code() == absl::StatusCode::kUnavailable) verdict = end;
     if (!verdict.ok()) events_->OnCallFailed(this, verdict);
@@ -208,7 +247,10 @@ class GrpcStageCall final : public StageCall {
   std::unique_ptr<grpc::ClientReaderWriter<ferry::v1::StageRequest, ferry::v1::StageReply>> stream_;
   std::thread reader_;
   uint64_t grant_length_ = 0;
-  absl::Mutex write_mu_;
+  std::thread writer_;
+  absl::Mutex out_mu_;
+  std::deque<ferry::v1::StageRequest> outbox_ ABSL_GUARDED_BY(out_mu_);
+  bool out_closed_ ABSL_GUARDED_BY(out_mu_) = false;
   absl::Mutex mu_;
   std::deque<StageGrant> grants_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, Ready> fetches_ ABSL_GUARDED_BY(mu_);  // read mode, by token
