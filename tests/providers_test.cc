@@ -35,6 +35,23 @@ TEST(CreateFabricsTest, SkipsWhatCannotRunAndSaysWhy) {
   }
 }
 
+// tcp moves bytes with the CPU: it must refuse GPU memory (kDeviceMemory) rather than
+// register a device pointer it would later read and fault on; the buffer then stages.
+TEST(CreateFabricsTest, TcpRefusesGpuMemory) {
+  ProviderOptions options;
+  options.providers = {"tcp"};
+  options.tcp.listen_address = "127.0.0.1:0";
+  std::vector<std::string> skipped;
+  auto fabrics = CreateFabrics(options, &skipped);
+  ASSERT_TRUE(fabrics.ok()) << fabrics.status();
+  std::vector<char> mem(4096);
+  auto r = fabrics->front()->Register(mem.data(), mem.size(),
+                                      fabric::kRemoteWrite | fabric::kDeviceMemory);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(r.status().message()), HasSubstr("GPU memory"));
+  EXPECT_TRUE(fabrics->front()->Register(mem.data(), mem.size(), fabric::kRemoteWrite).ok());
+}
+
 TEST(CreateFabricsTest, NothingUsableIsAnError) {
   ProviderOptions options;
   options.providers = {"tcp"};

@@ -448,7 +448,8 @@ TEST_F(VerbsModelTest, DmabufRegistrationReachesTheFdsPages) {
                                   fd, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
   ASSERT_NE(mr, nullptr);
   mrs_.push_back(mr);
-  EXPECT_EQ(reinterpret_cast<uint64_t>(mr->addr), iova);
+  // rdma-core: addr is the dma-buf offset; the HCA addresses the MR by its iova.
+  EXPECT_EQ(reinterpret_cast<uint64_t>(mr->addr), 4096u);
   ibv_qp *a, *b;
   Pair(&a, &b);
   std::vector<char> src(16, 'd');
@@ -462,6 +463,42 @@ TEST_F(VerbsModelTest, DmabufRegistrationReachesTheFdsPages) {
   errno = 0;
   EXPECT_EQ(model_.RegDmabufMr(pd_b_, 0, 4096, iova, -1, IBV_ACCESS_LOCAL_WRITE), nullptr);
   EXPECT_EQ(errno, EBADF);
+}
+
+TEST_F(VerbsModelTest, DmabufIovaAndOffsetMustShareThePageOffset) {
+  int fd = memfd_create("dmabuf", MFD_CLOEXEC);
+  ASSERT_EQ(ftruncate(fd, 8192), 0);
+  errno = 0;
+  EXPECT_EQ(model_.RegDmabufMr(pd_b_, 4096, 4096, 0x7f0000000100ull, fd, IBV_ACCESS_LOCAL_WRITE),
+            nullptr);
+  EXPECT_EQ(errno, EINVAL);
+  close(fd);
+}
+
+TEST_F(VerbsModelTest, InlineFromDmabufMemoryFaults) {
+  int fd = memfd_create("dmabuf", MFD_CLOEXEC);
+  ASSERT_EQ(ftruncate(fd, 4096), 0);
+  const uint64_t iova = 0x7f0000000000ull;
+  ibv_mr* gpu = model_.RegDmabufMr(pd_a_, 0, 4096, iova, fd, IBV_ACCESS_LOCAL_WRITE);
+  ASSERT_NE(gpu, nullptr);
+  mrs_.push_back(gpu);
+  ibv_qp *a, *b;
+  Pair(&a, &b);
+  std::vector<char> dst(64);
+  ibv_mr* dst_mr = Mr(pd_b_, dst, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  ibv_sge sge{iova, 16, gpu->lkey};
+  ibv_send_wr wr{};
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.opcode = IBV_WR_RDMA_WRITE;
+  wr.send_flags = IBV_SEND_INLINE | IBV_SEND_SIGNALED;
+  wr.wr.rdma.remote_addr = reinterpret_cast<uint64_t>(dst.data());
+  wr.wr.rdma.rkey = dst_mr->rkey;
+  ibv_send_wr* bad = nullptr;
+  EXPECT_EQ(model_.PostSend(a, &wr, &bad), EFAULT);
+  EXPECT_EQ(bad, &wr);
+  EXPECT_EQ(model_.CpuFaults(), 1u);
+  close(fd);
 }
 
 TEST_F(VerbsModelTest, ForcedErrorFlushesReceives) {

@@ -451,6 +451,73 @@ TEST(VerbsRegionTest, DmabufRegionsAreReachableByPeers) {
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// ibv_reg_dmabuf_mr leaves mr->addr at the dma-buf offset (rdma-core libibverbs/verbs.c):
+// the region must still be addressed by the iova it was registered at, locally and by
+// peers. Here the offset is not 0, so taking mr->addr would send every access astray.
+TEST(VerbsRegionTest, DmabufRegionsAreAddressedByTheirIovaNotMrAddr) {
+  Pair p(IbModel());
+  ASSERT_TRUE(p.endpoint);
+  int fd = memfd_create("gpu-buffer", MFD_CLOEXEC);
+  ASSERT_EQ(ftruncate(fd, 3 << 16), 0);
+  const uint64_t offset = 1 << 16;
+  void* gpu_va = reinterpret_cast<void*>(0x7f1200010000ull);  // same offset within a page
+  auto target = p.target->RegisterDmabuf(gpu_va, 1 << 16, {fd, offset}, fabric::kRemoteWrite);
+  ASSERT_TRUE(target.ok()) << target.status();
+  EXPECT_EQ((*target)->remote_address(), reinterpret_cast<uint64_t>(gpu_va));
+  // A source in GPU memory too: the initiator's SGE uses its iova.
+  int src_fd = memfd_create("gpu-src", MFD_CLOEXEC);
+  ASSERT_EQ(ftruncate(src_fd, 2 << 16), 0);
+  ASSERT_EQ(pwrite(src_fd, std::string(4096, 's').data(), 4096, 1 << 16), 4096);
+  void* src_va = reinterpret_cast<void*>(0x7f3400000000ull);
+  auto src = p.initiator->RegisterDmabuf(src_va, 1 << 16, {src_fd, 1 << 16}, fabric::kLocal);
+  ASSERT_TRUE(src.ok()) << src.status();
+  Waiter w;
+  ASSERT_TRUE(p.endpoint
+                  ->PostWrite({src->get(), 0, 4096},
+                              {(*target)->remote_address() + 100, (*target)->key()}, w.Callback())
+                  .ok());
+  EXPECT_TRUE(w.Wait().ok()) << w.Wait();
+  char back[4096];
+  ASSERT_EQ(pread(fd, back, 4096, offset + 100), 4096);
+  EXPECT_EQ(std::string(back, 4096), std::string(4096, 's'));
+  close(fd);
+  close(src_fd);
+}
+
+// Inline data is read by the CPU at post time (libmlx5): a small WRITE from GPU memory must
+// go by DMA, or the agent faults. The model refuses inline from DMA-BUF memory (EFAULT).
+TEST(VerbsOpsTest, SmallWritesFromGpuMemoryAreNeverInline) {
+  Pair p(IbModel());
+  ASSERT_TRUE(p.endpoint);
+  std::vector<char> landing(4096, 0);
+  auto target = p.target->Register(landing.data(), landing.size(), fabric::kRemoteWrite);
+  ASSERT_TRUE(target.ok());
+  int fd = memfd_create("gpu-src", MFD_CLOEXEC);
+  ASSERT_EQ(ftruncate(fd, 4096), 0);
+  ASSERT_EQ(pwrite(fd, "0123456789abcdef", 16, 0), 16);
+  void* gpu_va = reinterpret_cast<void*>(0x7f5600000000ull);
+  auto gpu = p.initiator->RegisterDmabuf(gpu_va, 4096, {fd, 0}, fabric::kLocal);
+  ASSERT_TRUE(gpu.ok()) << gpu.status();
+  // Peer memory (nvidia-peermem) is ibv_reg_mr of a device pointer: marked, never inline.
+  std::vector<char> peer_mem(64, 'p');
+  auto peer = p.initiator->Register(peer_mem.data(), 64, fabric::kLocal | fabric::kDeviceMemory);
+  ASSERT_TRUE(peer.ok()) << peer.status();
+  std::vector<char> host(64, 'h');
+  auto host_region = p.initiator->Register(host.data(), 64, fabric::kLocal);
+  ASSERT_TRUE(host_region.ok());
+  const fabric::RemoteSlice dst{(*target)->remote_address(), (*target)->key()};
+  for (const fabric::MemoryRegion* src : {gpu->get(), peer->get(), host_region->get()}) {
+    Waiter w;
+    ASSERT_TRUE(p.endpoint->PostWrite({src, 0, 16}, dst, w.Callback()).ok());
+    EXPECT_TRUE(w.Wait().ok()) << w.Wait();
+  }
+  EXPECT_EQ(std::string(landing.data(), 16), std::string(16, 'h'));
+  EXPECT_EQ(p.model->CpuFaults(), 0u);
+  // Only the host-memory WRITE went inline.
+  EXPECT_EQ(p.model->SendStats(p.verbs_endpoint().qpn()).inlined, 1u);
+  close(fd);
+}
+
 TEST(VerbsLifetimeTest, EverythingIsReleasedInOrder) {
   auto m = IbModel();
   {

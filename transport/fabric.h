@@ -23,6 +23,10 @@ enum Access : uint32_t {
   kLocal = 0,             // source of our writes / destination of our reads
   kRemoteWrite = 1u << 0, // peers may WRITE into it
   kRemoteRead = 1u << 1,  // peers may READ from it
+  // Device (GPU) memory the CPU cannot touch: providers must move it by DMA only (verbs:
+  // never IBV_SEND_INLINE, whose data libmlx5 copies with the CPU) and a provider that
+  // moves bytes with the CPU (tcp) refuses to register it.
+  kDeviceMemory = 1u << 2,
 };
 
 // Memory registered with one fabric. Destroying it revokes the key: new remote accesses are

@@ -87,6 +87,8 @@ GdrRegistration GpuPools::RegisterForGdr(int gpu, fabric::Fabric& fabric, char* 
     region = fabric.Register(data, length, access);
     out.attempt.method = absl::StrCat(pool.device->backend(), " GPU memory is host memory");
   } else {
+    // Real device memory: no provider may touch it with the CPU.
+    access |= fabric::kDeviceMemory;
     uint64_t offset = static_cast<uint64_t>(data - static_cast<char*>(pool.slab->data()));
     auto dmabuf = pool.slab->ExportDmabuf(offset, length);
     if (dmabuf.ok()) {

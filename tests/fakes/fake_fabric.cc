@@ -152,9 +152,14 @@ absl::StatusOr<std::unique_ptr<fabric::MemoryRegion>> FakeFabric::Register(void*
   if (data == nullptr || length == 0) {
     return absl::InvalidArgumentError(absl::StrCat(what, ": no memory (ibv_reg_mr: EINVAL)"));
   }
-  if ((access & ~uint32_t{fabric::kRemoteWrite | fabric::kRemoteRead}) != 0) {
+  if ((access & ~uint32_t{fabric::kRemoteWrite | fabric::kRemoteRead |
+                          fabric::kDeviceMemory}) != 0) {
     return absl::InvalidArgumentError(
         absl::StrFormat("%s: unknown access bits 0x%x (ibv_reg_mr: EINVAL)", what, access));
+  }
+  if (access & fabric::kDeviceMemory) {
+    // The fake moves bytes with memcpy, like tcp: GPU memory would fault, so it refuses.
+    return absl::FailedPreconditionError(absl::StrCat(what, ": cannot touch GPU memory"));
   }
   const uint64_t start = reinterpret_cast<uint64_t>(data);
   if (length > ~start) {

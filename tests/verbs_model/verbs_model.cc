@@ -73,7 +73,13 @@ struct VerbsModel::Pd {
 struct VerbsModel::Mr {
   ibv_mr mr = {};
   Pd* pd = nullptr;
-  char* host = nullptr;  // where byte 0 (mr.addr) lives in this process
+  char* host = nullptr;  // where byte 0 (at `iova`) lives in this process
+  // The address the HCA knows byte 0 by: what SGEs and remote accesses use. ibv_reg_mr: the
+  // virtual address; ibv_reg_dmabuf_mr: its iova argument, while mr.addr is the dma-buf
+  // *offset* (rdma-core libibverbs/verbs.c ibv_reg_dmabuf_mr; ibv_reg_mr(3)).
+  uint64_t iova = 0;
+  // DMA-BUF memory (a GPU's): the CPU cannot read it, so inline data from it faults.
+  bool device_memory = false;
   int access = 0;
   void* mapping = nullptr;  // DMA-BUF registrations: our mmap of the fd
   size_t mapping_len = 0;
@@ -362,6 +368,7 @@ ibv_mr* VerbsModel::RegMr(ibv_pd* pd, void* addr, size_t length, int access) {
   m->mr.context = pd->context;
   m->mr.pd = pd;
   m->mr.addr = addr;
+  m->iova = reinterpret_cast<uint64_t>(addr);
   m->mr.length = length;
   m->mr.handle = next_handle_++;
   m->mr.lkey = m->mr.rkey = next_key_;
@@ -384,6 +391,10 @@ ibv_mr* VerbsModel::RegDmabufMr(ibv_pd* pd, uint64_t offset, size_t length, uint
   }
   // The "HCA" reaches the DMA-BUF's pages by mapping the fd (a memfd in tests).
   const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  // The kernel maps iova onto the dma-buf's pages page by page (ib_umem_dmabuf_get,
+  // ib_umem_find_best_pgsz): an iova whose offset within a page differs from the dma-buf
+  // offset's cannot be mapped.
+  if (iova % page != offset % page) return FailNull<ibv_mr>(EINVAL);
   const uint64_t aligned = offset / page * page;
   const size_t map_len = length + (offset - aligned);
   void* map = mmap(nullptr, map_len, PROT_READ | PROT_WRITE, MAP_SHARED, fd,
@@ -397,7 +408,11 @@ ibv_mr* VerbsModel::RegDmabufMr(ibv_pd* pd, uint64_t offset, size_t length, uint
   m->mapping_len = map_len;
   m->mr.context = pd->context;
   m->mr.pd = pd;
-  m->mr.addr = reinterpret_cast<void*>(iova);
+  // rdma-core sets addr to the offset, not the iova (libibverbs/verbs.c): code that takes
+  // mr->addr as the region's address gets the wrong one, as it would on the hardware.
+  m->mr.addr = reinterpret_cast<void*>(offset);
+  m->iova = iova;
+  m->device_memory = true;
   m->mr.length = length;
   m->mr.handle = next_handle_++;
   m->mr.lkey = m->mr.rkey = next_key_;
@@ -705,7 +720,17 @@ int VerbsModel::PostSend(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) {
     q->signaled += (w->send_flags & IBV_SEND_SIGNALED) != 0;
     q->inlined += (w->send_flags & IBV_SEND_INLINE) != 0;
     if (w->send_flags & IBV_SEND_INLINE) {
-      // Inline data is copied at post time, with no lkey check: the buffer is free at once.
+      // Inline data is copied at post time by the CPU from the SGE address, with no lkey
+      // check (libmlx5 mlx5_post_send -> set_data_inl_seg: memcpy). From GPU memory that
+      // is a SIGSEGV in the caller; the model refuses it loudly instead of crashing.
+      for (int i = 0; i < w->num_sge; ++i) {
+        auto mit = mrs_by_key_.find(w->sg_list[i].lkey);
+        if (mit != mrs_by_key_.end() && mit->second->device_memory) {
+          ++cpu_faults_;
+          if (bad_wr != nullptr) *bad_wr = w;
+          return Fail(EFAULT);
+        }
+      }
       for (int i = 0; i < w->num_sge; ++i) {
         s.inline_data.append(reinterpret_cast<const char*>(w->sg_list[i].addr),
                              w->sg_list[i].length);
@@ -748,7 +773,7 @@ int VerbsModel::PostRecv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) {
 // ---------------------------------------------------------------- the data mover
 
 char* VerbsModel::Translate(const Mr& mr, uint64_t addr, uint64_t len) {
-  const uint64_t base = reinterpret_cast<uint64_t>(mr.mr.addr);
+  const uint64_t base = mr.iova;
   if (addr < base || len > mr.mr.length || addr - base > mr.mr.length - len) return nullptr;
   return mr.host + (addr - base);
 }
@@ -932,6 +957,11 @@ VerbsModel::SendCounts VerbsModel::SendStats(uint32_t qpn) {
 int VerbsModel::LiveObjects() {
   absl::MutexLock lock(&mu_);
   return static_cast<int>(contexts_.size() + pds_.size() + mrs_.size() + cqs_.size() + qps_.size());
+}
+
+uint64_t VerbsModel::CpuFaults() {
+  absl::MutexLock lock(&mu_);
+  return cpu_faults_;
 }
 
 uint64_t VerbsModel::CqOverruns() {

@@ -124,6 +124,9 @@ class VerbsModel : public VerbsApi {
   // Contexts, PDs, MRs, CQs and QPs not yet released.
   int LiveObjects();
   uint64_t CqOverruns();
+  // Posts refused because inline data would have been read by the CPU from GPU (DMA-BUF)
+  // memory: on the hardware, a SIGSEGV in the agent.
+  uint64_t CpuFaults();
   // Waits until the data mover has nothing runnable.
   void WaitIdle();
 
@@ -160,6 +163,7 @@ class VerbsModel : public VerbsApi {
   std::map<ibv_pd*, std::unique_ptr<Pd>> pds_ ABSL_GUARDED_BY(mu_);
   std::map<ibv_mr*, std::unique_ptr<Mr>> mrs_ ABSL_GUARDED_BY(mu_);
   std::map<uint32_t, Mr*> mrs_by_key_ ABSL_GUARDED_BY(mu_);
+  uint64_t cpu_faults_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<ibv_cq*, std::unique_ptr<Cq>> cqs_ ABSL_GUARDED_BY(mu_);
   std::map<uint32_t, std::unique_ptr<Qp>> qps_ ABSL_GUARDED_BY(mu_);  // by QPN
   std::map<std::pair<Call, int>, int> faults_ ABSL_GUARDED_BY(mu_);   // (call, err) -> times

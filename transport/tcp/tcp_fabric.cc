@@ -138,6 +138,11 @@ absl::StatusOr<std::unique_ptr<fabric::MemoryRegion>> TcpFabric::Register(void* 
   if (data == nullptr || length == 0) {
     return absl::InvalidArgumentError("tcp: cannot register an empty region");
   }
+  if (access & fabric::kDeviceMemory) {
+    // tcp moves bytes with the CPU (send/recv from the address): GPU memory would fault.
+    return absl::FailedPreconditionError(
+        "tcp: cannot register GPU memory (it moves bytes with the CPU); staging instead");
+  }
   uint32_t key = regions_.Add(static_cast<char*>(data), length, access);
   return std::unique_ptr<fabric::MemoryRegion>(new TcpRegion(&regions_, data, length, key));
 }

@@ -159,6 +159,7 @@ absl::Status InitiatorQp::Post(ibv_wr_opcode opcode, const fabric::LocalSlice& l
       w.local_addr = base + offset;
       w.length = static_cast<uint32_t>(std::min(max_wr_bytes_, local.length - offset));
       w.lkey = region->lkey();
+      w.host_memory = !region->device_memory();
       w.remote_addr = remote.address + offset;
       w.rkey = remote.key;
       w.imm = imm;
@@ -197,7 +198,9 @@ void InitiatorQp::Pump(Finished& finished, const Op* current, absl::Status* curr
         since_signal_ = 0;
         ++chain_signals;
       }
-      if (w.opcode != IBV_WR_RDMA_READ && w.length <= inline_limit_) {
+      // Inline data is copied by the CPU at post time (libmlx5): only from host memory; a
+      // GPU source would be a SIGSEGV here.
+      if (w.opcode != IBV_WR_RDMA_READ && w.host_memory && w.length <= inline_limit_) {
         swr[i].send_flags |= IBV_SEND_INLINE;
       }
       if (w.opcode == IBV_WR_RDMA_WRITE_WITH_IMM) swr[i].imm_data = htonl(w.imm);

@@ -65,6 +65,7 @@ class InitiatorQp : public CompletionSink, public std::enable_shared_from_this<I
     uint32_t rkey = 0;
     uint32_t imm = 0;
     bool signaled = false;
+    bool host_memory = true;  // the CPU may read the source (inline sends)
   };
   // Completions to run once the lock is released.
   using Finished = std::vector<std::pair<fabric::Completion, absl::Status>>;

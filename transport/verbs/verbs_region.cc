@@ -35,7 +35,8 @@ absl::StatusOr<std::unique_ptr<fabric::MemoryRegion>> RegisterHost(
                                                       Size(length)));
   }
   return std::unique_ptr<fabric::MemoryRegion>(
-      new VerbsRegion(std::move(device), std::move(mr), data, "ibv_reg_mr"));
+      new VerbsRegion(std::move(device), std::move(mr), data,
+                      (access & fabric::kDeviceMemory) != 0, "ibv_reg_mr"));
 }
 
 absl::StatusOr<std::unique_ptr<fabric::MemoryRegion>> RegisterDmabuf(
@@ -54,7 +55,8 @@ absl::StatusOr<std::unique_ptr<fabric::MemoryRegion>> RegisterDmabuf(
                                device->port().device, dmabuf.fd, dmabuf.offset, Size(length)));
   }
   return std::unique_ptr<fabric::MemoryRegion>(
-      new VerbsRegion(std::move(device), std::move(mr), data, "ibv_reg_dmabuf_mr"));
+      new VerbsRegion(std::move(device), std::move(mr), data, /*device_memory=*/true,
+                      "ibv_reg_dmabuf_mr"));
 }
 
 }  // namespace ferry::verbs

@@ -17,16 +17,23 @@ int IbvAccessFor(uint32_t access);
 
 class VerbsRegion : public fabric::MemoryRegion {
  public:
-  VerbsRegion(std::shared_ptr<VerbsDevice> device, MrPtr mr, void* data, std::string how)
-      : device_(std::move(device)), mr_(std::move(mr)), data_(data), how_(std::move(how)) {}
+  // `data` is the address the MR was registered at (its iova): SGEs and peers use it.
+  VerbsRegion(std::shared_ptr<VerbsDevice> device, MrPtr mr, void* data, bool device_memory,
+              std::string how)
+      : device_(std::move(device)), mr_(std::move(mr)), data_(data),
+        device_memory_(device_memory), how_(std::move(how)) {}
 
   void* data() const override { return data_; }
   uint64_t length() const override { return mr_->length; }
-  uint64_t remote_address() const override { return reinterpret_cast<uint64_t>(mr_->addr); }
+  // Not mr->addr: for ibv_reg_dmabuf_mr rdma-core sets that to the dma-buf offset
+  // (libibverbs/verbs.c), while the HCA addresses the MR by the iova we registered.
+  uint64_t remote_address() const override { return reinterpret_cast<uint64_t>(data_); }
   uint32_t key() const override { return mr_->rkey; }
   std::string registration() const override { return how_; }
 
   uint32_t lkey() const { return mr_->lkey; }
+  // GPU memory: the CPU must never read it (no inline sends from it).
+  bool device_memory() const { return device_memory_; }
   const VerbsDevice* device() const { return device_.get(); }
 
  private:
@@ -34,6 +41,7 @@ class VerbsRegion : public fabric::MemoryRegion {
   std::shared_ptr<VerbsDevice> device_;
   MrPtr mr_;
   void* data_;
+  bool device_memory_;
   std::string how_;
 };
 
