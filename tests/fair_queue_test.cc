@@ -120,6 +120,20 @@ TEST(FairQueueTest, TheWindowBoundsWhatIsPostedAndCompletionsPostMore) {
   EXPECT_EQ(queue->queued(), 0u);
 }
 
+// Slices that do not divide the window: the one that would overshoot it waits.
+TEST(FairQueueTest, ASliceThatWouldOvershootTheWindowWaits) {
+  auto ep = std::make_shared<HeldEndpoint>();
+  auto queue = std::make_shared<FairQueue>(4 << 20);
+  int done = 0;
+  queue->Enqueue(1, Slices(ep, 3, 3 << 19, 0, &done), nullptr);  // 1.5 MiB each
+  EXPECT_EQ(ep->posted(), 2u);
+  EXPECT_EQ(queue->in_flight_bytes(), 3u << 20);
+  while (ep->CompleteOne()) {
+  }
+  EXPECT_EQ(done, 3);
+  EXPECT_EQ(queue->in_flight_bytes(), 0u);
+}
+
 TEST(FairQueueTest, ASmallOpPostedBehindAHugeBatchGoesOutAtTheNextTurn) {
   auto ep = std::make_shared<HeldEndpoint>();
   auto queue = std::make_shared<FairQueue>(4 << 20);

@@ -20,7 +20,7 @@
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
-#include "server/peers/protocol.h"
+#include "tests/fakes/fake_peer_service.h"
 #include "tests/completion_waiter.h"
 #include "transport/tcp/socket.h"
 #include "transport/tcp/tcp_fabric.h"
@@ -31,6 +31,7 @@ namespace {
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
+using fake::FakePeerService;
 
 constexpr uint64_t kLandingBytes = 4096;
 // Long enough for a loaded machine, short enough that a hang fails the test, not ctest.
@@ -45,112 +46,6 @@ absl::StatusOr<std::unique_ptr<tcp::TcpFabric>> MakeFabric() {
   options.event_loops = 1;
   return tcp::TcpFabric::Create(options);
 }
-
-// What a peer agent's Peer service does, reduced to what the directory relies on; the test
-// changes its answers while it runs.
-class FakePeerService final : public ferry::v1::Peer::Service {
- public:
-  FakePeerService(std::string node, fabric::Fabric* fabric, uint64_t incarnation)
-      : node_(std::move(node)), fabric_(fabric), incarnation_(incarnation) {}
-
-  void set_incarnation(uint64_t v) {
-    absl::MutexLock lock(&mu_);
-    incarnation_ = v;
-  }
-  // What Hello answers as its protocol version.
-  void set_protocol_version(uint32_t v) {
-    absl::MutexLock lock(&mu_);
-    protocol_version_ = v;
-  }
-  // Hello fails FAILED_PRECONDITION, as a real agent does for a version it does not speak.
-  void set_refuse_hello(bool v) {
-    absl::MutexLock lock(&mu_);
-    refuse_hello_ = v;
-  }
-  // ResolveBuffer(name) answers `resp` (its incarnation filled in at call time).
-  void AddBuffer(const std::string& name, ferry::v1::ResolveBufferResponse resp) {
-    absl::MutexLock lock(&mu_);
-    buffers_[name] = std::move(resp);
-  }
-  int hellos() const { return hellos_.load(); }
-  int connects() const { return connects_.load(); }
-  int resolves() const { return resolves_.load(); }
-  std::string last_from() const {
-    absl::MutexLock lock(&mu_);
-    return last_from_;
-  }
-  uint32_t last_hello_version() const {
-    absl::MutexLock lock(&mu_);
-    return last_hello_version_;
-  }
-
-  grpc::Status Hello(grpc::ServerContext*, const ferry::v1::HelloRequest* req,
-                     ferry::v1::HelloResponse* resp) override {
-    hellos_.fetch_add(1);
-    absl::MutexLock lock(&mu_);
-    last_from_ = req->node();
-    last_hello_version_ = req->protocol_version();
-    if (refuse_hello_) {
-      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "protocol_version: not ours");
-    }
-    resp->set_node(node_);
-    resp->set_protocol_version(protocol_version_);
-    resp->set_incarnation(incarnation_);
-    auto* ep = resp->add_endpoints();
-    ep->set_provider(fabric_->provider());
-    ep->set_address(fabric_->address());
-    return grpc::Status::OK;
-  }
-
-  grpc::Status Connect(grpc::ServerContext*, const ferry::v1::ConnectRequest* req,
-                       ferry::v1::ConnectResponse* resp) override {
-    connects_.fetch_add(1);
-    if (req->provider() != fabric_->provider()) {
-      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "provider: not run here");
-    }
-    auto reply = fabric_->AcceptConnect(req->request());
-    if (!reply.ok()) {
-      return grpc::Status(static_cast<grpc::StatusCode>(reply.status().code()),
-                          std::string(reply.status().message()));
-    }
-    resp->set_reply(*reply);
-    absl::MutexLock lock(&mu_);
-    resp->set_incarnation(incarnation_);
-    return grpc::Status::OK;
-  }
-
-  grpc::Status ResolveBuffer(grpc::ServerContext*, const ferry::v1::ResolveBufferRequest* req,
-                             ferry::v1::ResolveBufferResponse* resp) override {
-    resolves_.fetch_add(1);
-    absl::MutexLock lock(&mu_);
-    last_from_ = req->from_node();
-    if (req->name() == "secret") {
-      return grpc::Status(grpc::StatusCode::PERMISSION_DENIED, "not exported to you");
-    }
-    auto it = buffers_.find(req->name());
-    if (it == buffers_.end()) {
-      return grpc::Status(grpc::StatusCode::NOT_FOUND,
-                          absl::StrCat("name: no buffer named '", req->name(), "' on ", node_));
-    }
-    *resp = it->second;
-    resp->set_incarnation(incarnation_);
-    return grpc::Status::OK;
-  }
-
- private:
-  const std::string node_;
-  fabric::Fabric* const fabric_;
-  std::atomic<int> hellos_{0};
-  std::atomic<int> connects_{0};
-  std::atomic<int> resolves_{0};
-  mutable absl::Mutex mu_;
-  uint64_t incarnation_ ABSL_GUARDED_BY(mu_);
-  uint32_t protocol_version_ ABSL_GUARDED_BY(mu_) = kPeerProtocolVersion;
-  bool refuse_hello_ ABSL_GUARDED_BY(mu_) = false;
-  std::map<std::string, ferry::v1::ResolveBufferResponse> buffers_ ABSL_GUARDED_BY(mu_);
-  std::string last_from_ ABSL_GUARDED_BY(mu_);
-  uint32_t last_hello_version_ ABSL_GUARDED_BY(mu_) = 0;
-};
 
 // A fake agent: a tcp fabric, a "landing" buffer exported on it, and the fake Peer service
 // on 127.0.0.1:`port` (0: any free port).

@@ -34,12 +34,14 @@ void FairQueue::Pump() {
     std::vector<std::pair<SliceWork, std::function<bool()>>> batch;
     {
       absl::MutexLock lock(&mu_);
-      // One slice per transfer per turn, while the window has room (and always one, so a
-      // slice larger than the window still goes).
-      while (!turns_.empty() && (in_flight_ < window_bytes_ || in_flight_ == 0)) {
+      // One slice per transfer per turn, while the next one fits in the window (and always
+      // one, so a slice larger than the window still goes).
+      while (!turns_.empty()) {
         uint64_t id = turns_.front();
-        turns_.pop_front();
         Pending& p = pending_.at(id);
+        const uint64_t next = p.slices.front().local.length;
+        if (in_flight_ > 0 && in_flight_ + next > window_bytes_) break;
+        turns_.pop_front();
         SliceWork work = std::move(p.slices.front());
         p.slices.pop_front();
         --queued_;

@@ -188,19 +188,27 @@ void StageSender::OnCopied(uint64_t token, uint64_t bytes) {
 }
 
 void StageSender::OnCallFailed(const StageCall* call, const absl::Status& why) {
-  std::vector<size_t> victims;
+  // Every op of the call with chunks in flight: their copy-ins will never be reported. Ops
+  // that already failed hold window slots too, which must come back as well.
+  std::vector<size_t> victims, open;
   {
     absl::MutexLock lock(&mu_);
     for (size_t slot = 0; slot < ops_.size(); ++slot) {
-      OpProgress& p = progress_[slot];
-      if (p.call != call || p.failed || p.in_flight == 0) continue;
-      // Their copy-ins will never be reported: give their window slots back now.
-      in_flight_ -= p.in_flight;
-      p.in_flight = 0;
+      const OpProgress& p = progress_[slot];
+      if (p.call != call || p.in_flight == 0) continue;
       victims.push_back(slot);
+      if (!p.failed) open.push_back(slot);
     }
   }
-  for (size_t slot : victims) ChunkEnded(slot, 0, why, /*launched=*/false);
+  // Settled before their slots go back: Run returns once every slot is back, and only then
+  // may the op have settled (the engine joins Run at shutdown).
+  for (size_t slot : open) ChunkEnded(slot, 0, why, /*launched=*/false);
+  absl::MutexLock lock(&mu_);
+  for (size_t slot : victims) {
+    OpProgress& p = progress_[slot];
+    in_flight_ -= p.in_flight;
+    p.in_flight = 0;
+  }
 }
 
 void StageSender::ChunkEnded(size_t slot, uint64_t bytes, const absl::Status& status,
@@ -212,29 +220,36 @@ void StageSender::ChunkEnded(size_t slot, uint64_t bytes, const absl::Status& st
   {
     absl::MutexLock lock(&mu_);
     OpProgress& p = progress_[slot];
-    if (launched && p.in_flight > 0) {
-      --p.in_flight;
-      --in_flight_;
-    }
-    if (p.failed) return;
-    if (!status.ok()) {
-      p.failed = true;
-      settle = true;
-    } else {
-      p.done_bytes += bytes;
-      ++p.chunks;
-      settle = p.done_bytes >= op.length;
+    if (!p.failed) {
+      if (!status.ok()) {
+        p.failed = true;
+        settle = true;
+      } else {
+        p.done_bytes += bytes;
+        ++p.chunks;
+        settle = p.done_bytes >= op.length;
+      }
     }
     chunks = p.chunks;
   }
-  if (!settle) return;
-  std::vector<ferry::v1::Leg> legs = transfer_->LegsOf(staged.index);
-  if (legs.size() > kRemoteLeg) {
-    if (staged.local.mode == LegMode::kStaged) legs[kLocalLeg].set_chunks(chunks);
-    if (op.remote->mode == LegMode::kStaged) legs[kRemoteLeg].set_chunks(chunks);
+  if (settle) {
+    std::vector<ferry::v1::Leg> legs = transfer_->LegsOf(staged.index);
+    if (legs.size() > kRemoteLeg) {
+      if (staged.local.mode == LegMode::kStaged) legs[kLocalLeg].set_chunks(chunks);
+      if (op.remote->mode == LegMode::kStaged) legs[kRemoteLeg].set_chunks(chunks);
+    }
+    transfer_->SetLegs(staged.index, std::move(legs));
+    deps_.settle(staged.index, status, staged.peer.rail.provider);
   }
-  transfer_->SetLegs(staged.index, std::move(legs));
-  deps_.settle(staged.index, status, staged.peer.rail.provider);
+  // The chunk's window slot goes back last: Run returns once every slot is back, so that
+  // every op has settled by then, as Run promises.
+  if (!launched) return;
+  absl::MutexLock lock(&mu_);
+  OpProgress& p = progress_[slot];
+  if (p.in_flight > 0) {
+    --p.in_flight;
+    --in_flight_;
+  }
 }
 
 }  // namespace ferry::server

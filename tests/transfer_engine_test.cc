@@ -1,0 +1,441 @@
+// TransferEngine through Submit, Find, Cancel and its limits: a real BufferRegistry over a host
+// pool and a fake fabric, a real PeerDirectory that reaches a fake peer (a gRPC Peer service on
+// 127.0.0.1 whose Connect is the peer fabric's own AcceptConnect, tests/fakes/
+// fake_peer_service.h) and a real PolicyStore. Host buffers only: every op is direct, sliced
+// and windowed per peer. Each test ends with the accounting at zero: the host pool, the fake
+// fabric's regions, endpoints and outstanding ops.
+
+#include "server/engine/transfer_engine.h"
+
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "tests/fakes/fake_fabric.h"
+#include "tests/fakes/fake_peer_service.h"
+#include "transport/memory/host_pool.h"
+#include "transport/topology/machine.h"
+
+namespace ferry::server {
+namespace {
+
+using ::testing::HasSubstr;
+using fake::FakeFabric;
+
+constexpr uint64_t kSlice = 64 << 10;
+constexpr uint64_t kWindow = 2 * kSlice;
+constexpr uint64_t kLanding = 16 * kSlice;  // the peer's exported buffer
+constexpr absl::Duration kPatience = absl::Seconds(10);
+
+char PatternByte(uint64_t i, int seed) { return static_cast<char>((i * 131 + seed * 17) % 251); }
+void Fill(char* p, uint64_t n, int seed) {
+  for (uint64_t i = 0; i < n; ++i) p[i] = PatternByte(i, seed);
+}
+// The first byte of [p, p+n) that differs from pattern `seed` from `from`, or -1.
+int64_t Mismatch(const char* p, uint64_t n, int seed, uint64_t from = 0) {
+  for (uint64_t i = 0; i < n; ++i) {
+    if (p[i] != PatternByte(from + i, seed)) return static_cast<int64_t>(i);
+  }
+  return -1;
+}
+
+class TransferEngineTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    FakeFabric::ClearContractViolations();
+    auto pool = memory::HostPool::Create(64 * memory::HostPool::kAlignment, "transfer_engine_test");
+    ASSERT_TRUE(pool.ok()) << pool.status();
+    pool_ = std::move(*pool);
+    registry_ = std::make_unique<BufferRegistry>(pool_.get(), nullptr,
+                                                 std::vector<fabric::Fabric*>{&local_});
+    // The peer: its exported buffer "landing" on its fabric, and its Peer service.
+    landing_.assign(kLanding, 0);
+    auto region = peer_.Register(landing_.data(), landing_.size(),
+                                 fabric::kRemoteWrite | fabric::kRemoteRead);
+    ASSERT_TRUE(region.ok()) << region.status();
+    landing_region_ = std::move(*region);
+    service_ = std::make_unique<fake::FakePeerService>("node-b", &peer_, 0xb1);
+    service_->AddBuffer("landing", Exported(*landing_region_, kLanding));
+    grpc::ServerBuilder builder;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port_);
+    builder.RegisterService(service_.get());
+    server_ = builder.BuildAndStart();
+    ASSERT_TRUE(server_ != nullptr && port_ != 0);
+    const std::string address = absl::StrCat("127.0.0.1:", port_);
+    peers_ = std::make_unique<PeerDirectory>(
+        "node-a", address, std::map<std::string, std::string>{{"node-b", address}},
+        std::vector<fabric::Fabric*>{&local_});
+    auto policies = PolicyStore::Create(&machine_, config::NicFilter{}, config::Policy{});
+    ASSERT_TRUE(policies.ok()) << policies.status();
+    policies_ = std::move(*policies);
+    bounce_ = std::make_unique<BouncePools>(std::vector<fabric::Fabric*>{&local_}, nullptr);
+    limits_.slice_bytes = kSlice;
+    limits_.peer_window_bytes = kWindow;
+    limits_.default_timeout = kPatience;
+    limits_.max_timeout = absl::Seconds(30);
+    engine_ = MakeEngine();
+  }
+
+  void TearDown() override {
+    engine_.reset();
+    EXPECT_EQ(stage_calls_, 0) << "a host-only op was staged";
+    EXPECT_TRUE(local_.AwaitIdle(kPatience));
+    EXPECT_EQ(local_.stats().outstanding, 0u);
+    peers_->CloseAll();
+    EXPECT_EQ(local_.stats().live_endpoints, 0u);
+    peers_.reset();
+    server_->Shutdown(absl::ToChronoTime(absl::Now()));
+    server_->Wait();
+    for (const auto& b : registry_->List()) EXPECT_TRUE(registry_->Free(b->id()).ok());
+    EXPECT_EQ(pool_->used(), 0u) << "a buffer is still held after every transfer ended";
+    registry_.reset();
+    bounce_.reset();
+    landing_region_.reset();
+    EXPECT_EQ(local_.stats().live_regions, 0u);
+    EXPECT_EQ(peer_.stats().live_regions, 0u);
+    for (const auto& v : FakeFabric::ContractViolations()) ADD_FAILURE() << v;
+  }
+
+  std::unique_ptr<TransferEngine> MakeEngine() {
+    EngineDeps deps;
+    deps.buffers = registry_.get();
+    deps.peers = peers_.get();
+    deps.policies = policies_.get();
+    deps.bounce = bounce_.get();
+    deps.stage_calls = [this](const StageCallSpec&, StageEvents*)
+        -> absl::StatusOr<std::shared_ptr<StageCall>> {
+      ++stage_calls_;
+      return absl::UnimplementedError("no Stage calls in this test");
+    };
+    deps.plan = [](const Buffer&, const PolicySnapshot&, const fabric::RailId&) {
+      LegPlan plan;
+      plan.mode = LegMode::kHost;
+      plan.device = "host";
+      plan.backend = "host";
+      plan.reason = "host memory";
+      return plan;
+    };
+    return std::make_unique<TransferEngine>(std::move(deps), limits_);
+  }
+
+  // What the peer answers for a buffer it exports through `region`.
+  static ferry::v1::ResolveBufferResponse Exported(const fabric::MemoryRegion& region,
+                                                   uint64_t size) {
+    ferry::v1::ResolveBufferResponse r;
+    r.set_size(size);
+    r.set_device("host");
+    auto* key = r.add_keys();
+    key->set_provider("fake");
+    key->set_address(region.remote_address());
+    key->set_key(region.key());
+    return r;
+  }
+
+  std::shared_ptr<Buffer> Local(uint64_t size, int seed) {
+    auto b = registry_->Allocate(size, "");
+    EXPECT_TRUE(b.ok()) << b.status();
+    if (!b.ok()) return nullptr;
+    Fill((*b)->data(), size, seed);
+    return *b;
+  }
+
+  static ferry::v1::Op Op(ferry::v1::OpType type, const Buffer& local, uint64_t local_offset,
+                          uint64_t length, uint64_t remote_offset,
+                          const std::string& remote = "landing",
+                          const std::string& peer = "node-b") {
+    ferry::v1::Op op;
+    op.set_type(type);
+    op.set_local_buffer(local.id());
+    op.set_local_offset(local_offset);
+    op.set_length(length);
+    op.set_peer(peer);
+    op.set_remote_buffer(remote);
+    op.set_remote_offset(remote_offset);
+    return op;
+  }
+
+  // Submits and waits for the transfer to finish; its result with the ops.
+  ferry::v1::TransferResult RunToEnd(const ferry::v1::SubmitRequest& request) {
+    auto id = engine_->Submit(request);
+    EXPECT_TRUE(id.ok()) << id.status();
+    if (!id.ok()) return {};
+    return AwaitEnd(*id);
+  }
+  ferry::v1::TransferResult AwaitEnd(uint64_t id) {
+    auto t = engine_->Find(id);
+    EXPECT_TRUE(t.ok()) << t.status();
+    if (!t.ok()) return {};
+    EXPECT_TRUE((*t)->AwaitFinished(absl::Now() + kPatience)) << "transfer " << id;
+    ResultPage page;
+    page.include_ops = true;
+    return (*t)->Result(page);
+  }
+
+  // The pool's used bytes once every holder let go (completions release their captures just
+  // after they ran): bounded polling.
+  bool AwaitPoolUsed(uint64_t bytes) {
+    for (absl::Time give_up = absl::Now() + kPatience; absl::Now() < give_up;) {
+      if (pool_->used() == bytes) return true;
+      absl::SleepFor(absl::Milliseconds(2));
+    }
+    return pool_->used() == bytes;
+  }
+
+  // Declared so that they go in this order: the engine, the peer directory and its endpoints,
+  // the gRPC server, the registry and its regions, the fabrics, the pool.
+  std::unique_ptr<memory::HostPool> pool_;
+  FakeFabric peer_{{.provider = "fake"}};
+  FakeFabric local_{{.provider = "fake"}};
+  topology::Machine machine_;
+  std::unique_ptr<PolicyStore> policies_;
+  std::vector<char> landing_;
+  std::unique_ptr<fabric::MemoryRegion> landing_region_;
+  std::unique_ptr<BufferRegistry> registry_;
+  std::unique_ptr<BouncePools> bounce_;
+  std::unique_ptr<fake::FakePeerService> service_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+  std::unique_ptr<PeerDirectory> peers_;
+  EngineLimits limits_;
+  std::atomic<int> stage_calls_{0};
+  std::unique_ptr<TransferEngine> engine_;
+};
+
+// Every refusal names the field, and a batch with one bad op moves nothing at all.
+TEST_F(TransferEngineTest, ValidationNamesTheFieldAndNothingMoves) {
+  auto src = Local(4 * kSlice, 1);
+  const ferry::v1::Op good = Op(ferry::v1::WRITE, *src, 0, kSlice, 0);
+  struct Case {
+    const char* what;
+    ferry::v1::SubmitRequest request;
+    absl::StatusCode code;
+    const char* field;
+  };
+  std::vector<Case> cases;
+  auto with = [&](const char* what, std::vector<ferry::v1::Op> ops, absl::StatusCode code,
+                  const char* field, uint32_t timeout_ms = 0) {
+    ferry::v1::SubmitRequest r;
+    for (auto& op : ops) *r.add_ops() = op;
+    r.set_timeout_ms(timeout_ms);
+    cases.push_back({what, r, code, field});
+  };
+  ferry::v1::Op zero = good;
+  zero.set_length(0);
+  ferry::v1::Op past_end = good;
+  past_end.set_remote_offset(kLanding - kSlice + 1);
+  ferry::v1::Op stranger = good;
+  stranger.set_peer("node-z");
+  ferry::v1::Op no_buffer = good;
+  no_buffer.set_local_buffer(src->id() + 1000);
+  ferry::v1::Op local_past_end = good;
+  local_past_end.set_local_offset(3 * kSlice + 1);
+  ferry::v1::Op missing = good;
+  missing.set_remote_buffer("nope");
+  with("empty batch", {}, absl::StatusCode::kInvalidArgument, "ops: the batch is empty");
+  with("second op has no length", {good, zero}, absl::StatusCode::kInvalidArgument,
+       "ops[1].length");
+  with("range past the remote end", {past_end, good}, absl::StatusCode::kOutOfRange,
+       "ops[0].remote_offset");
+  with("range past the local end", {good, local_past_end}, absl::StatusCode::kOutOfRange,
+       "ops[1].local_offset");
+  with("unknown peer", {good, stranger}, absl::StatusCode::kNotFound, "ops[1].peer");
+  with("unknown local buffer", {no_buffer}, absl::StatusCode::kNotFound, "ops[0].local_buffer");
+  with("unknown remote buffer", {good, missing}, absl::StatusCode::kNotFound,
+       "ops[1].remote_buffer");
+  with("timeout above the limit", {good}, absl::StatusCode::kInvalidArgument, "timeout_ms",
+       /*timeout_ms=*/31000);
+  with("too many ops", {good, good, good}, absl::StatusCode::kInvalidArgument,
+       "max_ops_per_submit");
+  EngineLimits small = limits_;
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.what);
+    small.max_ops_per_submit = std::string(c.what) == "too many ops" ? 2 : 65536;
+    engine_->SetLimits(small);
+    auto id = engine_->Submit(c.request);
+    ASSERT_FALSE(id.ok());
+    EXPECT_EQ(id.status().code(), c.code) << id.status();
+    EXPECT_THAT(id.status().message(), HasSubstr(c.field));
+  }
+  EXPECT_EQ(local_.stats().posts, 0u) << "an op moved although its batch was refused";
+  EXPECT_EQ(local_.stats().refused_posts, 0u);
+  EXPECT_EQ(engine_->active(), 0u);
+  EXPECT_EQ(std::count(landing_.begin(), landing_.end(), 0), static_cast<long>(kLanding));
+  EXPECT_EQ(engine_->Find(1).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(TransferEngineTest, WriteAndReadMoveVerifiedBytes) {
+  constexpr uint64_t kLength = kSlice / 2 + 333;
+  auto src = Local(kSlice, 2);
+  ferry::v1::SubmitRequest write;
+  *write.add_ops() = Op(ferry::v1::WRITE, *src, 100, kLength, 5000);
+  ferry::v1::TransferResult w = RunToEnd(write);
+  EXPECT_EQ(w.state(), ferry::v1::SUCCEEDED) << w.message();
+  EXPECT_EQ(w.bytes(), kLength);
+  EXPECT_EQ(Mismatch(landing_.data() + 5000, kLength, 2, 100), -1);
+  EXPECT_EQ(landing_[4999], 0);
+  EXPECT_EQ(landing_[5000 + kLength], 0);
+  ASSERT_EQ(w.ops_size(), 1);
+  ASSERT_EQ(w.ops(0).legs_size(), 2);
+  EXPECT_EQ(w.ops(0).legs(kLocalLeg).mode(), "host");
+  EXPECT_EQ(w.ops(0).provider(), "fake");
+
+  Fill(landing_.data(), kLanding, 3);
+  auto dst = Local(kSlice, 4);
+  ferry::v1::SubmitRequest read;
+  *read.add_ops() = Op(ferry::v1::READ, *dst, 7, kLength, kSlice + 1);
+  *read.add_ops() = Op(ferry::v1::READ, *dst, 7 + kLength, 1000, 0);
+  ferry::v1::TransferResult r = RunToEnd(read);
+  EXPECT_EQ(r.state(), ferry::v1::SUCCEEDED) << r.message();
+  EXPECT_EQ(r.bytes(), kLength + 1000);
+  EXPECT_EQ(Mismatch(dst->data() + 7, kLength, 3, kSlice + 1), -1);
+  EXPECT_EQ(Mismatch(dst->data() + 7 + kLength, 1000, 3, 0), -1);
+  EXPECT_EQ(Mismatch(dst->data(), 7, 4), -1) << "bytes before the op changed";
+  EXPECT_EQ(engine_->active(), 0u);
+  EXPECT_EQ(engine_->finished(), 2u);
+}
+
+// An op larger than a slice goes as slices; at most the window is on the wire to the peer,
+// whatever the number of transfers.
+TEST_F(TransferEngineTest, OpsAreSlicedAndWindowedPerPeer) {
+  constexpr uint64_t kLength = 5 * kSlice + 1000;  // 6 slices
+  auto src = Local(kLength, 5);
+  local_.HoldCompletions();
+  ferry::v1::SubmitRequest big;
+  *big.add_ops() = Op(ferry::v1::WRITE, *src, 0, kLength, 0);
+  auto first = engine_->Submit(big);
+  ASSERT_TRUE(first.ok()) << first.status();
+  // Slices are posted as Submit queues them: the window's worth, no more.
+  EXPECT_EQ(local_.stats().outstanding, kWindow / kSlice);
+  ferry::v1::SubmitRequest small;
+  *small.add_ops() = Op(ferry::v1::WRITE, *src, 0, 100, 8 * kSlice);
+  auto second = engine_->Submit(small);
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(local_.stats().outstanding, kWindow / kSlice) << "the window is per peer";
+  EXPECT_EQ(local_.stats().posts, kWindow / kSlice);
+  local_.ReleaseCompletions();
+  ferry::v1::TransferResult a = AwaitEnd(*first);
+  ferry::v1::TransferResult b = AwaitEnd(*second);
+  EXPECT_EQ(a.state(), ferry::v1::SUCCEEDED) << a.message();
+  EXPECT_EQ(b.state(), ferry::v1::SUCCEEDED) << b.message();
+  EXPECT_TRUE(local_.AwaitIdle(kPatience));
+  EXPECT_EQ(local_.stats().posts, 6u + 1u);
+  EXPECT_EQ(local_.stats().bytes_written, kLength + 100);
+  EXPECT_EQ(Mismatch(landing_.data(), kLength, 5), -1);
+}
+
+// Cancel settles what is open at once; the buffers stay held until the fabric is done with
+// them, even once freed, and come back when it completes.
+TEST_F(TransferEngineTest, CancelSettlesAtOnceButBuffersWaitForTheFabric) {
+  constexpr uint64_t kLength = 3 * kSlice;
+  auto src = Local(kLength, 6);
+  const uint64_t used = pool_->used();
+  local_.HoldCompletions();
+  ferry::v1::SubmitRequest request;
+  *request.add_ops() = Op(ferry::v1::WRITE, *src, 0, kLength, 0);
+  auto id = engine_->Submit(request);
+  ASSERT_TRUE(id.ok()) << id.status();
+  ASSERT_TRUE(local_.AwaitHeld(2, kPatience));
+  auto cancelled = engine_->Cancel(*id);
+  ASSERT_TRUE(cancelled.ok()) << cancelled.status();
+  EXPECT_TRUE((*cancelled)->finished());
+  ferry::v1::TransferResult r = (*cancelled)->Result({.include_ops = true});
+  EXPECT_EQ(r.state(), ferry::v1::FAILED);
+  EXPECT_EQ(r.code(), static_cast<int>(absl::StatusCode::kCancelled));
+  EXPECT_THAT(r.message(), HasSubstr(absl::StrCat("transfer ", *id, " was cancelled")));
+  EXPECT_EQ(engine_->active(), 0u);
+  // Freed by its owner while two slices are on the wire: the memory stays.
+  ASSERT_TRUE(registry_->Free(src->id()).ok());
+  src.reset();
+  EXPECT_EQ(pool_->used(), used) << "the buffer went back while the fabric still had it";
+  EXPECT_EQ(local_.stats().held, 2u);
+  local_.ReleaseCompletions();
+  EXPECT_TRUE(AwaitPoolUsed(0));
+  EXPECT_EQ(local_.stats().posts, 2u) << "a slice went on the wire after Cancel";
+  // A finished transfer is left as it was; an unknown one is NOT_FOUND.
+  auto again = engine_->Cancel(*id);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ((*again)->Result().code(), static_cast<int>(absl::StatusCode::kCancelled));
+  EXPECT_EQ(engine_->Cancel(*id + 100).status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(TransferEngineTest, HeldPastItsTimeoutATransferFailsDeadlineExceeded) {
+  auto src = Local(kSlice, 7);
+  local_.HoldCompletions();
+  ferry::v1::SubmitRequest request;
+  *request.add_ops() = Op(ferry::v1::WRITE, *src, 0, kSlice, 0);
+  request.set_timeout_ms(200);
+  auto id = engine_->Submit(request);
+  ASSERT_TRUE(id.ok()) << id.status();
+  ferry::v1::TransferResult r = AwaitEnd(*id);
+  EXPECT_EQ(r.state(), ferry::v1::FAILED);
+  EXPECT_EQ(r.code(), static_cast<int>(absl::StatusCode::kDeadlineExceeded)) << r.message();
+  EXPECT_THAT(r.message(), HasSubstr(absl::StrCat("transfer ", *id)));
+  EXPECT_EQ(local_.stats().held, 1u);
+  local_.ReleaseCompletions();
+  src.reset();
+}
+
+// The peer refusing the key it handed out (the buffer was freed or unexported since) is
+// ABORTED naming the remote buffer, not a bare PERMISSION_DENIED.
+TEST_F(TransferEngineTest, ARevokedRemoteKeyIsAbortedNamingTheBuffer) {
+  std::vector<char> gone_memory(kSlice);
+  auto gone = peer_.Register(gone_memory.data(), gone_memory.size(), fabric::kRemoteWrite);
+  ASSERT_TRUE(gone.ok()) << gone.status();
+  service_->AddBuffer("gone", Exported(**gone, kSlice));
+  gone->reset();  // the peer freed it; its answer to Resolve is stale
+  auto src = Local(kSlice, 8);
+  ferry::v1::SubmitRequest request;
+  *request.add_ops() = Op(ferry::v1::WRITE, *src, 0, 100, 0);
+  *request.add_ops() = Op(ferry::v1::WRITE, *src, 0, 100, 0, "gone");
+  ferry::v1::TransferResult r = RunToEnd(request);
+  EXPECT_EQ(r.state(), ferry::v1::FAILED);
+  ASSERT_EQ(r.ops_size(), 2);
+  EXPECT_EQ(r.ops(0).code(), 0) << r.ops(0).message();
+  EXPECT_EQ(r.ops(1).code(), static_cast<int>(absl::StatusCode::kAborted)) << r.ops(1).message();
+  EXPECT_THAT(r.ops(1).message(), HasSubstr("remote_buffer: 'gone' on node-b"));
+  EXPECT_THAT(r.message(), HasSubstr("ops[1]: "));
+  EXPECT_EQ(peer_.stats().remote_refusals, 1u);
+  // Other failures keep their code.
+  local_.FailNextOps(1, absl::UnavailableError("fake: link down"));
+  ferry::v1::SubmitRequest again;
+  *again.add_ops() = Op(ferry::v1::WRITE, *src, 0, 100, 0);
+  ferry::v1::TransferResult u = RunToEnd(again);
+  EXPECT_EQ(u.code(), static_cast<int>(absl::StatusCode::kUnavailable)) << u.message();
+  EXPECT_THAT(u.message(), HasSubstr("link down"));
+}
+
+TEST_F(TransferEngineTest, DestroyingTheEngineSettlesRunningTransfersUnavailable) {
+  auto src = Local(3 * kSlice, 9);
+  local_.HoldCompletions();
+  ferry::v1::SubmitRequest request;
+  *request.add_ops() = Op(ferry::v1::WRITE, *src, 0, 3 * kSlice, 0);
+  *request.add_ops() = Op(ferry::v1::READ, *src, 0, kSlice, kSlice);
+  auto id = engine_->Submit(request);
+  ASSERT_TRUE(id.ok()) << id.status();
+  auto transfer = engine_->Find(*id);
+  ASSERT_TRUE(transfer.ok());
+  EXPECT_FALSE((*transfer)->finished());
+  engine_.reset();
+  ASSERT_TRUE((*transfer)->finished());
+  ferry::v1::TransferResult r = (*transfer)->Result({.include_ops = true});
+  EXPECT_EQ(r.code(), static_cast<int>(absl::StatusCode::kUnavailable));
+  EXPECT_THAT(r.message(), HasSubstr("shutting down"));
+  EXPECT_EQ(r.ops_failed(), 2u);
+  // As the agent stops: its endpoints close, which ends what the fabric held (its
+  // completions find every op settled already).
+  peers_->CloseAll();
+  EXPECT_TRUE(local_.AwaitIdle(kPatience));
+  EXPECT_EQ(local_.stats().failed_completions, 2u);
+  local_.ReleaseCompletions();
+}
+
+}  // namespace
+}  // namespace ferry::server
