@@ -42,20 +42,20 @@ fabric::ProviderOptions ProviderOptionsFromConfig(const config::Config& config,
   tcp.handshake_timeout_ms = config.tcp_handshake_timeout_ms;
   // stripe_min_bytes and event_loops have no config key: their defaults stand.
 
-  verbs::VerbsOptions& verbs = providers.verbs;
+  // Designated, in declaration order: the compiler refuses a field out of place.
   const config::VerbsSettings& v = config.verbs;
-  verbs.device = v.device;
-  verbs.port = v.port;
-  verbs.gid_index = v.gid_index;
-  verbs.timeout = v.timeout;
-  verbs.retry_cnt = v.retry_cnt;
-  verbs.rnr_retry = v.rnr_retry;
-  verbs.send_queue_depth = v.send_queue_depth;
-  verbs.signal_every = v.signal_every;
-  verbs.inline_threshold = v.inline_threshold;
-  verbs.recv_queue_depth = v.recv_queue_depth;
-  verbs.cq_depth = v.cq_depth;
-  verbs.max_message_bytes = v.max_message_bytes;
+  providers.verbs = verbs::VerbsOptions{.device = v.device,
+                                        .port = v.port,
+                                        .gid_index = v.gid_index,
+                                        .timeout = v.timeout,
+                                        .retry_cnt = v.retry_cnt,
+                                        .rnr_retry = v.rnr_retry,
+                                        .send_queue_depth = v.send_queue_depth,
+                                        .signal_every = v.signal_every,
+                                        .inline_threshold = v.inline_threshold,
+                                        .recv_queue_depth = v.recv_queue_depth,
+                                        .cq_depth = v.cq_depth,
+                                        .max_message_bytes = v.max_message_bytes};
   return providers;
 }
 

@@ -95,10 +95,7 @@ absl::Status BufferRegistry::FreeFor(uint64_t id, uint64_t session) {
     // The owner check and the removal under one lock: no Adopt or second Free in between.
     absl::MutexLock lock(&mu_);
     auto it = by_id_.find(id);
-    if (it == by_id_.end()) {
-      return absl::NotFoundError(absl::StrCat(
-          "id: buffer ", id, id > 0 && id < next_id_ ? " was freed" : " does not exist"));
-    }
+    if (it == by_id_.end()) return Unknown("id", id);
     uint64_t owner = it->second->owner();
     if (session != kAnySession && owner != 0 && owner != session) {
       return absl::PermissionDeniedError(absl::StrCat(
@@ -132,6 +129,12 @@ size_t BufferRegistry::FreeOwnedBy(uint64_t session) {
   return freed.size();
 }
 
+absl::Status BufferRegistry::Unknown(const std::string& field, uint64_t id) const {
+  const bool handed_out = id > 0 && id < next_id_;
+  return absl::NotFoundError(
+      absl::StrCat(field, ": buffer ", id, handed_out ? " was freed" : " does not exist"));
+}
+
 void BufferRegistry::ForgetName(const Buffer& buffer) {
   // Only while the name is still this buffer's: after Unexport another buffer may hold it.
   auto it = by_name_.find(buffer.name());
@@ -150,10 +153,7 @@ absl::Status BufferRegistry::Unexport(uint64_t id) {
   {
     absl::MutexLock lock(&mu_);
     auto it = by_id_.find(id);
-    if (it == by_id_.end()) {
-      return absl::NotFoundError(absl::StrCat(
-          "id: buffer ", id, id > 0 && id < next_id_ ? " was freed" : " does not exist"));
-    }
+    if (it == by_id_.end()) return Unknown("id", id);
     buffer = it->second;
     ForgetName(*buffer);
   }
@@ -171,10 +171,7 @@ absl::StatusOr<std::shared_ptr<Buffer>> BufferRegistry::Get(uint64_t id,
                                                             const std::string& field) const {
   absl::MutexLock lock(&mu_);
   auto it = by_id_.find(id);
-  if (it == by_id_.end()) {
-    return absl::NotFoundError(absl::StrCat(
-        field, ": buffer ", id, id > 0 && id < next_id_ ? " was freed" : " does not exist"));
-  }
+  if (it == by_id_.end()) return Unknown(field, id);
   return it->second;
 }
 

@@ -111,6 +111,9 @@ class BufferRegistry {
   uint64_t host_bytes() const;
 
  private:
+  // NOT_FOUND naming `field`: "was freed" for an id we handed out, else "does not exist".
+  absl::Status Unknown(const std::string& field, uint64_t id) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Drops `buffer`'s name from by_name_ if the name still maps to it.
   void ForgetName(const Buffer& buffer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 

@@ -156,14 +156,12 @@ ferry::v1::Leg MakeLeg(const std::string& side, const LegPlan& plan, const std::
 }
 
 LegPlan RemoteLeg(const RemoteBuffer& remote) {
-  LegPlan leg;
-  leg.mode = remote.mode;
-  leg.device = remote.device;
-  leg.backend = remote.backend;
-  leg.nic = remote.nic;
-  leg.path = remote.path;
-  leg.reason = remote.reason;
-  return leg;
+  return {.mode = remote.mode,
+          .device = remote.device,
+          .backend = remote.backend,
+          .nic = remote.nic,
+          .path = remote.path,
+          .reason = remote.reason};
 }
 
 // A peer refusing a key or range it handed out at Resolve means the buffer went away (freed
