@@ -187,7 +187,8 @@ absl::Status ParseInto(const Context& ctx, const YAML::Node& root, Config& c) {
     RETURN_IF_ERROR(CheckKeys(ctx, verbs, "verbs",
                               {"device", "port", "gid_index", "timeout", "retry_cnt", "rnr_retry",
                                "send_queue_depth", "signal_every", "inline_threshold",
-                               "recv_queue_depth", "cq_depth", "max_message_bytes"}));
+                               "recv_queue_depth", "cq_depth", "max_message_bytes",
+                               "traffic_class", "sl", "pkey_index"}));
     VerbsSettings& v = c.verbs;
     if (auto n = verbs["device"]) {
       ASSIGN_OR_RETURN(v.device, ReadString(ctx, n, "verbs.device"));
@@ -249,6 +250,17 @@ absl::Status ParseInto(const Context& ctx, const YAML::Node& root, Config& c) {
         return ctx.Error(n, "verbs.max_message_bytes",
                          "must be 0 (the port's max_msg_sz) or at least 4KiB");
       }
+    }
+    // QoS and partition: what the fabric's lossless class and partitions are set up for
+    // (a RoCE fabric with PFC/ECN on DSCP 26 wants traffic_class 106, as NCCL_IB_TC).
+    if (auto n = verbs["traffic_class"]) {
+      ASSIGN_OR_RETURN(v.traffic_class, ReadCount(ctx, n, "verbs.traffic_class", 0, 255));
+    }
+    if (auto n = verbs["sl"]) {
+      ASSIGN_OR_RETURN(v.sl, ReadCount(ctx, n, "verbs.sl", 0, 15));
+    }
+    if (auto n = verbs["pkey_index"]) {
+      ASSIGN_OR_RETURN(v.pkey_index, ReadCount(ctx, n, "verbs.pkey_index", 0, 65535));
     }
     if (v.signal_every > v.send_queue_depth) {
       return ctx.Error(verbs, "verbs.signal_every", absl::StrCat(

@@ -34,6 +34,9 @@ struct VerbsSettings {
   uint32_t recv_queue_depth = 256;  // receives posted per accepted connection
   uint32_t cq_depth = 65536;      // completion queue per device; bounds its connections
   uint64_t max_message_bytes = 0; // largest WR, larger ops are split; 0 = port's max_msg_sz
+  uint32_t traffic_class = 0;     // GRH traffic class (RoCE: DSCP << 2 | ECN), 0..255
+  uint32_t sl = 0;                // InfiniBand service level, 0..15
+  uint32_t pkey_index = 0;        // partition key table index, 0..65535
 };
 
 struct Config {

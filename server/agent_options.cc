@@ -55,7 +55,10 @@ fabric::ProviderOptions ProviderOptionsFromConfig(const config::Config& config,
                                         .inline_threshold = v.inline_threshold,
                                         .recv_queue_depth = v.recv_queue_depth,
                                         .cq_depth = v.cq_depth,
-                                        .max_message_bytes = v.max_message_bytes};
+                                        .max_message_bytes = v.max_message_bytes,
+                                        .traffic_class = static_cast<uint8_t>(v.traffic_class),
+                                        .sl = static_cast<uint8_t>(v.sl),
+                                        .pkey_index = static_cast<uint16_t>(v.pkey_index)};
   return providers;
 }
 

@@ -48,7 +48,8 @@ std::vector<std::string> RestartOnlyChanges(const config::Config& a, const confi
          return absl::StrCat(v.device, "/", v.port, "/", v.gid_index, "/", v.timeout, "/",
                              v.retry_cnt, "/", v.rnr_retry, "/", v.send_queue_depth, "/",
                              v.signal_every, "/", v.inline_threshold, "/", v.recv_queue_depth,
-                             "/", v.cq_depth, "/", v.max_message_bytes);
+                             "/", v.cq_depth, "/", v.max_message_bytes, "/", v.traffic_class,
+                             "/", v.sl, "/", v.pkey_index);
        }},
       {"topology", [](const auto& c) { return c.topology; }},
       {"nics", [](const auto& c) { return Nics(c.nics); }},

@@ -38,7 +38,7 @@ constexpr size_t FieldCount() {
 // not when a uint32_t joins a struct with room to spare.
 static_assert(FieldCount<tcp::TcpOptions>() == 7,
               "new field: map it in server/agent_options.cc and test it here");
-static_assert(FieldCount<verbs::VerbsOptions>() == 12,
+static_assert(FieldCount<verbs::VerbsOptions>() == 15,
               "new field: map it in server/agent_options.cc and test it here");
 static_assert(FieldCount<fabric::ProviderOptions>() == 3,
               "new field: map it in server/agent_options.cc and test it here");
@@ -67,6 +67,9 @@ verbs:
   recv_queue_depth: 100
   cq_depth: 9999
   max_message_bytes: 1MiB
+  traffic_class: 106
+  sl: 3
+  pkey_index: 2
 limits:
   max_op_bytes: 2GiB
   max_ops_per_submit: 1000
@@ -116,6 +119,9 @@ TEST(AgentOptionsTest, EveryProviderKeyArrives) {
   EXPECT_EQ(p.verbs.recv_queue_depth, 100u);
   EXPECT_EQ(p.verbs.cq_depth, 9999u);
   EXPECT_EQ(p.verbs.max_message_bytes, 1u << 20);
+  EXPECT_EQ(p.verbs.traffic_class, 106);
+  EXPECT_EQ(p.verbs.sl, 3);
+  EXPECT_EQ(p.verbs.pkey_index, 2);
 }
 
 TEST(AgentOptionsTest, EveryEngineKeyArrives) {
@@ -154,6 +160,9 @@ TEST(AgentOptionsTest, ConfigDefaultsAreTheOptionDefaults) {
   EXPECT_EQ(p.verbs.recv_queue_depth, verbs.recv_queue_depth);
   EXPECT_EQ(p.verbs.cq_depth, verbs.cq_depth);
   EXPECT_EQ(p.verbs.max_message_bytes, verbs.max_message_bytes);
+  EXPECT_EQ(p.verbs.traffic_class, verbs.traffic_class);
+  EXPECT_EQ(p.verbs.sl, verbs.sl);
+  EXPECT_EQ(p.verbs.pkey_index, verbs.pkey_index);
   const EngineLimits limits = EngineLimitsFromConfig(Parse(""));
   const EngineLimits engine;
   EXPECT_EQ(limits.max_op_bytes, engine.max_op_bytes);

@@ -212,6 +212,75 @@ TEST(VerbsQpTest, RoceUsesAGrhFromTheRoceV2Gid) {
   EXPECT_EQ(std::count(dst.begin(), dst.end(), 'r'), 5000);
 }
 
+// QoS and partition come from config (issue 12): service level, GRH traffic class, P_Key.
+TEST(VerbsQpTest, ServiceLevelTrafficClassAndPkeyComeFromOptions) {
+  VerbsOptions options;
+  options.sl = 3;
+  options.traffic_class = 106;
+  options.pkey_index = 2;
+  Pair roce(RoceModel(), options, options);
+  ASSERT_TRUE(roce.endpoint);
+  ibv_qp_attr r = roce.model->QpAttributes(roce.verbs_endpoint().qpn());
+  EXPECT_EQ(r.ah_attr.sl, 3);
+  EXPECT_EQ(r.ah_attr.grh.traffic_class, 106);
+  EXPECT_EQ(r.pkey_index, 2);
+  // A P_Key index beyond the port's table is refused by ibv_modify_qp, naming the step.
+  VerbsOptions bad;
+  bad.device = "mlx5_0";
+  bad.pkey_index = 500;
+  auto m = IbModel();
+  auto a = VerbsFabric::Create(bad, m);
+  VerbsOptions b_options;
+  b_options.device = "mlx5_1";
+  auto b = VerbsFabric::Create(b_options, m);
+  ASSERT_TRUE(a.ok() && b.ok());
+  auto refused = fabric::ConnectDirect(**a, **b);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("ibv_modify_qp"));
+}
+
+// An InfiniBand port with IBV_QPF_GRH_REQUIRED refuses RTR without a GRH; ferry sets one.
+TEST(VerbsQpTest, InfinibandPortsThatRequireAGrhGetOne) {
+  auto a = model::InfinibandDevice("mlx5_0", 0x11);
+  auto b = model::InfinibandDevice("mlx5_1", 0x22);
+  a.ports[0].flags = b.ports[0].flags = IBV_QPF_GRH_REQUIRED;
+  Pair p(std::make_shared<VerbsModel>(std::vector<model::DeviceConfig>{a, b}));
+  ASSERT_TRUE(p.endpoint);
+  ibv_qp_attr ini = p.model->QpAttributes(p.verbs_endpoint().qpn());
+  EXPECT_EQ(ini.ah_attr.is_global, 1);
+  EXPECT_EQ(ini.ah_attr.dlid, 0x22);
+  EXPECT_EQ(std::memcmp(ini.ah_attr.grh.dgid.raw, b.ports[0].gids[0].gid.raw, 16), 0);
+}
+
+// The GID auto-pick never takes a link-local fe80:: RoCE v2 entry (it does not route), and
+// says so when nothing else is there; an explicit gid_index still may.
+TEST(VerbsQpTest, AutoPickSkipsLinkLocalRoceGids) {
+  auto only_link_local = [] {
+    auto d = model::RoceDevice("mlx5_0", "10.0.0.1");
+    d.ports[0].gids.resize(2);  // the fe80:: v1 and v2 entries
+    return std::make_shared<VerbsModel>(std::vector<model::DeviceConfig>{d});
+  };
+  auto f = VerbsFabric::Create({}, only_link_local());
+  EXPECT_EQ(f.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(f.status().message()), HasSubstr("1 link-local fe80:: skipped"));
+  VerbsOptions explicit_index;
+  explicit_index.gid_index = 1;
+  auto g = VerbsFabric::Create(explicit_index, only_link_local());
+  ASSERT_TRUE(g.ok()) << g.status();
+  EXPECT_EQ((*g)->port().gid_index, 1);
+  // With a global IPv6 entry after the link-local one, the global one is taken.
+  auto d = model::RoceDevice("mlx5_0", "10.0.0.1");
+  d.ports[0].gids.resize(2);
+  ibv_gid_entry global = d.ports[0].gids[1];
+  global.gid.global.subnet_prefix = htobe64(0x20010db800000000ull);
+  global.gid_index = 2;
+  d.ports[0].gids.push_back(global);
+  auto h =
+      VerbsFabric::Create({}, std::make_shared<VerbsModel>(std::vector<model::DeviceConfig>{d}));
+  ASSERT_TRUE(h.ok()) << h.status();
+  EXPECT_EQ((*h)->port().gid_index, 2);
+}
+
 TEST(VerbsQpTest, GidIndexMustBeRoceV2AndLinkLayersMustMatch) {
   auto m = RoceModel();
   VerbsOptions v1;

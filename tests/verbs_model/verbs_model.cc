@@ -11,6 +11,11 @@
 namespace ferry::verbs::model {
 namespace {
 
+// fe80::/10: an IPv6 link-local address (RoCE v2 GIDs from the netdev's link-local address).
+bool IsLinkLocalGid(const ibv_gid& gid) {
+  return gid.raw[0] == 0xfe && (gid.raw[1] & 0xc0) == 0x80;
+}
+
 bool IsZeroGid(const ibv_gid& gid) {
   static const ibv_gid kZero = {};
   return std::memcmp(gid.raw, kZero.raw, sizeof(kZero.raw)) == 0;
@@ -300,6 +305,8 @@ int VerbsModel::QueryPort(ibv_context* context, uint8_t port, ibv_port_attr* att
   attr->max_msg_sz = p.max_msg_sz;
   attr->lid = p.lid;
   attr->link_layer = p.link_layer;
+  attr->flags = p.flags;
+  attr->pkey_tbl_len = p.pkey_tbl_len;
   attr->phys_state = p.state == IBV_PORT_ACTIVE ? 5 : 3;  // LinkUp : Disabled
   return 0;
 }
@@ -607,8 +614,19 @@ int VerbsModel::ModifyLocked(Qp* q, const ibv_qp_attr& a, int mask) {
       }
     } else if (!ah.is_global && ah.dlid == 0) {
       return Fail(EINVAL);
+    } else if ((port.flags & IBV_QPF_GRH_REQUIRED) && !ah.is_global) {
+      // The kernel refuses an address handle without a GRH on such a port (ib_core
+      // rdma_check_ah_attr / ib_resolve_eth_dmac path: -EINVAL).
+      return Fail(EINVAL);
+    }
+    if (ah.is_global && IsLinkLocalGid(ah.grh.dgid) && port.link_layer == IBV_LINK_LAYER_ETHERNET &&
+        port.gids.size() > ah.grh.sgid_index && !IsLinkLocalGid(port.gids[ah.grh.sgid_index].gid)) {
+      // A routable source addressing a link-local peer: RoCE v2 packets to fe80:: are not
+      // routed off the link; the model refuses the path rather than let it look fine.
+      return Fail(EINVAL);
     }
   }
+  if ((mask & IBV_QP_PKEY_INDEX) && a.pkey_index >= port.pkey_tbl_len) return Fail(EINVAL);
   if ((mask & IBV_QP_MAX_DEST_RD_ATOMIC) && a.max_dest_rd_atomic > dc.max_qp_rd_atom) {
     return Fail(EINVAL);
   }

@@ -43,6 +43,11 @@ struct PortConfig {
   uint16_t lid = 1;
   ibv_mtu active_mtu = IBV_MTU_4096;
   uint32_t max_msg_sz = 1u << 30;
+  // ibv_port_attr.flags: IBV_QPF_GRH_REQUIRED on InfiniBand ports whose subnet manager
+  // demands a GRH on every packet (ibv_query_port(3)); RTR without one is refused.
+  uint8_t flags = 0;
+  // P_Key table length: a QP's pkey_index must be below it (ibv_modify_qp(3): EINVAL).
+  uint16_t pkey_tbl_len = 128;
   // The GID table; an entry with an all-zero GID is an empty slot (ENODATA).
   std::vector<ibv_gid_entry> gids;
 };

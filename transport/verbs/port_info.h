@@ -17,6 +17,8 @@ struct PortInfo {
   int gid_index = -1;       // RoCE: the chosen RoCE v2 entry; InfiniBand: 0 if it has one
   ibv_gid gid = {};
   ibv_mtu active_mtu = IBV_MTU_1024;
+  // InfiniBand: the subnet requires a GRH on every packet (IBV_QPF_GRH_REQUIRED).
+  bool grh_required = false;
   uint64_t max_msg_sz = 1ull << 30;
   // Device limits (ibv_query_device).
   int max_qp_wr = 0;

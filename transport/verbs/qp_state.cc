@@ -23,17 +23,19 @@ constexpr int kMaxReadsInFlight = 16;
 
 }  // namespace
 
-ibv_qp_attr InitAttr(const PortInfo& port, int qp_access, int* mask) {
+ibv_qp_attr InitAttr(const PortInfo& port, int qp_access, const VerbsOptions& options,
+                     int* mask) {
   ibv_qp_attr attr = {};
   attr.qp_state = IBV_QPS_INIT;
-  attr.pkey_index = 0;
+  attr.pkey_index = options.pkey_index;
   attr.port_num = port.port;
   attr.qp_access_flags = qp_access;
   *mask = IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS;
   return attr;
 }
 
-ibv_qp_attr RtrAttr(const PortInfo& port, const QpAddress& remote, int* mask) {
+ibv_qp_attr RtrAttr(const PortInfo& port, const QpAddress& remote, const VerbsOptions& options,
+                    int* mask) {
   ibv_qp_attr attr = {};
   attr.qp_state = IBV_QPS_RTR;
   attr.path_mtu = std::min(port.active_mtu, remote.mtu);
@@ -43,21 +45,19 @@ ibv_qp_attr RtrAttr(const PortInfo& port, const QpAddress& remote, int* mask) {
       static_cast<uint8_t>(std::clamp(port.max_qp_rd_atom, 1, kMaxReadsInFlight));
   attr.min_rnr_timer = kMinRnrTimer;
   attr.ah_attr.port_num = port.port;
-  attr.ah_attr.sl = 0;
-  if (port.is_roce()) {
-    // RoCE has no LIDs: every packet carries a GRH, routed by the peer's GID from our
-    // RoCE v2 source GID.
-    attr.ah_attr.is_global = 1;
-    attr.ah_attr.dlid = 0;
+  attr.ah_attr.sl = options.sl;
+  // RoCE has no LIDs: every packet carries a GRH, routed by the peer's GID from our RoCE v2
+  // source GID. InfiniBand within one subnet is addressed by LID, with a GRH only where the
+  // port demands one (then by both).
+  const bool grh = port.is_roce() || port.grh_required;
+  attr.ah_attr.is_global = grh ? 1 : 0;
+  attr.ah_attr.dlid = port.is_roce() ? 0 : remote.lid;
+  if (grh) {
     attr.ah_attr.grh.dgid = remote.gid;
-    attr.ah_attr.grh.sgid_index = static_cast<uint8_t>(port.gid_index);
+    attr.ah_attr.grh.sgid_index = static_cast<uint8_t>(std::max(port.gid_index, 0));
     attr.ah_attr.grh.hop_limit = kRoceHopLimit;
-    attr.ah_attr.grh.traffic_class = 0;
+    attr.ah_attr.grh.traffic_class = options.traffic_class;
     attr.ah_attr.grh.flow_label = 0;
-  } else {
-    // InfiniBand within one subnet: the LID is the address; no GRH.
-    attr.ah_attr.is_global = 0;
-    attr.ah_attr.dlid = remote.lid;
   }
   *mask = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
           IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
@@ -88,9 +88,9 @@ absl::Status ConnectQp(VerbsApi& api, ibv_qp* qp, const PortInfo& port, int qp_a
         port.device, port.port, port.is_roce() ? "Ethernet (RoCE)" : "InfiniBand"));
   }
   int mask = 0;
-  ibv_qp_attr init = InitAttr(port, qp_access, &mask);
+  ibv_qp_attr init = InitAttr(port, qp_access, options, &mask);
   if (absl::Status s = Modify(api, qp, init, mask, "RESET->INIT"); !s.ok()) return s;
-  ibv_qp_attr rtr = RtrAttr(port, remote, &mask);
+  ibv_qp_attr rtr = RtrAttr(port, remote, options, &mask);
   if (absl::Status s = Modify(api, qp, rtr, mask, "INIT->RTR"); !s.ok()) return s;
   ibv_qp_attr rts = RtsAttr(port, local_psn, options, &mask);
   return Modify(api, qp, rts, mask, "RTR->RTS");

@@ -20,9 +20,14 @@ constexpr uint8_t kRoceHopLimit = 64;
 constexpr uint8_t kMinRnrTimer = 12;
 
 // `qp_access`: IBV_ACCESS_REMOTE_* the QP lets peers use (targets need remote write/read).
-ibv_qp_attr InitAttr(const PortInfo& port, int qp_access, int* mask);
-// The path MTU is the smaller of the two ports' active MTUs.
-ibv_qp_attr RtrAttr(const PortInfo& port, const QpAddress& remote, int* mask);
+// The partition is options.pkey_index.
+ibv_qp_attr InitAttr(const PortInfo& port, int qp_access, const VerbsOptions& options,
+                     int* mask);
+// The path MTU is the smaller of the two ports' active MTUs; service level and (with a GRH)
+// traffic class from `options`. A GRH on RoCE always, on InfiniBand where the port requires
+// one (IBV_QPF_GRH_REQUIRED).
+ibv_qp_attr RtrAttr(const PortInfo& port, const QpAddress& remote, const VerbsOptions& options,
+                    int* mask);
 ibv_qp_attr RtsAttr(const PortInfo& port, uint32_t local_psn, const VerbsOptions& options,
                     int* mask);
 

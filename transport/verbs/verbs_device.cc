@@ -24,6 +24,9 @@ bool IsIpv4Mapped(const ibv_gid& gid) {
   return std::memcmp(gid.raw, kPrefix, sizeof(kPrefix)) == 0;
 }
 
+// fe80::/10: a RoCE v2 GID made from the netdev's IPv6 link-local address.
+bool IsLinkLocal(const ibv_gid& gid) { return gid.raw[0] == 0xfe && (gid.raw[1] & 0xc0) == 0x80; }
+
 bool IsZero(const ibv_gid& gid) {
   static const ibv_gid kZero = {};
   return std::memcmp(gid.raw, kZero.raw, 16) == 0;
@@ -49,7 +52,7 @@ absl::Status PickGid(VerbsApi& api, ibv_context* ctx, const ibv_port_attr& attr,
     port.gid = entry.gid;
     return absl::OkStatus();
   }
-  int best = -1, fallback = -1;
+  int best = -1, fallback = -1, link_local = 0;
   ibv_gid best_gid = {}, fallback_gid = {};
   for (int i = 0; i < attr.gid_tbl_len; ++i) {
     ibv_gid_entry entry = {};
@@ -61,6 +64,11 @@ absl::Status PickGid(VerbsApi& api, ibv_context* ctx, const ibv_port_attr& attr,
       return absl::OkStatus();
     }
     if (entry.gid_type != IBV_GID_TYPE_ROCE_V2) continue;
+    if (IsLinkLocal(entry.gid)) {
+      // fe80::/10 does not route off the link: never picked unless asked for by index.
+      ++link_local;
+      continue;
+    }
     if (IsIpv4Mapped(entry.gid) && best < 0) {
       best = i;
       best_gid = entry.gid;
@@ -76,8 +84,13 @@ absl::Status PickGid(VerbsApi& api, ibv_context* ctx, const ibv_port_attr& attr,
   if (best < 0) {
     if (!port.is_roce()) return absl::OkStatus();  // InfiniBand works by LID alone
     return absl::FailedPreconditionError(absl::StrFormat(
-        "verbs: %s port %d has no RoCE v2 GID (%d entries); is an IP address configured on its "
-        "netdev?", port.device, port.port, attr.gid_tbl_len));
+        "verbs: %s port %d has no routable RoCE v2 GID (%d entries%s); is an IP address "
+        "configured on its netdev?",
+        port.device, port.port, attr.gid_tbl_len,
+        link_local > 0 ? absl::StrFormat("; %d link-local fe80:: skipped: they do not route, "
+                                         "set verbs.gid_index to use one anyway",
+                                         link_local)
+                       : ""));
   }
   port.gid_index = best;
   port.gid = best_gid;
@@ -113,6 +126,7 @@ absl::Status DescribePort(VerbsApi& api, ibv_context* ctx, const VerbsOptions& o
                                                                   : IBV_LINK_LAYER_INFINIBAND;
     port.lid = attr.lid;
     port.active_mtu = attr.active_mtu;
+    port.grh_required = !port.is_roce() && (attr.flags & IBV_QPF_GRH_REQUIRED) != 0;
     port.max_msg_sz = attr.max_msg_sz;
     return PickGid(api, ctx, attr, options.gid_index, port);
   }

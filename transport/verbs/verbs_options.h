@@ -34,6 +34,11 @@ struct VerbsOptions {
   uint32_t cq_depth = 65536;
   // Largest single WR; larger ops are split. 0 = the port's max_msg_sz.
   uint64_t max_message_bytes = 0;
+  // GRH traffic class (RoCE: DSCP << 2 | ECN) and InfiniBand service level, as the fabric's
+  // QoS/lossless class expects; partition key index.
+  uint8_t traffic_class = 0;
+  uint8_t sl = 0;
+  uint16_t pkey_index = 0;
 };
 
 }  // namespace ferry::verbs
