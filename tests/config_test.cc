@@ -112,6 +112,15 @@ verbs: {device: mlx5_1, port: 2, gid_index: 3, timeout: 18, retry_cnt: 6, rnr_re
                         "max_msg_sz) or at least 4KiB"));
   EXPECT_THAT(ErrorOf("verbs:\n  max_message_bytes: lots\n"),
               HasSubstr("key 'verbs.max_message_bytes'"));
+  // QoS and partition keys are bounded by what the headers carry.
+  EXPECT_THAT(ErrorOf("verbs:\n  sl: 16\n"), HasSubstr("test.yaml:2: key 'verbs.sl'"));
+  EXPECT_THAT(ErrorOf("verbs:\n  traffic_class: 256\n"), HasSubstr("key 'verbs.traffic_class'"));
+  EXPECT_THAT(ErrorOf("verbs:\n  pkey_index: 65536\n"), HasSubstr("key 'verbs.pkey_index'"));
+  auto qos = ParseConfig("verbs: {sl: 15, traffic_class: 255, pkey_index: 7}\n", "test.yaml");
+  ASSERT_TRUE(qos.ok()) << qos.status();
+  EXPECT_EQ(qos->verbs.sl, 15u);
+  EXPECT_EQ(qos->verbs.traffic_class, 255u);
+  EXPECT_EQ(qos->verbs.pkey_index, 7u);
 }
 
 TEST(ConfigTest, ExampleFileDocumentsValidKeys) {
