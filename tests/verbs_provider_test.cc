@@ -23,6 +23,7 @@
 #include "transport/verbs/qp_state.h"
 #include "transport/verbs/verbs_endpoint.h"
 #include "transport/verbs/verbs_fabric.h"
+#include "transport/verbs/verbs_region.h"
 
 namespace ferry::verbs {
 namespace {
@@ -585,6 +586,17 @@ TEST(VerbsOpsTest, SmallWritesFromGpuMemoryAreNeverInline) {
   // Only the host-memory WRITE went inline.
   EXPECT_EQ(p.model->SendStats(p.verbs_endpoint().qpn()).inlined, 1u);
   close(fd);
+}
+
+// Host registrations ask for relaxed ordering (issue 12, defect 7), with the role's access.
+TEST(VerbsRegionTest, HostRegistrationsAskForRelaxedOrdering) {
+  Pair p(IbModel());
+  ASSERT_TRUE(p.endpoint);
+  std::vector<char> mem(4096);
+  auto r = p.target->Register(mem.data(), mem.size(), fabric::kRemoteWrite);
+  ASSERT_TRUE(r.ok()) << r.status();
+  int access = p.model->MrAccess(dynamic_cast<const VerbsRegion&>(**r).lkey());
+  EXPECT_EQ(access, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_RELAXED_ORDERING);
 }
 
 TEST(VerbsLifetimeTest, EverythingIsReleasedInOrder) {

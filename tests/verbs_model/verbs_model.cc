@@ -364,6 +364,11 @@ ibv_mr* VerbsModel::RegMr(ibv_pd* pd, void* addr, size_t length, int access) {
   if (TakeFault(Call::kRegMr, &err)) return FailNull<ibv_mr>(err);
   auto it = pds_.find(pd);
   if (it == pds_.end() || addr == nullptr || length == 0) return FailNull<ibv_mr>(EINVAL);
+  // Access bits the model does not know are refused (EINVAL), except optional ones, which
+  // rdma-core drops where unsupported (verbs.h IBV_ACCESS_OPTIONAL_RANGE, ibv_reg_mr(3)).
+  constexpr int kKnown = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+                         IBV_ACCESS_REMOTE_READ | IBV_ACCESS_REMOTE_ATOMIC;
+  if ((access & ~(kKnown | IBV_ACCESS_OPTIONAL_RANGE)) != 0) return FailNull<ibv_mr>(EINVAL);
   // Remote write without local write is refused by every HCA.
   if ((access & IBV_ACCESS_REMOTE_WRITE) && !(access & IBV_ACCESS_LOCAL_WRITE)) {
     return FailNull<ibv_mr>(EINVAL);
@@ -975,6 +980,12 @@ VerbsModel::SendCounts VerbsModel::SendStats(uint32_t qpn) {
 int VerbsModel::LiveObjects() {
   absl::MutexLock lock(&mu_);
   return static_cast<int>(contexts_.size() + pds_.size() + mrs_.size() + cqs_.size() + qps_.size());
+}
+
+int VerbsModel::MrAccess(uint32_t lkey) {
+  absl::MutexLock lock(&mu_);
+  auto it = mrs_by_key_.find(lkey);
+  return it == mrs_by_key_.end() ? -1 : it->second->access;
 }
 
 uint64_t VerbsModel::CpuFaults() {

@@ -132,6 +132,8 @@ class VerbsModel : public VerbsApi {
   // Posts refused because inline data would have been read by the CPU from GPU (DMA-BUF)
   // memory: on the hardware, a SIGSEGV in the agent.
   uint64_t CpuFaults();
+  // The access flags MR `lkey` was registered with; -1 for none.
+  int MrAccess(uint32_t lkey);
   // Waits until the data mover has nothing runnable.
   void WaitIdle();
 

@@ -23,6 +23,8 @@ class RdmaCore final : public VerbsApi {
   ibv_pd* AllocPd(ibv_context* context) override { return ibv_alloc_pd(context); }
   int DeallocPd(ibv_pd* pd) override { return ibv_dealloc_pd(pd); }
   ibv_mr* RegMr(ibv_pd* pd, void* addr, size_t length, int access) override {
+    // verbs.h's ibv_reg_mr macro takes a non-constant access through ibv_reg_mr_iova2, which
+    // drops optional flags (relaxed ordering) the device does not support.
     return ibv_reg_mr(pd, addr, length, access);
   }
   ibv_mr* RegDmabufMr(ibv_pd* pd, uint64_t offset, size_t length, uint64_t iova, int fd,

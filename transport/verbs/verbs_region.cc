@@ -29,7 +29,12 @@ absl::StatusOr<std::unique_ptr<fabric::MemoryRegion>> RegisterHost(
     return absl::InvalidArgumentError("verbs: cannot register an empty region");
   }
   VerbsApi& api = device->api();
-  MrPtr mr(api.RegMr(device->pd(), data, length, IbvAccessFor(access)), MrDeleter{&api});
+  // Relaxed ordering lets the NIC reorder PCIe writes to the memory (as NCCL and perftest
+  // ask): an optional flag, which ibv_reg_mr passes through ibv_reg_mr_iova2 and rdma-core
+  // drops where the device or kernel does not support it (verbs.h, IBV_ACCESS_OPTIONAL_RANGE).
+  MrPtr mr(api.RegMr(device->pd(), data, length,
+                     IbvAccessFor(access) | IBV_ACCESS_RELAXED_ORDERING),
+           MrDeleter{&api});
   if (!mr) {
     return absl::ErrnoToStatus(errno, absl::StrFormat("ibv_reg_mr(%s, %s)", device->port().device,
                                                       Size(length)));
