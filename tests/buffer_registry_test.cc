@@ -12,6 +12,7 @@
 #include "gtest/gtest.h"
 #include "tests/completion_waiter.h"
 #include "tests/fakes/fake_fabric.h"
+#include "tests/fakes/sim_gpus.h"
 #include "transport/memory/gpu_device.h"
 #include "transport/memory/host_pool.h"
 
@@ -377,13 +378,7 @@ TEST_F(BufferRegistryTest, DestroyingTheRegistryFreesEverything) {
 }
 
 TEST_F(BufferRegistryTest, SimulatedGpuBuffersAreRegisteredWithEachFabric) {
-  memory::GpuOptions options;
-  options.backend = "sim";
-  options.count = 1;
-  std::string why;
-  auto devices = memory::CreateGpus(options, &why);
-  ASSERT_TRUE(devices.ok()) << devices.status();
-  auto gpus = GpuPools::Create(std::move(*devices), 16 * GpuPools::kAlignment);
+  auto gpus = fake::SimGpuPools();
   ASSERT_TRUE(gpus.ok()) << gpus.status();
   auto registry = MakeRegistry(pool_.get(), {&agent_, &agent_rail2_}, gpus->get());
 

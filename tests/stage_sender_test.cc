@@ -19,6 +19,7 @@
 #include "gtest/gtest.h"
 #include "server/buffers/buffer_registry.h"
 #include "tests/fakes/fake_fabric.h"
+#include "tests/fakes/sim_gpus.h"
 #include "tests/fakes/fake_stage_call.h"
 #include "transport/memory/gpu_device.h"
 #include "transport/memory/host_pool.h"
@@ -63,13 +64,7 @@ class StageSenderTest : public ::testing::Test {
     auto pool = memory::HostPool::Create(16 * memory::HostPool::kAlignment, "stage_sender_test");
     ASSERT_TRUE(pool.ok()) << pool.status();
     pool_ = std::move(*pool);
-    memory::GpuOptions options;
-    options.backend = "sim";
-    options.count = 1;
-    std::string why;
-    auto devices = memory::CreateGpus(options, &why);
-    ASSERT_TRUE(devices.ok()) << devices.status();
-    auto gpus = GpuPools::Create(std::move(*devices), 16 * GpuPools::kAlignment);
+    auto gpus = fake::SimGpuPools();
     ASSERT_TRUE(gpus.ok()) << gpus.status();
     gpus_ = std::move(*gpus);
     registry_ = std::make_unique<BufferRegistry>(pool_.get(), gpus_.get(),

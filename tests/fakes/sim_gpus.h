@@ -1,0 +1,26 @@
+#pragma once
+// GPU pools over simulated GPUs (memory::CreateGpus, backend "sim"), for unit tests that need
+// GPU buffers or staging without a GPU.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "server/buffers/gpu_pools.h"
+#include "transport/memory/gpu_device.h"
+
+namespace ferry::fake {
+
+inline absl::StatusOr<std::unique_ptr<server::GpuPools>> SimGpuPools(
+    uint32_t count = 1, uint64_t pool_bytes = 16 * server::GpuPools::kAlignment) {
+  memory::GpuOptions options;
+  options.backend = "sim";
+  options.count = count;
+  std::string why;
+  auto devices = memory::CreateGpus(options, &why);
+  if (!devices.ok()) return devices.status();
+  return server::GpuPools::Create(std::move(*devices), pool_bytes);
+}
+
+}  // namespace ferry::fake
