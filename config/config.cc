@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <fstream>
 #include <functional>
 #include <set>
@@ -233,14 +234,14 @@ absl::Status ParseInto(const Context& ctx, const YAML::Node& root, Config& c) {
     if (auto n = verbs["cq_depth"]) {
       // 2^22 is above any HCA's max_cqe (mlx5: 2^22 - 1), which clamps it anyway.
       ASSIGN_OR_RETURN(v.cq_depth, ReadCount(ctx, n, "verbs.cq_depth", 1, 1u << 22));
-      // Each queue pair reserves its depth + 1 in the CQ (initiator_qp.cc, target_qp.cc); a
-      // CQ without room for one each way would refuse every peer. Checked only when the key
-      // is given: the default beside send_queue_depth 65536, valid before, would fail it.
-      const uint64_t one_each_way = uint64_t{v.send_queue_depth} + v.recv_queue_depth + 2;
-      if (v.cq_depth < one_each_way) {
+      // Each queue pair reserves its whole queue in one CQ (transport/verbs/cq_pool.h): a CQ
+      // smaller than one queue would refuse every peer. Checked only when the key is given:
+      // the default beside send_queue_depth 65536, valid before, would fail it.
+      const uint64_t one_queue = std::max(v.send_queue_depth, v.recv_queue_depth);
+      if (v.cq_depth < one_queue) {
         return ctx.Error(n, "verbs.cq_depth", absl::StrCat(
-            v.cq_depth, " is less than send_queue_depth + recv_queue_depth + 2 (", one_each_way,
-            "): not one connection each way would fit"));
+            v.cq_depth, " is less than max(send_queue_depth, recv_queue_depth) (", one_queue,
+            "): not one connection would fit"));
       }
     }
     if (auto n = verbs["max_message_bytes"]) {

@@ -31,8 +31,8 @@ struct VerbsSettings {
   uint32_t send_queue_depth = 1024;
   uint32_t signal_every = 64;     // completion every Nth WR
   uint32_t inline_threshold = 64; // bytes copied into the WR instead of DMA-read
-  uint32_t recv_queue_depth = 256;  // receives posted per accepted connection
-  uint32_t cq_depth = 65536;      // completion queue per device; bounds its connections
+  uint32_t recv_queue_depth = 256;  // receives per accepted connection that takes immediates
+  uint32_t cq_depth = 65536;      // entries per CQ; a device opens more CQs as QPs need room
   uint64_t max_message_bytes = 0; // largest WR, larger ops are split; 0 = port's max_msg_sz
   uint32_t traffic_class = 0;     // GRH traffic class (RoCE: DSCP << 2 | ECN), 0..255
   uint32_t sl = 0;                // InfiniBand service level, 0..15

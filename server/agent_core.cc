@@ -46,8 +46,8 @@ absl::StatusOr<std::unique_ptr<AgentCore>> AgentCore::Create(const config::Confi
   core->bounce_ = std::make_unique<BouncePools>(fabrics, core->gpus_.get());
   core->buffers_ = std::make_unique<BufferRegistry>(core->pool_.get(), core->gpus_.get(), fabrics);
   core->sessions_ = std::make_unique<SessionRegistry>(core->buffers_.get());
-  core->peers_ = std::make_unique<PeerDirectory>(config.node, config.peer_listen, config.peers,
-                                                 fabrics);
+  core->peers_ = std::make_unique<PeerDirectory>(config.node, core->incarnation_,
+                                                 config.peer_listen, config.peers, fabrics);
   EngineDeps deps;
   deps.buffers = core->buffers_.get();
   deps.peers = core->peers_.get();

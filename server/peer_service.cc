@@ -23,6 +23,9 @@ grpc::Status PeerService::Hello(grpc::ServerContext*, const ferry::v1::HelloRequ
   resp->set_protocol_version(kPeerProtocolVersion);
   resp->set_incarnation(core_->incarnation());
   for (const auto& fabric : core_->fabrics()) {
+    // A fabric that cannot carry traffic now (its port is down) is not offered: the peer
+    // picks one of the others rather than failing its Connect.
+    if (!fabric->health().ok()) continue;
     auto* ep = resp->add_endpoints();
     ep->set_provider(fabric->provider());
     ep->set_address(fabric->address());
@@ -35,7 +38,7 @@ grpc::Status PeerService::Connect(grpc::ServerContext*, const ferry::v1::Connect
                                   ferry::v1::ConnectResponse* resp) {
   for (const auto& fabric : core_->fabrics()) {
     if (fabric->provider() != req->provider()) continue;
-    auto reply = fabric->AcceptConnect(req->request());
+    auto reply = fabric->AcceptConnect(req->request(), {req->node(), req->incarnation()});
     if (!reply.ok()) return ToGrpcStatus(reply.status());
     resp->set_reply(*reply);
     resp->set_incarnation(core_->incarnation());

@@ -106,7 +106,9 @@ class FabricConformanceTest : public ::testing::TestWithParam<ProviderCase> {
   // After a refusal a verbs endpoint is broken (its QP is in the error state): connect again,
   // as the agent's peer directory does on next use.
   void ReconnectIfBroken() {
-    if (!endpoint_->broken()) return;
+    if (endpoint_->broken()) Reconnect();
+  }
+  void Reconnect() {
     endpoint_->Close();
     auto ep = ConnectDirect(*initiator_, *target_);
     ASSERT_TRUE(ep.ok()) << ep.status();
@@ -281,6 +283,7 @@ TEST_P(FabricConformanceTest, ImmediateIsDeliveredAfterItsData) {
   target_->SetImmediateHandler([&](uint32_t imm) {
     seen.set_value({imm, std::memcmp(src.data(), dst.data(), src.size()) == 0});
   });
+  Reconnect();  // immediates need a handler before the connection is accepted
   Waiter w;
   ASSERT_TRUE(endpoint_->PostWriteWithImmediate({src_mr.get(), 0, src.size()},
                                                 {dst_mr->remote_address(), dst_mr->key()},
@@ -307,6 +310,7 @@ TEST_P(FabricConformanceTest, ManyImmediatesAreEachDeliveredOnce) {
     if (imm < kOps) ++seen[imm];
     ++total;
   });
+  Reconnect();
   std::atomic<int> done{0}, failed{0};
   for (int i = 0; i < kOps; ++i) {
     ASSERT_TRUE(endpoint_->PostWriteWithImmediate(
@@ -390,7 +394,7 @@ TEST_P(FabricConformanceTest, ConnectToNobodyIsUnavailable) {
   ASSERT_TRUE(lonely.ok());
   auto pending = initiator_->BeginConnect((*lonely)->address());
   ASSERT_TRUE(pending.ok()) << pending.status();
-  auto reply = (*lonely)->AcceptConnect((*pending)->request());
+  auto reply = (*lonely)->AcceptConnect((*pending)->request(), {});
   ASSERT_TRUE(reply.ok()) << reply.status();
   lonely->reset();  // the peer dies between its answer and our connect
   auto ep = (*pending)->Finish(*reply);

@@ -606,14 +606,14 @@ TEST_F(FakeFabricTest, DmabufOnlyWhenEnabledAndWithAnOpenFd) {
 TEST_F(FakeFabricTest, HandshakeRefusesWhatItDidNotMake) {
   EXPECT_EQ(initiator_.BeginConnect("fake-nobody-0").status().code(),
             absl::StatusCode::kUnavailable);
-  EXPECT_EQ(target_.AcceptConnect("hello").status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(target_.AcceptConnect("hello", {}).status().code(), absl::StatusCode::kInvalidArgument);
   auto third = std::make_unique<FakeFabric>();
   auto pending = initiator_.BeginConnect(target_.address());
   ASSERT_TRUE(pending.ok());
   // A request meant for another fabric.
-  EXPECT_EQ(third->AcceptConnect((*pending)->request()).status().code(),
+  EXPECT_EQ(third->AcceptConnect((*pending)->request(), {}).status().code(),
             absl::StatusCode::kInvalidArgument);
-  auto reply = target_.AcceptConnect((*pending)->request());
+  auto reply = target_.AcceptConnect((*pending)->request(), {});
   ASSERT_TRUE(reply.ok());
   EXPECT_EQ((*pending)->Finish(*reply + "x").status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ((*pending)->Finish(*reply).status().code(), absl::StatusCode::kFailedPrecondition)
@@ -622,7 +622,7 @@ TEST_F(FakeFabricTest, HandshakeRefusesWhatItDidNotMake) {
   // The peer dies between its answer and our Finish.
   auto late = initiator_.BeginConnect(third->address());
   ASSERT_TRUE(late.ok());
-  auto late_reply = third->AcceptConnect((*late)->request());
+  auto late_reply = third->AcceptConnect((*late)->request(), {});
   ASSERT_TRUE(late_reply.ok());
   third.reset();
   EXPECT_EQ((*late)->Finish(*late_reply).status().code(), absl::StatusCode::kUnavailable);
@@ -637,7 +637,7 @@ TEST_F(FakeFabricTest, StopServingBreaksIncomingEndpointsAndRefusesNewOnes) {
   ASSERT_TRUE(endpoint_->PostWrite({src_mr.get(), 0, 64}, At(*dst_mr), held.Callback()).ok());
   auto pending = initiator_.BeginConnect(target_.address());
   ASSERT_TRUE(pending.ok());
-  auto reply = target_.AcceptConnect((*pending)->request());
+  auto reply = target_.AcceptConnect((*pending)->request(), {});
   ASSERT_TRUE(reply.ok());
   target_.StopServing();
   target_.StopServing();  // idempotent

@@ -118,7 +118,7 @@ class PeerDirectoryTest : public ::testing::Test {
     auto b = FakeAgent::Start("node-b", 0xb1);
     ASSERT_TRUE(b.ok()) << b.status();
     b_ = *std::move(b);
-    dir_ = std::make_unique<PeerDirectory>("node-a", self_->address(),
+    dir_ = std::make_unique<PeerDirectory>("node-a", 0xa1, self_->address(),
                                            std::map<std::string, std::string>{
                                                {"node-b", b_->address()}},
                                            std::vector<fabric::Fabric*>{local_.get()});

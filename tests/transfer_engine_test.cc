@@ -71,7 +71,7 @@ class TransferEngineTest : public ::testing::Test {
     ASSERT_TRUE(server_ != nullptr && port_ != 0);
     const std::string address = absl::StrCat("127.0.0.1:", port_);
     peers_ = std::make_unique<PeerDirectory>(
-        "node-a", address, std::map<std::string, std::string>{{"node-b", address}},
+        "node-a", 0xa1, address, std::map<std::string, std::string>{{"node-b", address}},
         std::vector<fabric::Fabric*>{&local_});
     auto policies = PolicyStore::Create(&machine_, config::NicFilter{}, config::Policy{});
     ASSERT_TRUE(policies.ok()) << policies.status();

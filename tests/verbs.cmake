@@ -5,4 +5,5 @@ target_link_libraries(ferry_verbs_model PUBLIC ferry_verbs absl::synchronization
 
 ferry_test(verbs_model_test LABELS unit LIBS ferry_verbs_model)
 ferry_test(verbs_provider_test LABELS unit LIBS ferry_verbs_model ferry_providers)
+ferry_test(verbs_events_test LABELS unit LIBS ferry_verbs_model)
 ferry_test(verbs_hardware_test LABELS rdma LIBS ferry_verbs)

@@ -4,10 +4,14 @@
 #include "tests/verbs_model/verbs_model.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
+#include <poll.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
+#include <thread>
 #include <vector>
 
 #include "absl/time/clock.h"
@@ -61,7 +65,7 @@ class VerbsModelTest : public ::testing::Test {
   }
   // RESET -> RTS towards `peer` at `lid`, with the PSNs both sides agree on.
   int Connect(ibv_qp* qp, uint32_t peer, uint16_t lid, uint32_t sq_psn, uint32_t rq_psn,
-              uint8_t rnr_retry = 7) {
+              uint8_t rnr_retry = 7, uint8_t timeout = 14) {
     ibv_qp_attr a = {};
     a.qp_state = IBV_QPS_INIT;
     a.port_num = 1;
@@ -85,7 +89,7 @@ class VerbsModelTest : public ::testing::Test {
     a = {};
     a.qp_state = IBV_QPS_RTS;
     a.sq_psn = sq_psn;
-    a.timeout = 14;
+    a.timeout = timeout;
     a.retry_cnt = 7;
     a.rnr_retry = rnr_retry;
     a.max_rd_atomic = 4;
@@ -391,6 +395,7 @@ TEST_F(VerbsModelTest, WrongPsnOrLidNeverConnects) {
   std::vector<char> src(8), dst(8);
   ibv_mr* src_mr = Mr(pd_a_, src, IBV_ACCESS_LOCAL_WRITE);
   ibv_mr* dst_mr = Mr(pd_b_, dst, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  const absl::Time start = absl::Now();
   for (ibv_qp* qp : {a, c}) {
     ASSERT_EQ(Post(qp, IBV_WR_RDMA_WRITE, src.data(), 8, src_mr->lkey,
                    reinterpret_cast<uint64_t>(dst.data()), dst_mr->rkey, 1), 0);
@@ -398,6 +403,38 @@ TEST_F(VerbsModelTest, WrongPsnOrLidNeverConnects) {
   auto wcs = Poll(cq_a_, 2);
   ASSERT_EQ(wcs.size(), 2u);
   for (const auto& wc : wcs) EXPECT_EQ(wc.status, IBV_WC_RETRY_EXC_ERR);
+  // Only once 8 tries of 4.096 us x 2^14 (67 ms) each went unanswered.
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(530));
+}
+
+TEST_F(VerbsModelTest, RetriesTakeTheConfiguredTimeAndTimeoutZeroWaitsForever) {
+  std::vector<char> src(8), dst(8);
+  ibv_mr* src_mr = Mr(pd_a_, src, IBV_ACCESS_LOCAL_WRITE);
+  ibv_mr* dst_mr = Mr(pd_b_, dst, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  ibv_qp* quick = Qp(pd_a_, cq_a_);
+  ibv_qp* patient = Qp(pd_a_, cq_a_);
+  // Both name a QP number nobody has: no ACK ever comes.
+  ASSERT_EQ(Connect(quick, 0xdead, 2, 1, 1, 7, /*timeout=*/10), 0);
+  ASSERT_EQ(Connect(patient, 0xdead, 2, 1, 1, 7, /*timeout=*/0), 0);
+  const absl::Time start = absl::Now();
+  for (ibv_qp* qp : {quick, patient}) {
+    ASSERT_EQ(Post(qp, IBV_WR_RDMA_WRITE, src.data(), 8, src_mr->lkey,
+                   reinterpret_cast<uint64_t>(dst.data()), dst_mr->rkey, qp->qp_num), 0);
+  }
+  auto wcs = Poll(cq_a_, 1);
+  ASSERT_EQ(wcs.size(), 1u);
+  EXPECT_EQ(wcs[0].qp_num, quick->qp_num);
+  EXPECT_EQ(wcs[0].status, IBV_WC_RETRY_EXC_ERR);
+  EXPECT_GE(absl::Now() - start, absl::Microseconds(8 * 4096));  // 8 x 4.096 us x 2^10
+  // Timeout 0 is the IB spec's "infinite": still nothing, until the QP is torn down.
+  absl::SleepFor(absl::Milliseconds(100));
+  model_.WaitIdle();
+  ibv_wc wc[4];
+  EXPECT_EQ(model_.PollCq(cq_a_, 4, wc), 0);
+  model_.ForceError(patient->qp_num);
+  wcs = Poll(cq_a_, 1);
+  ASSERT_EQ(wcs.size(), 1u);
+  EXPECT_EQ(wcs[0].status, IBV_WC_WR_FLUSH_ERR);
 }
 
 TEST_F(VerbsModelTest, CqOverrunIsCounted) {
@@ -419,9 +456,70 @@ TEST_F(VerbsModelTest, CqOverrunIsCounted) {
   }
   model_.WaitIdle();
   EXPECT_EQ(model_.CqOverruns(), 1u);
+  // The overrun is an affiliated CQ error, and the QP that overran it is in ERR.
+  ibv_async_event event = {};
+  ASSERT_EQ(model_.GetAsyncEvent(ctx_a_, &event), 0);
+  EXPECT_EQ(event.event_type, IBV_EVENT_CQ_ERR);
+  EXPECT_EQ(event.element.cq, tiny);
+  model_.AckAsyncEvent(&event);
+  EXPECT_EQ(model_.QpState(a->qp_num), IBV_QPS_ERR);
+  // Later completions into the errored CQ are lost.
+  ASSERT_EQ(Post(a, IBV_WR_RDMA_WRITE, src.data(), 8, src_mr->lkey,
+                 reinterpret_cast<uint64_t>(dst.data()), dst_mr->rkey, 9), 0);
+  ibv_wc wc[4];
+  EXPECT_EQ(model_.PollCq(tiny, 4, wc), 1);  // only the one that fitted before the overrun
   EXPECT_EQ(model_.DestroyCq(tiny), EBUSY);  // a QP still uses it
   EXPECT_EQ(model_.DestroyQp(a), 0);
   EXPECT_EQ(model_.DestroyCq(tiny), 0);
+}
+
+TEST_F(VerbsModelTest, AsyncEventsBlockOrNotAsTheFdSaysAndDestroyWaitsForTheAck) {
+  ibv_async_event event = {};
+  // Nothing pending on a non-blocking fd: EAGAIN (ibv_get_async_event(3)).
+  ASSERT_EQ(fcntl(ctx_a_->async_fd, F_SETFL, fcntl(ctx_a_->async_fd, F_GETFL) | O_NONBLOCK), 0);
+  errno = 0;
+  EXPECT_EQ(model_.GetAsyncEvent(ctx_a_, &event), -1);
+  EXPECT_EQ(errno, EAGAIN);
+  // A port going down is an unaffiliated event naming the port, and poll() sees it.
+  model_.SetPortState("mlx5_0", 1, IBV_PORT_DOWN);
+  pollfd pfd = {ctx_a_->async_fd, POLLIN, 0};
+  ASSERT_EQ(poll(&pfd, 1, 1000), 1);
+  ASSERT_EQ(model_.GetAsyncEvent(ctx_a_, &event), 0);
+  EXPECT_EQ(event.event_type, IBV_EVENT_PORT_ERR);
+  EXPECT_EQ(event.element.port_num, 1);
+  model_.AckAsyncEvent(&event);
+  ibv_port_attr port = {};
+  ASSERT_EQ(model_.QueryPort(ctx_a_, 1, &port), 0);
+  EXPECT_EQ(port.state, IBV_PORT_DOWN);
+  model_.SetPortState("mlx5_0", 1, IBV_PORT_ACTIVE);
+  ASSERT_EQ(model_.GetAsyncEvent(ctx_a_, &event), 0);
+  EXPECT_EQ(event.event_type, IBV_EVENT_PORT_ACTIVE);
+  model_.AckAsyncEvent(&event);
+  // A blocking fd blocks until an event comes.
+  ASSERT_EQ(fcntl(ctx_b_->async_fd, F_SETFL, fcntl(ctx_b_->async_fd, F_GETFL) & ~O_NONBLOCK), 0);
+  ibv_qp *a = nullptr, *b = nullptr;
+  Pair(&a, &b);
+  std::thread raiser([&] {
+    absl::SleepFor(absl::Milliseconds(20));
+    model_.RaiseQpFatal(b->qp_num);
+  });
+  ASSERT_EQ(model_.GetAsyncEvent(ctx_b_, &event), 0);
+  raiser.join();
+  EXPECT_EQ(event.event_type, IBV_EVENT_QP_FATAL);
+  EXPECT_EQ(event.element.qp, b);
+  EXPECT_EQ(model_.QpState(b->qp_num), IBV_QPS_ERR);
+  // Destroying the QP waits until its event is acknowledged.
+  const absl::Time start = absl::Now();
+  std::thread acker([&] {
+    absl::SleepFor(absl::Milliseconds(50));
+    model_.AckAsyncEvent(&event);
+  });
+  EXPECT_EQ(model_.DestroyQp(b), 0);
+  acker.join();
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(50));
+  EXPECT_EQ(model_.UnackedEvents(), 0);
+  EXPECT_EQ(model_.BlockedDestroys(), 0u);
+  qps_.erase(std::find(qps_.begin(), qps_.end(), b));
 }
 
 TEST_F(VerbsModelTest, RegistrationRulesAndFaults) {

@@ -115,6 +115,15 @@ struct DmabufHandle {
   uint64_t offset = 0;
 };
 
+// Who is connecting, as the agent's peer service knows it: the node name and that agent's
+// incarnation (new on every restart; 0 = unknown). A provider whose target-side resources
+// outlive a silent peer (verbs: an RC QP never notices that its initiator is gone) frees
+// those of an older incarnation of the same node when a newer one connects.
+struct PeerInstance {
+  std::string node;
+  uint64_t incarnation = 0;
+};
+
 // One provider instance on this node: owns the registrations and accepts peers.
 class Fabric {
  public:
@@ -126,6 +135,10 @@ class Fabric {
   virtual RailId rail() const { return {provider(), ""}; }
   // What peers pass to Connect (tcp: "host:port" of the data listener).
   virtual std::string address() const = 0;
+  // OK while the fabric can carry traffic; UNAVAILABLE with the reason while it cannot
+  // (verbs: the port went down, the device was lost), when new connections are refused
+  // and the agent offers peers its other fabrics. Any thread; cheap.
+  virtual absl::Status health() const { return absl::OkStatus(); }
 
   // Registers [data, data+length). The region must not outlive the fabric.
   virtual absl::StatusOr<std::unique_ptr<MemoryRegion>> Register(void* data, uint64_t length,
@@ -142,9 +155,10 @@ class Fabric {
   // this provider.
   virtual absl::StatusOr<std::unique_ptr<PendingConnection>> BeginConnect(
       const std::string& peer_address) = 0;
-  // Target: answers an initiator's request (verbs: creates and readies its QP). The reply
-  // goes back through the same Connect call.
-  virtual absl::StatusOr<std::string> AcceptConnect(const std::string& request) = 0;
+  // Target: answers the request of initiator `from` (verbs: creates and readies its QP). The
+  // reply goes back through the same Connect call.
+  virtual absl::StatusOr<std::string> AcceptConnect(const std::string& request,
+                                                    const PeerInstance& from) = 0;
 
   // Stops serving peers: refuses new incoming connections and closes the ones there are,
   // so that their ops in flight fail UNAVAILABLE (a stopping agent) rather than as revoked
@@ -153,6 +167,9 @@ class Fabric {
   virtual void StopServing() {}
 
   // Called on a provider thread for every WRITE-with-immediate that landed in our memory.
+  // Set it before peers connect: verbs keeps receives posted only on connections accepted
+  // while a handler is set, and elsewhere the initiator's PostWriteWithImmediate fails
+  // FAILED_PRECONDITION.
   using ImmediateHandler = std::function<void(uint32_t imm)>;
   virtual void SetImmediateHandler(ImmediateHandler handler) = 0;
 };
@@ -162,10 +179,11 @@ class Fabric {
 namespace ferry::fabric {
 
 // The whole handshake between two fabrics in one process (tests, benchmarks).
-inline absl::StatusOr<std::shared_ptr<Endpoint>> ConnectDirect(Fabric& initiator, Fabric& target) {
+inline absl::StatusOr<std::shared_ptr<Endpoint>> ConnectDirect(Fabric& initiator, Fabric& target,
+                                                               const PeerInstance& from = {}) {
   auto pending = initiator.BeginConnect(target.address());
   if (!pending.ok()) return pending.status();
-  auto reply = target.AcceptConnect((*pending)->request());
+  auto reply = target.AcceptConnect((*pending)->request(), from);
   if (!reply.ok()) return reply.status();
   return (*pending)->Finish(*reply);
 }

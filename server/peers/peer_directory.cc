@@ -25,10 +25,10 @@ absl::Status PeerError(const grpc::Status& s, const std::string& what) {
 
 }  // namespace
 
-PeerDirectory::PeerDirectory(std::string self, std::string self_address,
+PeerDirectory::PeerDirectory(std::string self, uint64_t incarnation, std::string self_address,
                              std::map<std::string, std::string> peers,
                              std::vector<fabric::Fabric*> fabrics)
-    : self_(std::move(self)), fabrics_(std::move(fabrics)) {
+    : self_(std::move(self)), incarnation_(incarnation), fabrics_(std::move(fabrics)) {
   peers[self_] = std::move(self_address);
   for (auto& [name, address] : peers) links_[name].address = address;
 }
@@ -211,6 +211,7 @@ absl::StatusOr<PeerEndpoint> PeerDirectory::Connect(const std::string& node,
   hello.set_protocol_version(kPeerProtocolVersion);
   std::vector<std::string> ours;
   for (fabric::Fabric* f : fabrics_) {
+    if (!f->health().ok()) continue;  // e.g. its port is down: offer and use the others
     auto* ep = hello.add_endpoints();
     ep->set_provider(f->provider());
     ep->set_address(f->address());
@@ -250,6 +251,7 @@ absl::StatusOr<PeerEndpoint> PeerDirectory::Connect(const std::string& node,
   ASSIGN_OR_RETURN(auto pending, fabric->BeginConnect(address));
   ferry::v1::ConnectRequest req;
   req.set_node(self_);
+  req.set_incarnation(incarnation_);
   req.set_provider(provider);
   req.set_request(pending->request());
   ferry::v1::ConnectResponse reply;

@@ -63,10 +63,11 @@ struct PeerEndpoint {
 
 class PeerDirectory {
  public:
-  // `self` is this agent's node name; naming it as a peer reaches this agent's own Peer
+  // `self` is this agent's node name and `incarnation` its AgentCore::incarnation() (what
+  // targets are told on Connect); naming itself as a peer reaches this agent's own Peer
   // service at `self_address`, so local targets need no special case. `fabrics` are in
   // preference order.
-  PeerDirectory(std::string self, std::string self_address,
+  PeerDirectory(std::string self, uint64_t incarnation, std::string self_address,
                 std::map<std::string, std::string> peers, std::vector<fabric::Fabric*> fabrics);
 
   bool Known(const std::string& node) const;
@@ -114,6 +115,7 @@ class PeerDirectory {
   fabric::Fabric* FabricFor(const std::string& provider) const;
 
   const std::string self_;
+  const uint64_t incarnation_;
   const std::vector<fabric::Fabric*> fabrics_;
   mutable absl::Mutex mu_;
   std::map<std::string, Link> links_ ABSL_GUARDED_BY(mu_);

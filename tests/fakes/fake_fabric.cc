@@ -205,7 +205,8 @@ absl::StatusOr<std::unique_ptr<fabric::PendingConnection>> FakeFabric::BeginConn
       new internal::FakePendingConnection(core_, peer_address));
 }
 
-absl::StatusOr<std::string> FakeFabric::AcceptConnect(const std::string& request) {
+absl::StatusOr<std::string> FakeFabric::AcceptConnect(const std::string& request,
+                                                      const fabric::PeerInstance&) {
   std::vector<std::string> parts = absl::StrSplit(request, '\n');
   if (parts.size() != 4 || parts[0] != "fake-connect" || parts[2] != core_->address) {
     return absl::InvalidArgumentError(absl::StrCat(

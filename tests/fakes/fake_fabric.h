@@ -105,7 +105,8 @@ class FakeFabric : public fabric::Fabric {
       const std::string& peer_address) override;
   // INVALID_ARGUMENT for a request BeginConnect did not make for this fabric; UNAVAILABLE
   // once StopServing ran.
-  absl::StatusOr<std::string> AcceptConnect(const std::string& request) override;
+  absl::StatusOr<std::string> AcceptConnect(const std::string& request,
+                                            const fabric::PeerInstance& from) override;
   void StopServing() override;
   void SetImmediateHandler(ImmediateHandler handler) override;
 

@@ -29,7 +29,7 @@ grpc::Status FakePeerService::Connect(grpc::ServerContext*,
   if (req->provider() != fabric_->provider()) {
     return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "provider: not run here");
   }
-  auto reply = fabric_->AcceptConnect(req->request());
+  auto reply = fabric_->AcceptConnect(req->request(), {req->node(), req->incarnation()});
   if (!reply.ok()) {
     return grpc::Status(static_cast<grpc::StatusCode>(reply.status().code()),
                         std::string(reply.status().message()));

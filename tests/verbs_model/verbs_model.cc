@@ -1,11 +1,14 @@
 #include "tests/verbs_model/verbs_model.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
+#include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 
 namespace ferry::verbs::model {
@@ -66,10 +69,12 @@ const Transition kTransitions[] = {
 struct VerbsModel::Device {
   DeviceConfig config;
   ibv_device dev = {};
+  bool lost = false;  // LoseDevice(): nothing it had or gets completes
 };
 struct VerbsModel::Context {
   ibv_context ctx = {};
   Device* device = nullptr;
+  std::deque<ibv_async_event> events;  // raised, not yet handed out
 };
 struct VerbsModel::Pd {
   ibv_pd pd = {};
@@ -98,6 +103,7 @@ struct VerbsModel::Cq {
   ibv_cq cq = {};
   Context* context = nullptr;
   std::deque<Entry> entries;
+  bool error = false;  // overran: takes no more entries
 };
 struct VerbsModel::SendWr {
   uint64_t wr_id = 0;
@@ -124,6 +130,9 @@ struct VerbsModel::Qp {
   uint64_t reclaimed = 0;   // send queue slots given back by polled completions
   uint64_t signaled = 0;
   uint64_t inlined = 0;
+  // The head WR's peer does not answer: it fails at `retry_deadline` unless the peer does.
+  bool retrying = false;
+  absl::Time retry_deadline = absl::InfiniteFuture();
   const PortConfig& port(const Device& device) const {
     return device.config.ports[std::max<int>(attr.port_num, 1) - 1];
   }
@@ -245,7 +254,10 @@ ibv_context* VerbsModel::OpenDevice(ibv_device* device) {
     c->device = d.get();
     c->ctx.device = device;
     c->ctx.cmd_fd = -1;
-    c->ctx.async_fd = -1;
+    // A real fd, so that poll() and fcntl(O_NONBLOCK) work on it as on rdma-core's; one
+    // count per pending event (EFD_SEMAPHORE).
+    c->ctx.async_fd = eventfd(0, EFD_CLOEXEC | EFD_SEMAPHORE);
+    if (c->ctx.async_fd < 0) return nullptr;
     c->ctx.num_comp_vectors = 1;
     ibv_context* handle = &c->ctx;
     contexts_[handle] = std::move(c);
@@ -265,6 +277,8 @@ int VerbsModel::CloseDevice(ibv_context* context) {
   for (auto& [c, cq] : cqs_) {
     if (cq->context == it->second.get()) return Fail(EBUSY);
   }
+  if (!AwaitAcks(nullptr)) return Fail(EBUSY);
+  close(context->async_fd);
   contexts_.erase(it);
   return 0;
 }
@@ -280,7 +294,7 @@ int VerbsModel::QueryDevice(ibv_context* context, ibv_device_attr* attr) {
   attr->max_qp = 1 << 17;
   attr->max_qp_wr = c.max_qp_wr;
   attr->max_sge = c.max_sge;
-  attr->max_cq = 1 << 16;
+  attr->max_cq = c.max_cq;
   attr->max_cqe = c.max_cqe;
   attr->max_mr = 1 << 20;
   attr->max_pd = 1 << 16;
@@ -470,13 +484,29 @@ int VerbsModel::DestroyCq(ibv_cq* cq) {
   for (auto& [n, qp] : qps_) {
     if (qp->send_cq == it->second.get() || qp->recv_cq == it->second.get()) return Fail(EBUSY);
   }
+  if (!AwaitAcks(cq)) return Fail(EBUSY);
+  // Events not yet handed out die with their object (the kernel drops them on destroy).
+  std::erase_if(it->second->context->events,
+                [cq](const ibv_async_event& e) { return e.element.cq == cq; });
   cqs_.erase(it);
   return 0;
 }
 
 void VerbsModel::PushCqe(Cq* cq, const ibv_wc& wc, Qp* send_qp, uint64_t send_index) {
-  if (cq->entries.size() >= static_cast<size_t>(cq->cq.cqe)) {
-    ++cq_overruns_;  // a real HCA raises IBV_EVENT_CQ_ERR; the entry is lost either way
+  if (cq->context->device->lost) return;  // a dead device writes nothing
+  if (!cq->error && cq->entries.size() >= static_cast<size_t>(cq->cq.cqe)) {
+    // A CQ overrun: the CQ enters the error state and an affiliated IBV_EVENT_CQ_ERR is
+    // raised ("CQ is in error (CQ overrun)", ibv_get_async_event(3)); the entry is lost.
+    ++cq_overruns_;
+    cq->error = true;
+    Raise(cq->context, IBV_EVENT_CQ_ERR, nullptr, &cq->cq, 0);
+  }
+  if (cq->error) {
+    // A QP completing into an errored CQ goes to ERR; its completions are lost with it.
+    if (Qp* q = FindQp(wc.qp_num); q != nullptr && q->qp.state != IBV_QPS_ERR) {
+      q->qp.state = IBV_QPS_ERR;
+      q->attr.qp_state = IBV_QPS_ERR;
+    }
     return;
   }
   cq->entries.push_back({wc, send_qp != nullptr, send_index});
@@ -558,6 +588,11 @@ int VerbsModel::DestroyQp(ibv_qp* qp) {
   absl::MutexLock lock(&mu_);
   Qp* q = QpOf(qp);
   if (q == nullptr) return Fail(EINVAL);
+  if (!AwaitAcks(qp)) return Fail(EBUSY);
+  q = QpOf(qp);  // the wait let other threads in
+  if (q == nullptr) return Fail(EINVAL);
+  std::erase_if(q->pd->context->events,
+                [qp](const ibv_async_event& e) { return e.element.qp == qp; });
   // Like the drivers: completions of a destroyed QP are purged from its CQs.
   for (Cq* cq : {q->send_cq, q->recv_cq}) {
     std::erase_if(cq->entries, [&](const Cq::Entry& e) { return e.wc.qp_num == qp->qp_num; });
@@ -807,8 +842,43 @@ bool SameGid(const ibv_gid& a, const ibv_gid& b) { return std::memcmp(a.raw, b.r
 
 }  // namespace
 
+bool VerbsModel::Reachable(Qp* q) {
+  // The peer must exist, be at least RTR, name us back, be addressed correctly, expect our
+  // PSN, and both ports must be up. Otherwise no ACK ever comes.
+  const Device& dev = *q->pd->context->device;
+  const PortConfig& port = q->port(dev);
+  Qp* peer = FindQp(q->attr.dest_qp_num);
+  if (peer == nullptr || dev.lost || peer->pd->context->device->lost) return false;
+  if (!(peer->qp.state == IBV_QPS_RTR || peer->qp.state == IBV_QPS_RTS) ||
+      peer->attr.dest_qp_num != q->qp.qp_num || peer->attr.rq_psn != q->attr.sq_psn ||
+      peer->attr.path_mtu != q->attr.path_mtu) {
+    return false;
+  }
+  const PortConfig& peer_port = peer->port(*peer->pd->context->device);
+  if (port.state != IBV_PORT_ACTIVE || peer_port.state != IBV_PORT_ACTIVE) return false;
+  const ibv_ah_attr& ah = q->attr.ah_attr;
+  if (peer_port.link_layer != port.link_layer) return false;
+  if (port.link_layer == IBV_LINK_LAYER_ETHERNET) {
+    const ibv_gid_entry& ours = port.gids[ah.grh.sgid_index];
+    const ibv_gid_entry& theirs = peer_port.gids[peer->attr.ah_attr.grh.sgid_index];
+    return SameGid(ah.grh.dgid, theirs.gid) && ours.gid_type == theirs.gid_type;
+  }
+  return ah.dlid == peer_port.lid;
+}
+
+absl::Time VerbsModel::NextRetryDeadline() {
+  absl::Time next = absl::InfiniteFuture();
+  for (auto& [qpn, q] : qps_) {
+    if (q->retrying && !q->sq.empty() && q->qp.state == IBV_QPS_RTS) {
+      next = std::min(next, q->retry_deadline);
+    }
+  }
+  return next;
+}
+
 bool VerbsModel::Runnable(Qp* q) {
   if (q->sq.empty() || q->qp.state != IBV_QPS_RTS) return false;
+  if (q->retrying) return absl::Now() >= q->retry_deadline || Reachable(q);
   const SendWr& head = q->sq.front();
   if (head.opcode != IBV_WR_RDMA_WRITE_WITH_IMM || q->attr.rnr_retry != 7) return true;
   // RNR with infinite retry: wait for the peer to post a receive.
@@ -850,27 +920,22 @@ bool VerbsModel::Execute(Qp* q) {
     local.push_back(p);
   }
 
-  // The wire: the peer must exist, be at least RTR, name us back, be addressed correctly and
-  // expect our PSN. Otherwise no ACK ever comes: transport retries run out.
-  Qp* peer = FindQp(q->attr.dest_qp_num);
-  bool reachable = peer != nullptr &&
-                   (peer->qp.state == IBV_QPS_RTR || peer->qp.state == IBV_QPS_RTS) &&
-                   peer->attr.dest_qp_num == q->qp.qp_num &&
-                   peer->attr.rq_psn == q->attr.sq_psn && peer->attr.path_mtu == q->attr.path_mtu;
-  if (reachable) {
-    const PortConfig& peer_port = peer->port(*peer->pd->context->device);
-    const ibv_ah_attr& ah = q->attr.ah_attr;
-    if (peer_port.link_layer != port.link_layer) {
-      reachable = false;
-    } else if (port.link_layer == IBV_LINK_LAYER_ETHERNET) {
-      const ibv_gid_entry& ours = port.gids[ah.grh.sgid_index];
-      const ibv_gid_entry& theirs = peer_port.gids[peer->attr.ah_attr.grh.sgid_index];
-      reachable = SameGid(ah.grh.dgid, theirs.gid) && ours.gid_type == theirs.gid_type;
-    } else {
-      reachable = ah.dlid == peer_port.lid;
+  if (!Reachable(q)) {
+    // No ACK comes: the requester retransmits retry_cnt times, each after the local ACK
+    // timeout of 4.096 us x 2^timeout (ibv_modify_qp(3): IBV_QP_TIMEOUT, IBV_QP_RETRY_CNT),
+    // then fails the WR; a timeout of 0 means wait forever.
+    if (!q->retrying) {
+      q->retrying = true;
+      const double seconds = (q->attr.retry_cnt + 1) * 4.096e-6 * std::ldexp(1.0, q->attr.timeout);
+      q->retry_deadline = q->attr.timeout == 0 ? absl::InfiniteFuture()
+                                               : absl::Now() + absl::Seconds(seconds);
     }
+    if (absl::Now() < q->retry_deadline) return false;
+    q->retrying = false;
+    return fail(IBV_WC_RETRY_EXC_ERR);
   }
-  if (!reachable) return fail(IBV_WC_RETRY_EXC_ERR);
+  q->retrying = false;
+  Qp* peer = FindQp(q->attr.dest_qp_num);
 
   // The responder's checks: rkey in the responder QP's PD, range, and access rights of both
   // the MR and the QP. A refusal touches nothing.
@@ -928,7 +993,8 @@ void VerbsModel::Mover() {
     auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       return stopping_ || (!paused_ && AnyRunnable());
     };
-    mu_.Await(absl::Condition(&ready));
+    // Wakes for a post, a state change, or the next transport retry deadline.
+    mu_.AwaitWithDeadline(absl::Condition(&ready), NextRetryDeadline());
     if (stopping_) return;
     busy_ = true;
     std::vector<uint32_t> qpns;
@@ -977,6 +1043,12 @@ VerbsModel::SendCounts VerbsModel::SendStats(uint32_t qpn) {
   return {q->posted, q->signaled, q->inlined};
 }
 
+size_t VerbsModel::ReceivesPosted(uint32_t qpn) {
+  absl::MutexLock lock(&mu_);
+  Qp* q = FindQp(qpn);
+  return q == nullptr ? 0 : q->rq.size();
+}
+
 int VerbsModel::LiveObjects() {
   absl::MutexLock lock(&mu_);
   return static_cast<int>(contexts_.size() + pds_.size() + mrs_.size() + cqs_.size() + qps_.size());
@@ -1001,9 +1073,146 @@ uint64_t VerbsModel::CqOverruns() {
 void VerbsModel::WaitIdle() {
   absl::MutexLock lock(&mu_);
   auto idle = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return paused_ || (!busy_ && !AnyRunnable());
+    return paused_ || (!busy_ && !AnyRunnable() && NextRetryDeadline() == absl::InfiniteFuture());
   };
   mu_.Await(absl::Condition(&idle));
+}
+
+// ---------------------------------------------------------------- asynchronous events
+
+namespace {
+
+// The object an event is affiliated with (ibv_get_async_event(3) lists which carry a QP
+// and which a CQ); null for the port and device events.
+const void* ObjectOf(const ibv_async_event& e) {
+  switch (e.event_type) {
+    case IBV_EVENT_CQ_ERR:
+      return e.element.cq;
+    case IBV_EVENT_QP_FATAL:
+    case IBV_EVENT_QP_REQ_ERR:
+    case IBV_EVENT_QP_ACCESS_ERR:
+    case IBV_EVENT_COMM_EST:
+    case IBV_EVENT_SQ_DRAINED:
+    case IBV_EVENT_PATH_MIG:
+    case IBV_EVENT_PATH_MIG_ERR:
+    case IBV_EVENT_QP_LAST_WQE_REACHED:
+      return e.element.qp;
+    default:
+      return nullptr;
+  }
+}
+
+}  // namespace
+
+void VerbsModel::Raise(Context* context, ibv_event_type type, ibv_qp* qp, ibv_cq* cq, int port) {
+  ibv_async_event e = {};
+  e.event_type = type;
+  if (qp != nullptr) e.element.qp = qp;
+  if (cq != nullptr) e.element.cq = cq;
+  if (qp == nullptr && cq == nullptr) e.element.port_num = port;
+  context->events.push_back(e);
+  ++events_raised_;
+  const uint64_t one = 1;
+  if (write(context->ctx.async_fd, &one, sizeof(one)) != sizeof(one)) std::abort();
+}
+
+int VerbsModel::GetAsyncEvent(ibv_context* context, ibv_async_event* event) {
+  absl::MutexLock lock(&mu_);
+  auto it = contexts_.find(context);
+  if (it == contexts_.end() || event == nullptr) {
+    errno = EINVAL;
+    return -1;
+  }
+  Context* c = it->second.get();
+  if (c->events.empty()) {
+    if (fcntl(context->async_fd, F_GETFL) & O_NONBLOCK) {
+      errno = EAGAIN;
+      return -1;
+    }
+    auto pending = [c]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !c->events.empty(); };
+    mu_.Await(absl::Condition(&pending));
+  }
+  *event = c->events.front();
+  c->events.pop_front();
+  uint64_t count = 0;
+  if (read(context->async_fd, &count, sizeof(count)) != sizeof(count)) std::abort();
+  ++unacked_[ObjectOf(*event)];
+  return 0;
+}
+
+void VerbsModel::AckAsyncEvent(ibv_async_event* event) {
+  absl::MutexLock lock(&mu_);
+  auto it = unacked_.find(ObjectOf(*event));
+  if (it == unacked_.end()) return;
+  if (--it->second <= 0) unacked_.erase(it);
+}
+
+bool VerbsModel::AwaitAcks(const void* object) {
+  auto acked = [this, object]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return unacked_.find(object) == unacked_.end();
+  };
+  if (mu_.AwaitWithTimeout(absl::Condition(&acked), absl::Seconds(5))) return true;
+  ++blocked_destroys_;  // the real destroy would still be waiting
+  return false;
+}
+
+void VerbsModel::SetPortState(const std::string& device, uint8_t port, ibv_port_state state) {
+  absl::MutexLock lock(&mu_);
+  for (auto& d : devices_) {
+    if (d->config.name != device || port < 1 || port > d->config.ports.size()) continue;
+    d->config.ports[port - 1].state = state;
+    for (auto& [handle, c] : contexts_) {
+      if (c->device != d.get()) continue;
+      Raise(c.get(), state == IBV_PORT_ACTIVE ? IBV_EVENT_PORT_ACTIVE : IBV_EVENT_PORT_ERR,
+            nullptr, nullptr, port);
+    }
+  }
+}
+
+void VerbsModel::RaiseQpFatal(uint32_t qpn) {
+  absl::MutexLock lock(&mu_);
+  Qp* q = FindQp(qpn);
+  if (q == nullptr) return;
+  ToError(q);
+  Raise(q->pd->context, IBV_EVENT_QP_FATAL, &q->qp, nullptr, 0);
+}
+
+void VerbsModel::LoseDevice(const std::string& device) {
+  absl::MutexLock lock(&mu_);
+  for (auto& d : devices_) {
+    if (d->config.name != device) continue;
+    d->lost = true;
+    for (auto& [qpn, q] : qps_) {
+      if (q->pd->context->device != d.get()) continue;
+      q->qp.state = IBV_QPS_ERR;
+      q->attr.qp_state = IBV_QPS_ERR;
+      q->sq.clear();
+      q->rq.clear();
+    }
+    for (auto& [handle, cq] : cqs_) {
+      if (cq->context->device == d.get()) cq->entries.clear();
+    }
+    for (auto& [handle, c] : contexts_) {
+      if (c->device == d.get()) Raise(c.get(), IBV_EVENT_DEVICE_FATAL, nullptr, nullptr, 0);
+    }
+  }
+}
+
+uint64_t VerbsModel::EventsRaised() {
+  absl::MutexLock lock(&mu_);
+  return events_raised_;
+}
+
+int VerbsModel::UnackedEvents() {
+  absl::MutexLock lock(&mu_);
+  int n = 0;
+  for (auto& [object, count] : unacked_) n += count;
+  return n;
+}
+
+uint64_t VerbsModel::BlockedDestroys() {
+  absl::MutexLock lock(&mu_);
+  return blocked_destroys_;
 }
 
 }  // namespace ferry::verbs::model

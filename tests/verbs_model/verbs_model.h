@@ -5,20 +5,29 @@
 // - the RC QP state machine: RESET -> INIT -> RTR -> RTS with the attribute masks each step
 //   requires (missing or foreign bits: EINVAL); posting sends outside RTS fails (EINVAL),
 //   posting on a QP in ERR is accepted and flushed;
-// - send/receive queue depth (ENOMEM) and CQ capacity (overruns are counted, the CQE lost);
+// - send/receive queue depth (ENOMEM) and CQ capacity: an overrun loses the CQE, puts the CQ
+//   in error with an IBV_EVENT_CQ_ERR, and a QP that completes into an errored CQ enters ERR
+//   with its outstanding WRs lost (no completion ever comes for them);
 //   send queue slots come back only when a signalled completion is polled, as in libmlx5;
 // - lkey / rkey, bounds and access flags: violations complete with IBV_WC_LOC_PROT_ERR /
 //   IBV_WC_REM_ACCESS_ERR, move the requester QP to ERR and flush the rest with
 //   IBV_WC_WR_FLUSH_ERR (the responder's memory is untouched);
 // - the wire: two QPs reach each other only if each names the other's QPN, the address
-//   matches the peer port (LID on InfiniBand, GID on RoCE), and the start PSNs agree; else
-//   IBV_WC_RETRY_EXC_ERR, as a real fabric would time out;
+//   matches the peer port (LID on InfiniBand, GID on RoCE), both ports are ACTIVE and the
+//   start PSNs agree; else IBV_WC_RETRY_EXC_ERR once the transport retries are spent:
+//   (retry_cnt + 1) x 4.096 us x 2^timeout after the WR reached the head of the queue, or
+//   never when timeout is 0 (the IB spec's infinite timeout);
+// - asynchronous events (ibv_get_async_event(3)) on the context's async_fd, a real eventfd:
+//   the call blocks unless the fd is O_NONBLOCK (then EAGAIN); destroying a QP or CQ waits
+//   until the events handed out for it are acknowledged (a real destroy waits forever; the
+//   model gives up after 5 s with EBUSY and counts it);
 // - in-order execution and completion per QP; WRITE-with-immediate consumes a posted
 //   receive (none: RNR, retried forever when rnr_retry is 7, else IBV_WC_RNR_RETRY_EXC_ERR);
 //   READ; messages above the port's max_msg_sz fail with IBV_WC_LOC_LEN_ERR.
 //
 // Data moves on one model thread. Fault injection: fail the next N calls of a kind, force a
-// QP into ERR, pause the data mover.
+// QP into ERR, pause the data mover, take a port down and up, raise a QP fatal event, lose a
+// device (its QPs stop and never complete; an IBV_EVENT_DEVICE_FATAL says so).
 
 #include <infiniband/verbs.h>
 
@@ -33,6 +42,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "transport/verbs/verbs_api.h"
 
 namespace ferry::verbs::model {
@@ -57,6 +67,7 @@ struct DeviceConfig {
   std::vector<PortConfig> ports = {PortConfig{}};
   int max_qp_wr = 32768;
   int max_cqe = 1 << 22;
+  int max_cq = 1 << 24;
   int max_sge = 30;
   int max_qp_rd_atom = 16;
   int max_qp_init_rd_atom = 16;
@@ -105,6 +116,8 @@ class VerbsModel : public VerbsApi {
   int PostSend(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad_wr) override;
   int PostRecv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) override;
   int PollCq(ibv_cq* cq, int num, ibv_wc* wc) override;
+  int GetAsyncEvent(ibv_context* context, ibv_async_event* event) override;
+  void AckAsyncEvent(ibv_async_event* event) override;
 
   // --- fault injection ---
   // The next `times` calls of `call` fail with `err` (GetDeviceList: NULL with errno `err`).
@@ -113,6 +126,16 @@ class VerbsModel : public VerbsApi {
   void ForceError(uint32_t qpn);
   // While paused the data mover executes nothing; posted WRs wait.
   void SetPaused(bool paused);
+  // Takes port `port` of `device` down (IBV_PORT_DOWN, with IBV_EVENT_PORT_ERR on every open
+  // context of the device) or back up (IBV_EVENT_PORT_ACTIVE). Traffic through a down port
+  // does not arrive: senders see IBV_WC_RETRY_EXC_ERR after their retries.
+  void SetPortState(const std::string& device, uint8_t port, ibv_port_state state);
+  // Moves a QP to ERR (outstanding WRs flush) and raises IBV_EVENT_QP_FATAL for it.
+  void RaiseQpFatal(uint32_t qpn);
+  // The device dies: its QPs stop where they are and no completion comes for anything they
+  // had posted; later posts are accepted and never complete; IBV_EVENT_DEVICE_FATAL goes to
+  // every open context.
+  void LoseDevice(const std::string& device);
 
   // --- inspection ---
   // The state of a QP; IBV_QPS_UNKNOWN when there is none.
@@ -126,9 +149,16 @@ class VerbsModel : public VerbsApi {
     uint64_t inlined = 0;
   };
   SendCounts SendStats(uint32_t qpn);
+  // Receives posted on a QP and not yet consumed.
+  size_t ReceivesPosted(uint32_t qpn);
   // Contexts, PDs, MRs, CQs and QPs not yet released.
   int LiveObjects();
   uint64_t CqOverruns();
+  // Async events raised, handed out and not yet acknowledged, and destroys that gave up
+  // waiting for an acknowledgement (a hang on real hardware).
+  uint64_t EventsRaised();
+  int UnackedEvents();
+  uint64_t BlockedDestroys();
   // Posts refused because inline data would have been read by the CPU from GPU (DMA-BUF)
   // memory: on the hardware, a SIGSEGV in the agent.
   uint64_t CpuFaults();
@@ -152,6 +182,16 @@ class VerbsModel : public VerbsApi {
   void PushCqe(Cq* cq, const ibv_wc& wc, Qp* send_qp, uint64_t send_index)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ToError(Qp* qp) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Queues an async event on `context` (element: a QP, a CQ or a port number).
+  void Raise(Context* context, ibv_event_type type, ibv_qp* qp, ibv_cq* cq, int port)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Waits until no handed-out event names `object`; false after the model's patience ran out.
+  bool AwaitAcks(const void* object) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The wire between `q` and the QP it names: both ready, naming each other, addressed right,
+  // both ports up.
+  bool Reachable(Qp* q) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The earliest retry deadline of a QP whose peer does not answer.
+  absl::Time NextRetryDeadline() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Flush(Qp* qp) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int ModifyLocked(Qp* qp, const ibv_qp_attr& attr, int mask) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Executes the head WR of `qp`. False when it must wait (RNR with infinite retry).
@@ -178,6 +218,9 @@ class VerbsModel : public VerbsApi {
   uint32_t next_key_ ABSL_GUARDED_BY(mu_) = 0x2a00;
   uint32_t next_handle_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t cq_overruns_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t events_raised_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<const void*, int> unacked_ ABSL_GUARDED_BY(mu_);  // handed-out events per object
+  uint64_t blocked_destroys_ ABSL_GUARDED_BY(mu_) = 0;
   bool paused_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool busy_ ABSL_GUARDED_BY(mu_) = false;

@@ -154,7 +154,9 @@ absl::StatusOr<std::unique_ptr<fabric::PendingConnection>> TcpFabric::BeginConne
                                outgoing_.get()));
 }
 
-absl::StatusOr<std::string> TcpFabric::AcceptConnect(const std::string& request) {
+absl::StatusOr<std::string> TcpFabric::AcceptConnect(const std::string& request,
+                                                     const fabric::PeerInstance&) {
+  // A tcp incoming connection ends with its socket: nothing outlives a gone peer.
   if (!request.empty()) return absl::InvalidArgumentError("tcp: unexpected handshake bytes");
   return std::string();
 }

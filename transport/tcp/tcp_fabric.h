@@ -74,7 +74,8 @@ class TcpFabric : public fabric::Fabric {
   // tcp needs no handshake bytes: the connection is the sockets Finish() opens.
   absl::StatusOr<std::unique_ptr<fabric::PendingConnection>> BeginConnect(
       const std::string& peer_address) override;
-  absl::StatusOr<std::string> AcceptConnect(const std::string& request) override;
+  absl::StatusOr<std::string> AcceptConnect(const std::string& request,
+                                            const fabric::PeerInstance& from) override;
   void SetImmediateHandler(ImmediateHandler handler) override;
 
  private:

@@ -41,8 +41,8 @@ absl::Status WcStatusToStatus(const ibv_wc& wc) {
   }
 }
 
-CompletionPoller::CompletionPoller(VerbsApi* api, ibv_cq* cq, std::string device)
-    : api_(api), cq_(cq), device_(std::move(device)) {
+CompletionPoller::CompletionPoller(VerbsApi* api, std::string device)
+    : api_(api), device_(std::move(device)) {
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -55,15 +55,47 @@ CompletionPoller::~CompletionPoller() {
   thread_.join();
 }
 
-void CompletionPoller::Add(uint32_t qpn, std::shared_ptr<CompletionSink> sink) {
+void CompletionPoller::AddCq(ibv_cq* cq) {
   absl::MutexLock lock(&mu_);
-  sinks_[qpn] = std::move(sink);
+  cqs_.push_back(cq);
+  ++cqs_version_;
+  woken_ = true;
+}
+
+void CompletionPoller::Add(uint32_t qpn, ibv_cq* cq, std::shared_ptr<CompletionSink> sink) {
+  absl::MutexLock lock(&mu_);
+  sinks_[qpn] = Route{cq, std::move(sink)};
   woken_ = true;
 }
 
 void CompletionPoller::Remove(uint32_t qpn) {
   absl::MutexLock lock(&mu_);
   sinks_.erase(qpn);
+}
+
+template <typename Pick>
+void CompletionPoller::Fail(Pick pick, const absl::Status& why, bool completions_lost) {
+  std::vector<std::shared_ptr<CompletionSink>> hit;
+  {
+    absl::MutexLock lock(&mu_);
+    for (const auto& [qpn, route] : sinks_) {
+      if (pick(qpn, route)) hit.push_back(route.sink);
+    }
+  }
+  for (auto& sink : hit) sink->OnFatal(why, completions_lost);
+}
+
+void CompletionPoller::FailQp(uint32_t qpn, const absl::Status& why) {
+  Fail([qpn](uint32_t q, const Route&) { return q == qpn; }, why, false);
+}
+
+void CompletionPoller::FailCq(const ibv_cq* cq, const absl::Status& why) {
+  // A CQ in error takes no more completions: what its QPs had posted is lost.
+  Fail([cq](uint32_t, const Route& r) { return r.cq == cq; }, why, true);
+}
+
+void CompletionPoller::FailAll(const absl::Status& why, bool completions_lost) {
+  Fail([](uint32_t, const Route&) { return true; }, why, completions_lost);
 }
 
 void CompletionPoller::Wake() {
@@ -82,11 +114,31 @@ void CompletionPoller::Loop() {
   int idle_polls = 0;
   absl::Duration sleep = absl::Microseconds(10);
   std::vector<std::pair<std::shared_ptr<CompletionSink>, const ibv_wc*>> batch;
+  std::vector<ibv_cq*> cqs;
+  std::vector<bool> cq_failed;
+  uint64_t cqs_version = 0;
+  size_t next_cq = 0;
   while (true) {
-    int n = api_->PollCq(cq_, kBatch, wc);
-    if (n < 0) {
-      spdlog::error("verbs: ibv_poll_cq on {} failed ({}); completions stop", device_, n);
-      n = 0;
+    {
+      absl::MutexLock lock(&mu_);
+      if (cqs_version != cqs_version_) {
+        cqs = cqs_;
+        cq_failed.resize(cqs.size(), false);
+        cqs_version = cqs_version_;
+      }
+    }
+    // One CQ per turn, round robin: a busy CQ cannot starve the others.
+    int n = 0;
+    for (size_t tried = 0; tried < cqs.size() && n == 0; ++tried) {
+      const size_t i = next_cq++ % cqs.size();
+      if (cq_failed[i]) continue;
+      n = api_->PollCq(cqs[i], kBatch, wc);
+      if (n < 0) {
+        cq_failed[i] = true;
+        FailCq(cqs[i], absl::UnavailableError(absl::StrFormat(
+                           "verbs: ibv_poll_cq on %s CQ #%d failed (%d)", device_, i + 1, n)));
+        n = 0;
+      }
     }
     if (n > 0) {
       idle_polls = 0;
@@ -97,7 +149,7 @@ void CompletionPoller::Loop() {
         for (int i = 0; i < n; ++i) {
           auto it = sinks_.find(wc[i].qp_num);
           // A QP removed after Close() timed out may still flush: nobody waits for it.
-          if (it != sinks_.end()) batch.emplace_back(it->second, &wc[i]);
+          if (it != sinks_.end()) batch.emplace_back(it->second.sink, &wc[i]);
         }
       }
       for (auto& [sink, w] : batch) sink->OnCompletion(*w);

@@ -1,13 +1,16 @@
 #pragma once
-// One completion poller per device: it owns the CQ's polling thread and the table that routes
-// each completion to its QP. Completions are handed out on the poller thread with no poller
-// lock held, in CQ order (which is per-QP posting order on an RC QP).
+// One completion poller per device: it owns the polling thread of the device's CQs and the
+// table that routes each completion to its QP. Completions are handed out on the poller
+// thread with no poller lock held, in CQ order (which is per-QP posting order on an RC QP).
+// The same table routes the device's asynchronous errors (async_events.h) to the QPs they
+// break.
 
 #include <infiniband/verbs.h>
 
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
@@ -28,31 +31,51 @@ class CompletionSink {
   virtual ~CompletionSink() = default;
   // Runs on the poller thread; may be called briefly after Remove() returned.
   virtual void OnCompletion(const ibv_wc& wc) = 0;
+  // An asynchronous event broke the QP (QP fatal, its port went down, its CQ or the device
+  // failed); runs on the device's event thread, with no poller lock held. When
+  // `completions_lost`, no completion will come for WRs already posted (the CQ or the
+  // device is gone): the sink fails them itself.
+  virtual void OnFatal(const absl::Status& why, bool completions_lost) = 0;
 };
 
 class CompletionPoller {
  public:
-  CompletionPoller(VerbsApi* api, ibv_cq* cq, std::string device);
+  CompletionPoller(VerbsApi* api, std::string device);
   // Stops and joins the thread. Every sink should have been removed.
   ~CompletionPoller();
 
-  void Add(uint32_t qpn, std::shared_ptr<CompletionSink> sink);
+  // Starts polling `cq` too (the CQ pool's callback; CQs are never removed).
+  void AddCq(ibv_cq* cq);
+  // Routes the completions and errors of QP `qpn`, whose CQ is `cq`, to `sink`.
+  void Add(uint32_t qpn, ibv_cq* cq, std::shared_ptr<CompletionSink> sink);
   void Remove(uint32_t qpn);
+  // Asynchronous errors: OnFatal on the sink of one QP, of every QP on `cq`, or of all.
+  void FailQp(uint32_t qpn, const absl::Status& why);
+  void FailCq(const ibv_cq* cq, const absl::Status& why);
+  void FailAll(const absl::Status& why, bool completions_lost);
   // Ends the idle back-off: work was just posted.
   void Wake();
   bool OnPollerThread() const { return std::this_thread::get_id() == thread_.get_id(); }
 
  private:
+  struct Route {
+    ibv_cq* cq = nullptr;
+    std::shared_ptr<CompletionSink> sink;
+  };
   void Loop();
+  // Calls OnFatal on the sinks `pick` selects, outside the lock.
+  template <typename Pick>
+  void Fail(Pick pick, const absl::Status& why, bool completions_lost);
 
   VerbsApi* const api_;
-  ibv_cq* const cq_;
   const std::string device_;
 
   absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool woken_ ABSL_GUARDED_BY(mu_) = false;
-  absl::flat_hash_map<uint32_t, std::shared_ptr<CompletionSink>> sinks_ ABSL_GUARDED_BY(mu_);
+  std::vector<ibv_cq*> cqs_ ABSL_GUARDED_BY(mu_);
+  uint64_t cqs_version_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::flat_hash_map<uint32_t, Route> sinks_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;
 };
 

@@ -13,6 +13,7 @@ constexpr char kMagic[4] = {'F', 'V', 'Q', 'P'};
 constexpr uint8_t kVersion = 1;
 constexpr size_t kFixedSize = 4 + 4 + 4 + 4 + 2 + 16 + 8 + 2;
 constexpr size_t kMaxRetired = 4096;
+constexpr uint8_t kTakesImmediates = 1u << 0;  // the flags byte
 
 void PutLe(std::string& out, uint64_t v, int bytes) {
   for (int i = 0; i < bytes; ++i) out.push_back(static_cast<char>((v >> (8 * i)) & 0xff));
@@ -31,7 +32,7 @@ std::string SerializeQpAddress(const QpAddress& a) {
   out.push_back(static_cast<char>(kVersion));
   out.push_back(static_cast<char>(a.link_layer));
   out.push_back(static_cast<char>(a.mtu));
-  out.push_back(0);
+  out.push_back(static_cast<char>(a.takes_immediates ? kTakesImmediates : 0));
   PutLe(out, a.qpn, 4);
   PutLe(out, a.psn, 4);
   PutLe(out, a.lid, 2);
@@ -62,6 +63,10 @@ absl::StatusOr<QpAddress> ParseQpAddress(const std::string& bytes) {
   uint8_t mtu = static_cast<uint8_t>(p[6]);
   if (mtu < IBV_MTU_256 || mtu > IBV_MTU_4096) return bad(absl::StrCat("bad MTU code ", mtu));
   a.mtu = static_cast<ibv_mtu>(mtu);
+  const uint8_t flags = static_cast<uint8_t>(p[7]);
+  if ((flags & ~kTakesImmediates) != 0)
+    return bad(absl::StrCat("unknown flags 0x", absl::Hex(flags)));
+  a.takes_immediates = (flags & kTakesImmediates) != 0;
   a.qpn = static_cast<uint32_t>(GetLe(p + 8, 4));
   a.psn = static_cast<uint32_t>(GetLe(p + 12, 4));
   if (a.qpn == 0 || a.qpn > 0xffffff)

@@ -1,6 +1,7 @@
 #pragma once
 // What one end of an RC connection tells the other through the Peer Connect call: its QP
-// number, start PSN, port address (LID for InfiniBand, GID for RoCE) and active MTU. The
+// number, start PSN, port address (LID for InfiniBand, GID for RoCE) and active MTU, and
+// whether it takes immediates (posts receives for them). The
 // initiator's request also names the target QPs of its earlier, now closed, endpoints, so
 // the target frees them (an RC target never learns by itself that its initiator is gone).
 
@@ -23,6 +24,8 @@ struct QpAddress {
   ibv_gid gid = {};
   // Random per fabric instance: the target frees retired QPs only for their own initiator.
   uint64_t fabric_id = 0;
+  // Target's reply: it keeps receives posted, so WRITE-with-immediate may be used.
+  bool takes_immediates = false;
   std::vector<uint32_t> retired_qpns;
 };
 

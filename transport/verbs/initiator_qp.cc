@@ -8,6 +8,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/time.h"
 #include "spdlog/spdlog.h"
+#include "base/status_macros.h"
 #include "transport/verbs/qp_state.h"
 #include "transport/verbs/verbs_region.h"
 
@@ -27,21 +28,20 @@ constexpr absl::Duration kFlushWait = absl::Seconds(10);
 absl::StatusOr<std::shared_ptr<InitiatorQp>> InitiatorQp::Create(
     std::shared_ptr<VerbsDevice> device, const VerbsOptions& options) {
   const PortInfo& port = device->port();
-  ibv_qp_init_attr init = {};
-  init.send_cq = device->cq();
-  init.recv_cq = device->cq();
-  init.qp_type = IBV_QPT_RC;
-  init.sq_sig_all = 0;  // selective signalling: we choose per WR
   uint32_t depth = std::max<uint32_t>(1, options.send_queue_depth);
   if (port.max_qp_wr > 0) depth = std::min<uint32_t>(depth, port.max_qp_wr);
+  // Every WR can come back at once (a flush), so the CQ must have room for all of them.
+  ASSIGN_OR_RETURN(CqSlot slot, device->ReserveCq(depth));
+  ibv_qp_init_attr init = {};
+  init.send_cq = slot.cq();
+  init.recv_cq = slot.cq();
+  init.qp_type = IBV_QPT_RC;
+  init.sq_sig_all = 0;  // selective signalling: we choose per WR
   init.cap.max_send_wr = depth;
   init.cap.max_recv_wr = 1;  // nothing is received here; some drivers refuse 0
   init.cap.max_send_sge = 1;
   init.cap.max_recv_sge = 1;
   init.cap.max_inline_data = options.inline_threshold;
-  // Every WR can come back at once (a flush), so the CQ must have room for all of them.
-  const uint32_t reserve = depth + 1;
-  if (absl::Status s = device->ReserveCqEntries(reserve); !s.ok()) return s;
   VerbsApi& api = device->api();
   QpPtr qp(api.CreateQp(device->pd(), &init), QpDeleter{&api});
   if (!qp && options.inline_threshold > 0) {
@@ -51,21 +51,20 @@ absl::StatusOr<std::shared_ptr<InitiatorQp>> InitiatorQp::Create(
     qp.reset(api.CreateQp(device->pd(), &init));
   }
   if (!qp) {
-    int err = errno;
-    device->ReleaseCqEntries(reserve);
-    return absl::ErrnoToStatus(err, absl::StrFormat("ibv_create_qp(%s, RC, %d send WRs)",
-                                                    port.device, depth));
+    return absl::ErrnoToStatus(errno, absl::StrFormat("ibv_create_qp(%s, RC, %d send WRs)",
+                                                      port.device, depth));
   }
   uint32_t granted = std::min<uint32_t>(depth, init.cap.max_send_wr);
   uint32_t inline_limit = std::min<uint32_t>(options.inline_threshold, init.cap.max_inline_data);
-  return std::shared_ptr<InitiatorQp>(
-      new InitiatorQp(std::move(device), options, std::move(qp), granted, inline_limit));
+  return std::shared_ptr<InitiatorQp>(new InitiatorQp(std::move(device), options, std::move(slot),
+                                                      std::move(qp), granted, inline_limit));
 }
 
 InitiatorQp::InitiatorQp(std::shared_ptr<VerbsDevice> device, const VerbsOptions& options,
-                         QpPtr qp, uint32_t sq_depth, uint32_t inline_limit)
+                         CqSlot cq, QpPtr qp, uint32_t sq_depth, uint32_t inline_limit)
     : device_(std::move(device)),
       options_(options),
+      cq_(std::move(cq)),
       qp_(std::move(qp)),
       qpn_(qp_->qp_num),
       psn_(RandomPsn()),
@@ -79,11 +78,9 @@ InitiatorQp::InitiatorQp(std::shared_ptr<VerbsDevice> device, const VerbsOptions
 }
 
 InitiatorQp::~InitiatorQp() {
-  {
-    absl::MutexLock lock(&mu_);
-    qp_.reset();
-  }
-  device_->ReleaseCqEntries(sq_depth_ + 1);
+  // The QP goes before its CQ room does (cq_ is destroyed after this body).
+  absl::MutexLock lock(&mu_);
+  qp_.reset();
 }
 
 QpAddress InitiatorQp::LocalAddress() const {
@@ -102,8 +99,9 @@ absl::Status InitiatorQp::Connect(const QpAddress& remote) {
     if (!s.ok()) return s;
     connected_ = true;
     remote_qpn_ = remote.qpn;
+    peer_takes_immediates_ = remote.takes_immediates;
   }
-  device_->poller().Add(qpn_, shared_from_this());
+  device_->poller().Add(qpn_, cq_.cq(), shared_from_this());
   return absl::OkStatus();
 }
 
@@ -143,6 +141,13 @@ absl::Status InitiatorQp::Post(ibv_wr_opcode opcode, const fabric::LocalSlice& l
     if (!connected_) {
       return absl::FailedPreconditionError(
           absl::StrFormat("verbs: QP 0x%x is not connected", qpn_));
+    }
+    if (opcode == IBV_WR_RDMA_WRITE_WITH_IMM && !peer_takes_immediates_) {
+      // It posted no receives: the WRITE would wait in RNR retries forever (rnr_retry 7).
+      return absl::FailedPreconditionError(absl::StrFormat(
+          "verbs: the peer of QP 0x%x takes no immediates (it had no immediate handler when "
+          "it accepted this connection)",
+          qpn_));
     }
     auto op = std::make_shared<Op>();
     op->done = std::move(done);
@@ -288,6 +293,30 @@ void InitiatorQp::OnCompletion(const ibv_wc& wc) {
     }
     Pump(finished, nullptr, nullptr);
     // Taken off posted_ but not yet run: Close() must not return before they have.
+    if (!finished.empty()) ++delivering_;
+  }
+  if (finished.empty()) return;
+  Run(finished);
+  absl::MutexLock lock(&mu_);
+  --delivering_;
+}
+
+void InitiatorQp::OnFatal(const absl::Status& why, bool completions_lost) {
+  Finished finished;
+  {
+    absl::MutexLock lock(&mu_);
+    if (closing_ || !connected_) return;
+    Break(why);
+    FailPending(finished);
+    if (completions_lost) {
+      // No flush will come for these: the CQ or the device is gone, and with it the HCA's
+      // access to their memory.
+      while (!posted_.empty()) RetireFront(broken_, finished);
+    } else {
+      // Posted WRs flush through the CQ, each completing its op once.
+      absl::Status s = MoveToError(device_->api(), qp_.get());
+      if (!s.ok()) spdlog::warn("verbs: {}", s.ToString());
+    }
     if (!finished.empty()) ++delivering_;
   }
   if (finished.empty()) return;

@@ -27,7 +27,7 @@ namespace ferry::verbs {
 
 class InitiatorQp : public CompletionSink, public std::enable_shared_from_this<InitiatorQp> {
  public:
-  // Creates the QP (RESET). RESOURCE_EXHAUSTED when the device CQ is fully promised.
+  // Creates the QP (RESET). RESOURCE_EXHAUSTED when the device's CQs are fully promised.
   static absl::StatusOr<std::shared_ptr<InitiatorQp>> Create(std::shared_ptr<VerbsDevice> device,
                                                              const VerbsOptions& options);
   ~InitiatorQp() override;
@@ -47,6 +47,7 @@ class InitiatorQp : public CompletionSink, public std::enable_shared_from_this<I
   uint32_t qpn() const { return qpn_; }
   uint32_t remote_qpn() const;
   void OnCompletion(const ibv_wc& wc) override;
+  void OnFatal(const absl::Status& why, bool completions_lost) override;
 
  private:
   struct Op {
@@ -70,8 +71,8 @@ class InitiatorQp : public CompletionSink, public std::enable_shared_from_this<I
   // Completions to run once the lock is released.
   using Finished = std::vector<std::pair<fabric::Completion, absl::Status>>;
 
-  InitiatorQp(std::shared_ptr<VerbsDevice> device, const VerbsOptions& options, QpPtr qp,
-              uint32_t sq_depth, uint32_t max_inline);
+  InitiatorQp(std::shared_ptr<VerbsDevice> device, const VerbsOptions& options, CqSlot cq,
+              QpPtr qp, uint32_t sq_depth, uint32_t max_inline);
 
   // Posts as many pending WRs as the send queue has room for. If ibv_post_send fails, the QP
   // is broken; `current` (the op being posted by the caller, or null) is refused through
@@ -91,7 +92,8 @@ class InitiatorQp : public CompletionSink, public std::enable_shared_from_this<I
   // Declared first: the device (CQ, PD, context) outlives the QP.
   const std::shared_ptr<VerbsDevice> device_;
   const VerbsOptions options_;
-  QpPtr qp_;  // destroyed by Close()
+  CqSlot cq_;  // room in the CQ; given back after the QP is destroyed
+  QpPtr qp_;   // destroyed by Close()
   const uint32_t qpn_;
   const uint32_t psn_;
   const uint32_t sq_depth_;
@@ -111,6 +113,7 @@ class InitiatorQp : public CompletionSink, public std::enable_shared_from_this<I
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status broken_ ABSL_GUARDED_BY(mu_);  // non-OK once broken: why
   uint32_t remote_qpn_ ABSL_GUARDED_BY(mu_) = 0;
+  bool peer_takes_immediates_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace ferry::verbs

@@ -23,6 +23,7 @@ struct PortInfo {
   // Device limits (ibv_query_device).
   int max_qp_wr = 0;
   int max_cqe = 0;
+  int max_cq = 0;
   int max_sge = 0;
   int max_qp_rd_atom = 0;       // READs this QP may answer
   int max_qp_init_rd_atom = 0;  // READs this QP may have outstanding

@@ -48,6 +48,10 @@ class RdmaCore final : public VerbsApi {
     return ibv_post_recv(qp, wr, bad);
   }
   int PollCq(ibv_cq* cq, int num, ibv_wc* wc) override { return ibv_poll_cq(cq, num, wc); }
+  int GetAsyncEvent(ibv_context* context, ibv_async_event* event) override {
+    return ibv_get_async_event(context, event);
+  }
+  void AckAsyncEvent(ibv_async_event* event) override { ibv_ack_async_event(event); }
 };
 
 }  // namespace

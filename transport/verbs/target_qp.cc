@@ -8,43 +8,52 @@
 
 #include "absl/strings/str_format.h"
 #include "spdlog/spdlog.h"
+#include "base/status_macros.h"
 #include "transport/verbs/qp_state.h"
 
 namespace ferry::verbs {
 
 absl::StatusOr<std::shared_ptr<TargetQp>> TargetQp::Create(
-    std::shared_ptr<VerbsDevice> device, const VerbsOptions& options, uint64_t initiator,
+    std::shared_ptr<VerbsDevice> device, const VerbsOptions& options,
+    const fabric::PeerInstance& initiator_agent, uint64_t initiator,
     std::shared_ptr<ImmediateDispatch> immediates) {
   const PortInfo& port = device->port();
-  uint32_t depth = std::max<uint32_t>(1, options.recv_queue_depth);
-  if (port.max_qp_wr > 0) depth = std::min<uint32_t>(depth, port.max_qp_wr);
+  // Receives only serve WRITE-with-immediate: a fabric without an immediate handler posts
+  // none (and says so in its reply), rather than 256 per connection that nothing consumes.
+  uint32_t depth = 0;
+  if (immediates->HasHandler()) {
+    depth = std::max<uint32_t>(1, options.recv_queue_depth);
+    if (port.max_qp_wr > 0) depth = std::min<uint32_t>(depth, port.max_qp_wr);
+  }
+  // The send queue is never used; the posted receives may all flush at once.
+  ASSIGN_OR_RETURN(CqSlot slot, device->ReserveCq(std::max<uint32_t>(depth, 1)));
   ibv_qp_init_attr init = {};
-  init.send_cq = device->cq();
-  init.recv_cq = device->cq();
+  init.send_cq = slot.cq();
+  init.recv_cq = slot.cq();
   init.qp_type = IBV_QPT_RC;
   init.cap.max_send_wr = 1;  // the target posts no sends; some drivers refuse 0
-  init.cap.max_recv_wr = depth;
+  init.cap.max_recv_wr = std::max<uint32_t>(depth, 1);
   init.cap.max_send_sge = 1;
   init.cap.max_recv_sge = 1;
-  if (absl::Status s = device->ReserveCqEntries(depth + 1); !s.ok()) return s;
   VerbsApi& api = device->api();
   QpPtr qp(api.CreateQp(device->pd(), &init), QpDeleter{&api});
   if (!qp) {
-    int err = errno;
-    device->ReleaseCqEntries(depth + 1);
-    return absl::ErrnoToStatus(err, absl::StrFormat("ibv_create_qp(%s, RC, %d receives)",
-                                                    port.device, depth));
+    return absl::ErrnoToStatus(errno, absl::StrFormat("ibv_create_qp(%s, RC, %d receives)",
+                                                      port.device, depth));
   }
-  return std::shared_ptr<TargetQp>(new TargetQp(std::move(device), options, std::move(qp), depth,
-                                                initiator, std::move(immediates)));
+  return std::shared_ptr<TargetQp>(new TargetQp(std::move(device), options, std::move(slot),
+                                                std::move(qp), depth, initiator_agent, initiator,
+                                                std::move(immediates)));
 }
 
-TargetQp::TargetQp(std::shared_ptr<VerbsDevice> device, const VerbsOptions& options, QpPtr qp,
-                   uint32_t rq_depth, uint64_t initiator,
-                   std::shared_ptr<ImmediateDispatch> immediates)
+TargetQp::TargetQp(std::shared_ptr<VerbsDevice> device, const VerbsOptions& options, CqSlot cq,
+                   QpPtr qp, uint32_t rq_depth, fabric::PeerInstance initiator_agent,
+                   uint64_t initiator, std::shared_ptr<ImmediateDispatch> immediates)
     : device_(std::move(device)),
       options_(options),
+      cq_(std::move(cq)),
       rq_depth_(rq_depth),
+      initiator_agent_(std::move(initiator_agent)),
       initiator_(initiator),
       immediates_(std::move(immediates)),
       psn_(RandomPsn()),
@@ -52,15 +61,15 @@ TargetQp::TargetQp(std::shared_ptr<VerbsDevice> device, const VerbsOptions& opti
       qpn_(qp_->qp_num) {}
 
 TargetQp::~TargetQp() {
-  {
-    absl::MutexLock lock(&mu_);
-    qp_.reset();
-  }
-  device_->ReleaseCqEntries(rq_depth_ + 1);
+  // The QP goes before its CQ room does (cq_ is destroyed after this body).
+  absl::MutexLock lock(&mu_);
+  qp_.reset();
 }
 
 QpAddress TargetQp::LocalAddress() const {
-  return device_->AddressOf(qpn_, psn_);
+  QpAddress a = device_->AddressOf(qpn_, psn_);
+  a.takes_immediates = rq_depth_ > 0;
+  return a;
 }
 
 absl::Status TargetQp::PostReceive(uint64_t wr_id) {
@@ -91,7 +100,7 @@ absl::Status TargetQp::Accept(const QpAddress& remote) {
     }
     registered_ = true;
   }
-  device_->poller().Add(qpn_, shared_from_this());
+  device_->poller().Add(qpn_, cq_.cq(), shared_from_this());
   return absl::OkStatus();
 }
 
@@ -121,6 +130,13 @@ void TargetQp::OnCompletion(const ibv_wc& wc) {
     if (wc.wc_flags & IBV_WC_WITH_IMM) imm = ntohl(wc.imm_data);
   }
   if (imm) immediates_->Deliver(*imm);
+}
+
+void TargetQp::OnFatal(const absl::Status& why, bool) {
+  // Nothing of ours is posted but receives; the fabric reaps the QP at the next accept.
+  absl::MutexLock lock(&mu_);
+  if (!dead_) spdlog::warn("verbs: target QP 0x{:x}: {}", qpn_, std::string(why.message()));
+  dead_ = true;
 }
 
 void TargetQp::Close() {

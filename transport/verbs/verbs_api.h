@@ -53,6 +53,13 @@ class VerbsApi {
   virtual int PostRecv(ibv_qp* qp, ibv_recv_wr* wr, ibv_recv_wr** bad_wr) = 0;
   // Returns the number of completions written to `wc` (0..num), or < 0 on error.
   virtual int PollCq(ibv_cq* cq, int num, ibv_wc* wc) = 0;
+
+  // ibv_get_async_event: the next asynchronous event of `context` (port up/down, QP fatal,
+  // CQ error, device fatal). Blocks unless context->async_fd was made O_NONBLOCK; then -1
+  // with errno EAGAIN when none is pending. Every event must be given back to
+  // AckAsyncEvent: destroying the QP or CQ it names waits until it is (ibv_get_async_event(3)).
+  virtual int GetAsyncEvent(ibv_context* context, ibv_async_event* event) = 0;
+  virtual void AckAsyncEvent(ibv_async_event* event) = 0;
 };
 
 }  // namespace ferry::verbs

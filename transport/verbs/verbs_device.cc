@@ -107,6 +107,7 @@ absl::Status DescribePort(VerbsApi& api, ibv_context* ctx, const VerbsOptions& o
   }
   port.max_qp_wr = dev.max_qp_wr;
   port.max_cqe = dev.max_cqe;
+  port.max_cq = dev.max_cq;
   port.max_sge = dev.max_sge;
   port.max_qp_rd_atom = dev.max_qp_rd_atom;
   port.max_qp_init_rd_atom = dev.max_qp_init_rd_atom;
@@ -179,14 +180,17 @@ absl::StatusOr<std::shared_ptr<VerbsDevice>> VerbsDevice::Open(std::shared_ptr<V
     std::shared_ptr<VerbsDevice> device(new VerbsDevice(api, std::move(context), port));
     device->res_->pd = PdPtr(api->AllocPd(device->context()), PdDeleter{api.get()});
     if (!device->res_->pd) return CallError(-1, absl::StrCat("ibv_alloc_pd(", name, ")"));
-    int cqe = static_cast<int>(
-        std::min<uint64_t>(options.cq_depth, port.max_cqe > 0 ? port.max_cqe : options.cq_depth));
-    device->res_->cq = CqPtr(api->CreateCq(device->context(), cqe), CqDeleter{api.get()});
-    if (!device->res_->cq) {
-      return CallError(-1, absl::StrFormat("ibv_create_cq(%s, %d entries)", name, cqe));
-    }
-    device->cq_capacity_ = static_cast<uint32_t>(device->cq()->cqe);
-    device->res_->poller = std::make_unique<CompletionPoller>(api.get(), device->cq(), name);
+    Resources& res = *device->res_;
+    res.poller = std::make_unique<CompletionPoller>(api.get(), name);
+    CompletionPoller* poller = res.poller.get();
+    res.cqs = std::make_unique<CqPool>(api.get(), device->context(), name, options.cq_depth,
+                                       port.max_cqe, port.max_cq,
+                                       [poller](ibv_cq* cq) { poller->AddCq(cq); });
+    ASSIGN_OR_RETURN(res.events,
+                     AsyncEventReader::Start(api.get(), device->context(), name,
+                                             [&res, p = port.port](const AsyncEventMeaning& e) {
+                                               OnAsyncEvent(res, p, e);
+                                             }));
     return device;
   }
   if (!options.device.empty()) {
@@ -209,20 +213,47 @@ VerbsDevice::~VerbsDevice() {
   }
 }
 
-absl::Status VerbsDevice::ReserveCqEntries(uint32_t n) {
-  absl::MutexLock lock(&mu_);
-  if (cq_reserved_ + static_cast<uint64_t>(n) > cq_capacity_) {
-    return absl::ResourceExhaustedError(absl::StrFormat(
-        "verbs: the CQ of %s has %d of %d entries promised to other QPs; a new QP needs %d",
-        port_.device, cq_reserved_, cq_capacity_, n));
-  }
-  cq_reserved_ += n;
-  return absl::OkStatus();
+absl::Status VerbsDevice::health() const {
+  absl::MutexLock lock(&res_->health.mu);
+  return res_->health.status;
 }
 
-void VerbsDevice::ReleaseCqEntries(uint32_t n) {
-  absl::MutexLock lock(&mu_);
-  cq_reserved_ -= std::min(n, cq_reserved_);
+void VerbsDevice::OnAsyncEvent(Resources& res, uint8_t port, const AsyncEventMeaning& event) {
+  const absl::Status why = absl::UnavailableError(absl::StrCat("verbs: ", event.text));
+  switch (event.kind) {
+    case AsyncEventMeaning::kQpBroken:
+      res.poller->FailQp(event.qpn, why);
+      return;
+    case AsyncEventMeaning::kCqBroken:
+      res.poller->FailCq(event.cq, why);
+      return;
+    case AsyncEventMeaning::kPortDown:
+    case AsyncEventMeaning::kPortUp: {
+      if (event.port != port) return;  // another port of the device: not ours
+      const bool down = event.kind == AsyncEventMeaning::kPortDown;
+      {
+        absl::MutexLock lock(&res.health.mu);
+        if (res.health.device_lost) return;
+        res.health.status = down ? why : absl::OkStatus();
+      }
+      // Every QP on a down port fails once its transport retries run out (seconds with the
+      // default timeout); failing them now lets their owners reconnect, or fail over, at once.
+      // Their posted WRs still flush through the CQ.
+      if (down) res.poller->FailAll(why, /*completions_lost=*/false);
+      return;
+    }
+    case AsyncEventMeaning::kDeviceLost: {
+      {
+        absl::MutexLock lock(&res.health.mu);
+        res.health.device_lost = true;
+        res.health.status = why;
+      }
+      res.poller->FailAll(why, /*completions_lost=*/true);
+      return;
+    }
+    case AsyncEventMeaning::kInformational:
+      return;
+  }
 }
 
 QpAddress VerbsDevice::AddressOf(uint32_t qpn, uint32_t psn) const {

@@ -95,6 +95,7 @@ absl::StatusOr<std::unique_ptr<fabric::MemoryRegion>> VerbsFabric::RegisterDmabu
 absl::StatusOr<std::unique_ptr<fabric::PendingConnection>> VerbsFabric::BeginConnect(
     const std::string& peer_address) {
   // A RoCE port cannot reach an InfiniBand one: say so before creating anything.
+  RETURN_IF_ERROR(device_->health());
   const bool peer_roce = absl::StrContains(peer_address, "/roce/");
   const bool peer_ib = absl::StrContains(peer_address, "/ib/");
   if ((peer_roce && !port().is_roce()) || (peer_ib && port().is_roce())) {
@@ -109,23 +110,34 @@ absl::StatusOr<std::unique_ptr<fabric::PendingConnection>> VerbsFabric::BeginCon
       std::move(qp), SerializeQpAddress(local), peer_address, retired_));
 }
 
-absl::StatusOr<std::string> VerbsFabric::AcceptConnect(const std::string& request) {
+absl::StatusOr<std::string> VerbsFabric::AcceptConnect(const std::string& request,
+                                                       const fabric::PeerInstance& from) {
+  RETURN_IF_ERROR(device_->health());
   ASSIGN_OR_RETURN(QpAddress remote, ParseQpAddress(request));
-  // Free the QPs this initiator has given up, and any that died, before adding one.
+  // Before adding a QP, free those nobody can use any more: the ones this initiator says it
+  // gave up, those that died, and every one an earlier incarnation of the same agent left
+  // behind (an RC target never notices that its initiator restarted: it just waits).
+  auto stale = [&](const TargetQp& t) {
+    const bool retired = t.initiator() == remote.fabric_id &&
+                         std::find(remote.retired_qpns.begin(), remote.retired_qpns.end(),
+                                   t.qpn()) != remote.retired_qpns.end();
+    const fabric::PeerInstance& was = t.initiator_agent();
+    const bool restarted = !from.node.empty() && from.incarnation != 0 && was.node == from.node &&
+                           was.incarnation != 0 && was.incarnation != from.incarnation;
+    return retired || restarted || t.dead();
+  };
   std::vector<std::shared_ptr<TargetQp>> reaped;
   {
     absl::MutexLock lock(&mu_);
     std::erase_if(targets_, [&](const std::shared_ptr<TargetQp>& t) {
-      bool retired = t->initiator() == remote.fabric_id &&
-                     std::find(remote.retired_qpns.begin(), remote.retired_qpns.end(),
-                               t->qpn()) != remote.retired_qpns.end();
-      if (retired || t->dead()) reaped.push_back(t);
-      return retired || t->dead();
+      if (!stale(*t)) return false;
+      reaped.push_back(t);
+      return true;
     });
   }
   for (auto& t : reaped) t->Close();
   ASSIGN_OR_RETURN(std::shared_ptr<TargetQp> target,
-                   TargetQp::Create(device_, options_, remote.fabric_id, immediates_));
+                   TargetQp::Create(device_, options_, from, remote.fabric_id, immediates_));
   if (absl::Status s = target->Accept(remote); !s.ok()) {
     target->Close();
     return s;

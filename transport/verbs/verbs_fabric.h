@@ -35,6 +35,7 @@ class VerbsFabric : public fabric::Fabric {
   fabric::RailId rail() const override { return {provider(), port().device}; }
   // "mlx5_0:1/ib/lid=0x12" or "mlx5_0:1/roce/::ffff:10.0.0.1": what peers see in Hello.
   std::string address() const override { return address_; }
+  absl::Status health() const override { return device_->health(); }
   absl::StatusOr<std::unique_ptr<fabric::MemoryRegion>> Register(void* data, uint64_t length,
                                                                  uint32_t access) override;
   absl::StatusOr<std::unique_ptr<fabric::MemoryRegion>> RegisterDmabuf(
@@ -42,10 +43,12 @@ class VerbsFabric : public fabric::Fabric {
       uint32_t access) override;
   absl::StatusOr<std::unique_ptr<fabric::PendingConnection>> BeginConnect(
       const std::string& peer_address) override;
-  absl::StatusOr<std::string> AcceptConnect(const std::string& request) override;
+  absl::StatusOr<std::string> AcceptConnect(const std::string& request,
+                                            const fabric::PeerInstance& from) override;
   void SetImmediateHandler(ImmediateHandler handler) override;
 
   const PortInfo& port() const { return device_->port(); }
+  const VerbsDevice& device() const { return *device_; }
   // Target QPs alive (accepted and not yet reaped).
   size_t accepted_connections() const;
 

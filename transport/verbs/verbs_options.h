@@ -28,9 +28,11 @@ struct VerbsOptions {
   // Payloads up to this many bytes are copied into the WR (IBV_SEND_INLINE) when the device
   // allows it, saving the HCA a DMA read.
   uint32_t inline_threshold = 64;
-  // Receives kept posted per accepted connection, one per WRITE-with-immediate in flight.
+  // Receives kept posted per accepted connection, one per WRITE-with-immediate in flight;
+  // only on connections accepted while the fabric has an immediate handler.
   uint32_t recv_queue_depth = 256;
-  // Completion queue size for the device; bounds the connections one fabric can hold.
+  // Entries per completion queue. Each QP takes its queue depth in one CQ; the device opens
+  // another CQ of this size when the ones it has are fully promised (cq_pool.h).
   uint32_t cq_depth = 65536;
   // Largest single WR; larger ops are split. 0 = the port's max_msg_sz.
   uint64_t max_message_bytes = 0;
