@@ -114,9 +114,9 @@ TEST(DoctorTest, AcsRedirectOnPathBridgesWarns) {
   Finding bridge = run.One("acs 0000:18:02.0");
   EXPECT_EQ(bridge.severity, Severity::kWarn);
   EXPECT_EQ(bridge.fact,
-            "bridge 0000:18:02.0 on the path GPU0 (0000:19:00.0) - mlx5_0 has ACS Source "
-            "Validation, P2P Request Redirect, P2P Completion Redirect enabled (ACS control "
-            "0x001d): peer-to-peer traffic is sent up to the root complex");
+            "bridge 0000:18:02.0 on the path GPU0 (0000:19:00.0) - mlx5_0 has ACS P2P Request "
+            "Redirect, P2P Completion Redirect enabled (ACS control 0x001d): peer-to-peer "
+            "traffic is sent up to the root complex");
   EXPECT_THAT(bridge.remedy, HasSubstr("setpci -s 0000:18:02.0 ECAP_ACS+0x6.w=0000"));
   for (const char* b : {"acs 0000:18:00.0", "acs 0000:18:01.0", "acs 0000:18:03.0"}) {
     EXPECT_EQ(run.One(b).severity, Severity::kWarn);
@@ -270,6 +270,12 @@ TEST(AcsTest, ParsesTheExtendedCapabilityList) {
   EXPECT_EQ(acs.EnabledNames(), "P2P Request Redirect");
   put32(0x184, 0x005f | (0x0010u << 16));  // only Upstream Forwarding: harmless here
   EXPECT_FALSE(ParseAcs(space).Redirects());
+  put32(0x184, 0x005f | (0x0003u << 16));  // Source Validation, Translation Blocking
+  EXPECT_FALSE(ParseAcs(space).Redirects());
+  EXPECT_EQ(ParseAcs(space).EnabledNames(), "");
+  put32(0x184, 0x005f | (0x0021u << 16));  // SV + P2P Egress Control: redirects
+  EXPECT_TRUE(ParseAcs(space).Redirects());
+  EXPECT_EQ(ParseAcs(space).EnabledNames(), "P2P Egress Control");
   // A list that points at itself must end.
   put32(0x100, 0x0001 | (0x100u << 20));
   EXPECT_EQ(ParseAcs(space).kind, AcsReading::Kind::kNoCapability);
