@@ -79,6 +79,7 @@ std::string ParseFlags(const std::vector<std::string>& args, bool allow_sysfs_ro
 }
 
 struct Prepared {
+  config::Config config;
   topology::Machine machine;
   topology::TopologyPlan plan;
 };
@@ -105,7 +106,7 @@ absl::StatusOr<Prepared> Prepare(const Flags& flags) {
                             ? std::string(plan.status().message())
                             : absl::StrCat(flags.config, ": ", plan.status().message()));
   }
-  return Prepared{*std::move(machine), *std::move(plan)};
+  return Prepared{std::move(config), *std::move(machine), *std::move(plan)};
 }
 
 }  // namespace
@@ -149,7 +150,8 @@ int RunDoctorCommand(const std::vector<std::string>& args, std::ostream& out,
     return 1;
   }
   topology::SysRoot root(flags.sysfs_root.value_or("/"));
-  topology::DoctorReport report = topology::RunDoctor(prepared->machine, prepared->plan, root);
+  topology::DoctorReport report = topology::RunDoctor(
+      prepared->machine, prepared->plan, root, topology::DoctorProbes(), prepared->config);
   out << (flags.json ? topology::FormatDoctorJson(report, prepared->machine, prepared->plan)
                      : topology::FormatDoctorText(report));
   return report.HasFailure() ? 1 : 0;

@@ -39,6 +39,10 @@ struct Policy {
   bool operator==(const Policy&) const = default;
 };
 
+// A bounce pool holds staging_depth chunks for each of this many staged legs at once, so
+// it pins staging_chunk_bytes x staging_depth x kBounceLegs per NUMA node.
+inline constexpr uint32_t kBounceLegs = 4;
+
 // Applies one `key=value` setting (keys: gdr, gdr_max_path, fallback, staging_chunk,
 // staging_depth) to `policy`. Errors name the key and the accepted values.
 absl::Status ApplyPolicySetting(absl::string_view key, absl::string_view value, Policy& policy);

@@ -1,5 +1,7 @@
 // `ferryctl doctor` checks against fixture sysfs/procfs trees (tests/fixtures/sysfs), with
 // the driver probes replaced by fakes so results do not depend on this machine.
+#include <sys/resource.h>
+
 #include <string>
 #include <vector>
 
@@ -30,10 +32,14 @@ SupportProbe Probe(SupportProbe::State state, const std::string& detail) {
   return SupportProbe{state, detail};
 }
 
+// The same answer from every NIC; locked memory unlimited unless a test says otherwise.
 DoctorProbes FakeProbes(SupportProbe::State nic, SupportProbe::State gpu) {
   DoctorProbes probes;
-  probes.nic_dmabuf = [nic] { return Probe(nic, "fake NIC probe"); };
+  probes.nic_dmabuf = [nic](const std::string& name) {
+    return Probe(nic, "fake NIC probe of " + name);
+  };
   probes.gpu_dmabuf = [gpu] { return Probe(gpu, "fake GPU probe"); };
+  probes.memlock = [] { return MemlockLimit{}; };
   return probes;
 }
 
@@ -55,12 +61,20 @@ struct DoctorRun {
     EXPECT_EQ(found.size(), 1u) << check;
     return found.empty() ? Finding{Severity::kFail, check, "<missing>", ""} : found[0];
   }
+  // The one finding `check`, after expecting its severity and fact.
+  Finding Expect(const std::string& check, Severity severity, const std::string& fact) const {
+    Finding f = One(check);
+    EXPECT_EQ(SeverityName(f.severity), std::string(SeverityName(severity))) << check;
+    EXPECT_EQ(f.fact, fact) << check;
+    return f;
+  }
 };
 
 DoctorRun Doctor(const std::string& machine_name, const std::string& tree,
-           const config::Policy& policy = config::Policy(),
-           DoctorProbes probes = FakeProbes(SupportProbe::State::kUnknown,
-                                            SupportProbe::State::kUnknown)) {
+                 const config::Policy& policy = config::Policy(),
+                 DoctorProbes probes = FakeProbes(SupportProbe::State::kUnknown,
+                                                  SupportProbe::State::kUnknown),
+                 config::Config config = config::Config()) {
   DoctorRun run;
   DiscoveryOptions options;
   options.xml_path = std::string(FERRY_FIXTURES) + "/topology/" + machine_name + ".xml";
@@ -69,11 +83,12 @@ DoctorRun Doctor(const std::string& machine_name, const std::string& tree,
   EXPECT_TRUE(machine.ok()) << machine.status();
   if (!machine.ok()) return run;
   run.machine = *machine;
-  absl::StatusOr<TopologyPlan> plan = BuildPlan(run.machine, config::NicFilter(), policy);
+  config.policy = policy;
+  absl::StatusOr<TopologyPlan> plan = BuildPlan(run.machine, config.nics, config.policy);
   EXPECT_TRUE(plan.ok()) << plan.status();
   if (!plan.ok()) return run;
   run.plan = *plan;
-  run.report = RunDoctor(run.machine, run.plan, SysRoot(SysFixture(tree)), probes);
+  run.report = RunDoctor(run.machine, run.plan, SysRoot(SysFixture(tree)), probes, config);
   return run;
 }
 
@@ -94,11 +109,18 @@ TEST(DoctorTest, HealthyNodeHasNoWarningsOnItsGpuPaths) {
   EXPECT_EQ(acs.fact,
             "no ACS redirect on GPU-NIC path bridges 0000:18:00.0, 0000:18:02.0, "
             "0000:18:01.0, 0000:18:03.0");
-  Finding iommu = run.One("iommu");
-  EXPECT_EQ(iommu.severity, Severity::kOk);
-  EXPECT_EQ(iommu.fact,
-            "IOMMU dmar0; kernel command line: intel_iommu=on iommu=pt; iommu group types: "
-            "identity: pass-through");
+  run.Expect("iommu", Severity::kOk,
+             "IOMMU dmar0; kernel command line: intel_iommu=on iommu=pt; identity: GPU0 (group "
+             "30), GPU1 (group 31), mlx5_0 (group 32), mlx5_1 (group 33): GPU and NIC DMA "
+             "passes through");
+  run.Expect("bar1 gpu1", Severity::kOk,
+             "GPU1 (0000:1a:00.0) BAR1 is 128 GiB, room for the 1 GiB GPU pool");
+  // Gen4 NICs in Gen5 switch ports run at what both ends support: no warning.
+  run.Expect("pcie-link", Severity::kOk,
+             "4 PCIe link(s) on the GPU-NIC paths run at the speed and width both ends support");
+  run.Expect("memlock", Severity::kOk,
+             "RLIMIT_MEMLOCK of this process: unlimited; enough for the 1 GiB ferryd registers "
+             "with a NIC (host pool 1 GiB)");
   // The far NIC has no GPU near it: a warning with a remedy, not a failure.
   Finding far = run.One("nic mlx5_2");
   EXPECT_EQ(far.severity, Severity::kWarn);
@@ -114,9 +136,9 @@ TEST(DoctorTest, AcsRedirectOnPathBridgesWarns) {
   Finding bridge = run.One("acs 0000:18:02.0");
   EXPECT_EQ(bridge.severity, Severity::kWarn);
   EXPECT_EQ(bridge.fact,
-            "bridge 0000:18:02.0 on the path GPU0 (0000:19:00.0) - mlx5_0 has ACS Source "
-            "Validation, P2P Request Redirect, P2P Completion Redirect enabled (ACS control "
-            "0x001d): peer-to-peer traffic is sent up to the root complex");
+            "bridge 0000:18:02.0 on the path GPU0 (0000:19:00.0) - mlx5_0 has ACS P2P Request "
+            "Redirect, P2P Completion Redirect enabled (ACS control 0x001d): peer-to-peer "
+            "traffic is sent up to the root complex");
   EXPECT_THAT(bridge.remedy, HasSubstr("setpci -s 0000:18:02.0 ECAP_ACS+0x6.w=0000"));
   for (const char* b : {"acs 0000:18:00.0", "acs 0000:18:01.0", "acs 0000:18:03.0"}) {
     EXPECT_EQ(run.One(b).severity, Severity::kWarn);
@@ -134,8 +156,9 @@ TEST(DoctorTest, TranslatingIommuMissingPeerMemoryAndDownPort) {
   Finding iommu = run.One("iommu");
   EXPECT_EQ(iommu.severity, Severity::kWarn);
   EXPECT_EQ(iommu.fact,
-            "IOMMU dmar0, dmar1; kernel command line: intel_iommu=on; iommu group types: "
-            "DMA-FQ: translating DMA");
+            "IOMMU dmar0, dmar1; kernel command line: intel_iommu=on; DMA-FQ: GPU0 (group 7), "
+            "GPU1 (group 8), mlx5_0 (group 7): the IOMMU translates the DMA of GPU0, GPU1, "
+            "mlx5_0");
   EXPECT_THAT(iommu.remedy, HasSubstr("iommu=pt"));
 
   Finding peer = run.One("peer-memory");
@@ -162,7 +185,10 @@ TEST(DoctorTest, TranslatingIommuMissingPeerMemoryAndDownPort) {
   Finding gdr = run.One("gdr-support");
   EXPECT_EQ(gdr.severity, Severity::kWarn);
   EXPECT_EQ(gdr.fact, "GPU0, GPU1 plan GDR, but neither peer memory nor DMA-BUF could be verified");
-  EXPECT_THAT(run.One("dmabuf-nic").fact, HasSubstr("unknown: fake NIC probe"));
+  EXPECT_EQ(run.One("dmabuf-nic mlx5_0").fact, "unknown: fake NIC probe of mlx5_0");
+  EXPECT_THAT(run.All("dmabuf-nic mlx5_1"), IsEmpty());  // down: chosen for no GPU
+  // No link files in this tree: the link check says nothing rather than guess.
+  EXPECT_THAT(run.All("pcie-link"), IsEmpty());
   EXPECT_FALSE(run.report.HasFailure());
 }
 
@@ -174,7 +200,7 @@ TEST(DoctorTest, GdrPlannedWithoutAnyKernelSupportFails) {
   EXPECT_THAT(gdr.fact, HasSubstr("no peer memory client and DMA-BUF is not supported"));
   EXPECT_THAT(gdr.remedy, HasSubstr("gdr: never"));
   EXPECT_TRUE(run.report.HasFailure());
-  EXPECT_EQ(run.One("dmabuf-nic").severity, Severity::kWarn);
+  EXPECT_EQ(run.One("dmabuf-nic mlx5_0").severity, Severity::kWarn);
 
   // No peer memory, but DMA-BUF on both sides: fine.
   DoctorRun dmabuf = Doctor(kSwitchPair, "iommu_dma", config::Policy(),
@@ -252,6 +278,188 @@ TEST(DoctorTest, TextAndJsonRenderings) {
       json, HasSubstr(R"("paths":{"0000:19:00.0":{"mlx5_0":"PIX","mlx5_1":"PIX","mlx5_2":"SYS"})"));
 }
 
+// Issue 12 item 8: the IOMMU verdict is the GPU's and NIC's own group, not "every group".
+TEST(DoctorTest, IommuIsJudgedByTheGpuAndNicGroupsOnly) {
+  // A USB controller in a DMA group and a VFIO device do not make GPU-NIC DMA translated.
+  DoctorRun mixed = Doctor(kSwitchPair, "iommu_mixed");
+  Finding iommu = mixed.Expect(
+      "iommu", Severity::kOk,
+      "IOMMU dmar0; kernel command line: intel_iommu=on; identity: GPU0 (group 30), GPU1 "
+      "(group 31), mlx5_0 (group 32), mlx5_1 (group 33): GPU and NIC DMA passes through");
+  // iommu=pt is only the default: a NIC whose group was switched to DMA-FQ is translated.
+  DoctorRun pt = Doctor(kSwitchPair, "iommu_pt_nic");
+  iommu =
+      pt.Expect("iommu", Severity::kWarn,
+                "IOMMU dmar0; kernel command line: iommu=pt; DMA-FQ: mlx5_1 (group 40); identity: "
+                "GPU0 (group 30), GPU1 (group 31), mlx5_0 (group 32): the IOMMU translates the DMA "
+                "of mlx5_1");
+  EXPECT_THAT(iommu.remedy, HasSubstr("echo identity > /sys/kernel/iommu_groups/N/type"));
+  // No iommu_group link: the device is not behind the IOMMU (acs_on has none).
+  EXPECT_THAT(Doctor(kSwitchPair, "acs_on").One("iommu").fact,
+              HasSubstr("no iommu group: GPU0, GPU1, mlx5_0, mlx5_1: GPU and NIC DMA passes"));
+}
+
+TEST(DoctorTest, AcsSourceValidationDoesNotRedirect) {
+  // SV, Translation Blocking and Upstream Forwarding on every switch port: P2P still turns
+  // around in the switch.
+  DoctorRun run = Doctor(kSwitchPair, "acs_sv");
+  Finding acs = run.One("acs");
+  EXPECT_EQ(acs.severity, Severity::kOk);
+  EXPECT_THAT(acs.fact, HasSubstr("no ACS redirect on GPU-NIC path bridges 0000:18:00.0"));
+  for (const char* b : {"acs 0000:18:00.0", "acs 0000:18:01.0", "acs 0000:18:02.0"}) {
+    EXPECT_THAT(run.All(b), IsEmpty()) << b;
+  }
+}
+
+TEST(DoctorTest, MemlockBelowWhatFerrydRegistersFails) {
+  auto with_memlock = [](MemlockLimit limit) {
+    DoctorProbes probes = FakeProbes(SupportProbe::State::kUnknown, SupportProbe::State::kUnknown);
+    probes.memlock = [limit] { return limit; };
+    return probes;
+  };
+  // The systemd / kernel default, not root: the 1 GiB host pool cannot be registered.
+  DoctorRun low = Doctor(kSwitchPair, "healthy", config::Policy(),
+                         with_memlock({8ull << 20, /*ipc_lock=*/false}));
+  Finding memlock =
+      low.Expect("memlock", Severity::kFail,
+                 "RLIMIT_MEMLOCK of this process: 8 MiB without CAP_IPC_LOCK, below the 1 GiB "
+                 "ferryd registers with a NIC (host pool 1 GiB): ibv_reg_mr fails with ENOMEM");
+  EXPECT_THAT(memlock.remedy, HasSubstr("LimitMEMLOCK=infinity"));
+  EXPECT_THAT(memlock.remedy, HasSubstr("--ulimit memlock=-1"));
+  EXPECT_THAT(memlock.remedy, HasSubstr("/etc/security/limits.conf"));
+  EXPECT_TRUE(low.report.HasFailure());
+
+  // CAP_IPC_LOCK (root) is not held to the limit.
+  DoctorRun root = Doctor(kSwitchPair, "healthy", config::Policy(),
+                          with_memlock({8ull << 20, /*ipc_lock=*/true}));
+  EXPECT_EQ(root.One("memlock").severity, Severity::kOk);
+  EXPECT_THAT(root.One("memlock").fact, HasSubstr("CAP_IPC_LOCK held"));
+
+  // A staged GPU adds its NUMA node's bounce pool: 4 MiB chunks x depth 4 x 4 legs.
+  DoctorRun staged = Doctor("dual_socket_sys", "healthy", config::Policy(),
+                            with_memlock({1ull << 30, /*ipc_lock=*/false}));
+  EXPECT_EQ(staged.One("memlock").severity, Severity::kFail);
+  EXPECT_THAT(staged.One("memlock").fact,
+              HasSubstr("below the 1088 MiB ferryd registers with a NIC (host pool 1 GiB + 1 "
+                        "bounce pool(s) of 64 MiB)"));
+
+  // The configured host pool is what counts.
+  config::Config small;
+  small.host_pool_bytes = 4ull << 20;
+  DoctorRun fits = Doctor(kSwitchPair, "healthy", config::Policy(),
+                          with_memlock({8ull << 20, /*ipc_lock=*/false}), small);
+  EXPECT_EQ(fits.One("memlock").severity, Severity::kOk);
+
+  // Without an RDMA NIC nothing is registered.
+  DoctorRun tcp = Doctor("gpu_no_nic", "iommu_off", config::Policy(),
+                         with_memlock({64ull << 10, /*ipc_lock=*/false}));
+  EXPECT_EQ(tcp.One("memlock").severity, Severity::kOk);
+  EXPECT_THAT(tcp.One("memlock").fact, HasSubstr("the tcp provider pins nothing"));
+}
+
+TEST(DoctorTest, DmabufIsProbedOnEachChosenNic) {
+  std::vector<std::string> asked;
+  DoctorProbes probes = FakeProbes(SupportProbe::State::kUnknown, SupportProbe::State::kSupported);
+  probes.nic_dmabuf = [&asked](const std::string& nic) {
+    asked.push_back(nic);
+    return Probe(
+        nic == "mlx5_1" ? SupportProbe::State::kSupported : SupportProbe::State::kUnsupported,
+        nic + ": fake");
+  };
+  // no_driver has no peer memory: each GPU's GDR rests on DMA-BUF through its own NIC.
+  DoctorRun run = Doctor(kSwitchPair, "no_driver", config::Policy(), probes);
+  EXPECT_EQ(asked, (std::vector<std::string>{"mlx5_0", "mlx5_1"}));  // not mlx5_2
+  EXPECT_EQ(run.One("dmabuf-nic mlx5_0").severity, Severity::kWarn);
+  EXPECT_EQ(run.One("dmabuf-nic mlx5_0").fact, "mlx5_0: fake");
+  EXPECT_EQ(run.One("dmabuf-nic mlx5_1").severity, Severity::kOk);
+  run.Expect("gdr-support", Severity::kFail,
+             "GPU0 plan GDR, but there is no peer memory client and DMA-BUF is not supported: "
+             "registering GPU memory will fail");
+}
+
+TEST(DoctorTest, GpuLessNodeGivesNoGpuRemedies) {
+  DoctorRun run = Doctor("nic_no_gpu", "no_gpu");
+  EXPECT_EQ(run.report.Count(Severity::kWarn), 0) << FormatDoctorText(run.report);
+  EXPECT_EQ(run.One("gpus").fact,
+            "no NVIDIA GPUs in " + std::string(FERRY_FIXTURES) +
+                "/topology/nic_no_gpu.xml: this node serves host memory only");
+  EXPECT_EQ(run.One("gdr-support").severity, Severity::kOk);
+  EXPECT_THAT(run.One("gdr-support").fact, HasSubstr("no GPU on this node"));
+  for (const char* check : {"peer-memory", "dmabuf-gpu", "dmabuf-nic mlx5_0", "bar1 gpu0"}) {
+    EXPECT_THAT(run.All(check), IsEmpty()) << check;
+  }
+  for (const Finding& f : run.report.findings) {
+    EXPECT_THAT(f.remedy, Not(HasSubstr("nvidia_peermem"))) << f.check;
+  }
+  // A loaded driver that sees no GPU is worth a warning.
+  Finding driver = Doctor("nic_no_gpu", "healthy").One("gpus");
+  EXPECT_EQ(driver.severity, Severity::kWarn);
+  EXPECT_THAT(driver.fact, HasSubstr("though a driver is loaded: NVRM version:"));
+}
+
+TEST(DoctorTest, MissingDriverIsSaidNotQuotedFromCuda) {
+  DoctorProbes probes = FakeProbes(SupportProbe::State::kUnknown, SupportProbe::State::kUnknown);
+  probes.gpu_dmabuf = [] {
+    return Probe(SupportProbe::State::kUnknown,
+                 "CUDA: CUDA driver version is insufficient for CUDA runtime version");
+  };
+  DoctorRun run = Doctor(kSwitchPair, "no_driver", config::Policy(), probes);
+  Finding gpu = run.Expect(
+      "dmabuf-gpu", Severity::kWarn,
+      "no NVIDIA driver installed (no /proc/driver/nvidia/version, no /sys/module/nvidia)");
+  EXPECT_THAT(gpu.remedy, HasSubstr("install the NVIDIA driver"));
+  EXPECT_THAT(run.One("peer-memory").remedy,
+              HasSubstr("install the NVIDIA driver, then modprobe nvidia_peermem"));
+  for (const Finding& f : run.report.findings) {
+    EXPECT_THAT(f.fact, Not(HasSubstr("insufficient"))) << f.check;
+  }
+  // With a driver installed, CUDA's own words are the fact.
+  EXPECT_EQ(Doctor(kSwitchPair, "healthy", config::Policy(), probes).One("dmabuf-gpu").fact,
+            "unknown: CUDA: CUDA driver version is insufficient for CUDA runtime version");
+}
+
+TEST(DoctorTest, Bar1SmallerThanTheGpuPoolWarns) {
+  DoctorRun run = Doctor(kSwitchPair, "small_bar1");
+  Finding small =
+      run.Expect("bar1 gpu0", Severity::kWarn,
+                 "GPU0 (0000:19:00.0) BAR1 is 256 MiB, smaller than the 1 GiB GPU pool ferryd "
+                 "registers with the NIC: GDR registration of the pool fails");
+  EXPECT_THAT(small.remedy, HasSubstr("enable Above 4G Decoding and Resizable BAR in the BIOS"));
+  Finding unplaced = run.One("bar1 gpu1");
+  EXPECT_EQ(unplaced.severity, Severity::kWarn);
+  EXPECT_THAT(unplaced.fact, HasSubstr("GPU1 (0000:1a:00.0) BAR1 (128 GiB) has no address"));
+  // The pool is what the BAR must hold: a 128 MiB pool fits a 256 MiB BAR1.
+  config::Config config;
+  config.gpu_pool_bytes = 128ull << 20;
+  DoctorRun fits =
+      Doctor(kSwitchPair, "small_bar1", config::Policy(),
+             FakeProbes(SupportProbe::State::kUnknown, SupportProbe::State::kUnknown), config);
+  fits.Expect("bar1 gpu0", Severity::kOk,
+              "GPU0 (0000:19:00.0) BAR1 is 256 MiB, room for the 128 MiB GPU pool");
+}
+
+TEST(DoctorTest, PcieLinkBelowWhatBothEndsSupportWarns) {
+  DoctorRun run = Doctor(kSwitchPair, "link_degraded");
+  Finding narrow = run.Expect(
+      "pcie-link 0000:1a:00.0", Severity::kWarn,
+      "PCIe link GPU1 (0000:1a:00.0) - bridge 0000:18:01.0 on the path GPU1 - mlx5_1 runs "
+      "at 32.0 GT/s x8; both ends support 32.0 GT/s x16");
+  EXPECT_THAT(narrow.remedy, HasSubstr("reseat the card"));
+  EXPECT_THAT(narrow.remedy, HasSubstr("BIOS"));
+  EXPECT_THAT(narrow.remedy, HasSubstr("pcie_aspm=off"));
+  run.Expect("pcie-link 0000:1c:00.0", Severity::kWarn,
+             "PCIe link mlx5_1 (0000:1c:00.0) - bridge 0000:18:03.0 on the path GPU1 - mlx5_1 "
+             "runs at 8.0 GT/s x16; both ends support 16.0 GT/s x16");
+  // An idle GPU's slower link is mentioned, not warned about; mlx5_0's Gen4 link is fine.
+  EXPECT_THAT(run.All("pcie-link 0000:19:00.0"), IsEmpty());
+  EXPECT_THAT(run.All("pcie-link 0000:1b:00.0"), IsEmpty());
+  Finding summary = run.One("pcie-link");
+  EXPECT_EQ(summary.severity, Severity::kOk);
+  EXPECT_THAT(summary.fact, HasSubstr("1 PCIe link(s) on the GPU-NIC paths run at the speed"));
+  EXPECT_THAT(summary.fact, HasSubstr("GPU0 (0000:19:00.0) - bridge 0000:18:00.0 at 2.5 GT/s "
+                                      "x16 of 32.0 GT/s x16"));
+}
+
 TEST(AcsTest, ParsesTheExtendedCapabilityList) {
   std::string space(0x200, '\0');
   auto put32 = [&](size_t at, uint32_t v) {
@@ -270,6 +478,12 @@ TEST(AcsTest, ParsesTheExtendedCapabilityList) {
   EXPECT_EQ(acs.EnabledNames(), "P2P Request Redirect");
   put32(0x184, 0x005f | (0x0010u << 16));  // only Upstream Forwarding: harmless here
   EXPECT_FALSE(ParseAcs(space).Redirects());
+  put32(0x184, 0x005f | (0x0003u << 16));  // Source Validation, Translation Blocking
+  EXPECT_FALSE(ParseAcs(space).Redirects());
+  EXPECT_EQ(ParseAcs(space).EnabledNames(), "");
+  put32(0x184, 0x005f | (0x0021u << 16));  // SV + P2P Egress Control: redirects
+  EXPECT_TRUE(ParseAcs(space).Redirects());
+  EXPECT_EQ(ParseAcs(space).EnabledNames(), "P2P Egress Control");
   // A list that points at itself must end.
   put32(0x100, 0x0001 | (0x100u << 20));
   EXPECT_EQ(ParseAcs(space).kind, AcsReading::Kind::kNoCapability);
@@ -286,14 +500,24 @@ TEST(ProbeTest, DmabufErrnoClassification) {
 }
 
 TEST(ProbeTest, RealProbesNeverCrashAndExplainThemselves) {
-  SupportProbe nic = ProbeNicDmabuf();
-  EXPECT_THAT(nic.detail, Not(IsEmpty()));
-  if (nic.state == SupportProbe::State::kUnknown) {
-    // Here: no RDMA in the kernel, so rdma-core answers NULL with ENOSYS (or no devices).
-    EXPECT_THAT(nic.detail, HasSubstr("no RDMA devices"));
-  }
+  // The probe opens the NIC it is named, and says which one it asked.
+  SupportProbe nic = ProbeNicDmabuf("mlx5_0");
+  EXPECT_THAT(nic.detail, ::testing::StartsWith("mlx5_0: "));
+  SupportProbe missing = ProbeNicDmabuf("no_such_nic9");
+  EXPECT_EQ(missing.state, SupportProbe::State::kUnknown);
+  // No RDMA in the kernel (rdma-core answers NULL with ENOSYS), or not among those listed.
+  EXPECT_THAT(missing.detail, ::testing::AnyOf(HasSubstr("no RDMA devices"),
+                                               HasSubstr("not among the")));
   SupportProbe gpu = ProbeGpuDmabuf();
   EXPECT_THAT(gpu.detail, Not(IsEmpty()));
+  // RLIMIT_MEMLOCK as getrlimit reports it for this process.
+  rlimit limit{};
+  ASSERT_EQ(getrlimit(RLIMIT_MEMLOCK, &limit), 0);
+  MemlockLimit memlock = ProbeMemlock();
+  EXPECT_EQ(memlock.soft_bytes.has_value(), limit.rlim_cur != RLIM_INFINITY);
+  if (memlock.soft_bytes) {
+    EXPECT_EQ(*memlock.soft_bytes, limit.rlim_cur);
+  }
 }
 
 }  // namespace

@@ -17,6 +17,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "config/policy.h"
 #include "server/buffers/gpu_pools.h"
 #include "server/policy_store.h"
 #include "transport/fabric.h"
@@ -93,7 +94,7 @@ struct BouncePoolStats {
 class BouncePools {
  public:
   // Chunks per pool = depth x kLegs: room for this many staged legs at full depth.
-  static constexpr uint32_t kLegs = 4;
+  static constexpr uint32_t kLegs = config::kBounceLegs;
 
   BouncePools(std::vector<fabric::Fabric*> fabrics, GpuPools* gpus)
       : fabrics_(std::move(fabrics)), gpus_(gpus) {}

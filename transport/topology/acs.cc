@@ -9,9 +9,12 @@ namespace ferry::topology {
 namespace {
 
 constexpr uint16_t kAcsCapabilityId = 0x000d;
-constexpr uint16_t kSourceValidation = 1 << 0;
+// ACS Control register bits (Source Validation is bit 0, Translation Blocking bit 1,
+// Upstream Forwarding bit 4, Direct Translated P2P bit 6: none of them redirects).
 constexpr uint16_t kRequestRedirect = 1 << 2;
 constexpr uint16_t kCompletionRedirect = 1 << 3;
+constexpr uint16_t kEgressControl = 1 << 5;
+constexpr uint16_t kRedirecting = kRequestRedirect | kCompletionRedirect | kEgressControl;
 
 uint32_t Read32(const std::string& data, size_t offset) {
   auto byte = [&](size_t i) { return static_cast<uint32_t>(static_cast<uint8_t>(data[i])); };
@@ -22,14 +25,14 @@ uint32_t Read32(const std::string& data, size_t offset) {
 
 bool AcsReading::Redirects() const {
   return kind == Kind::kCapability &&
-         (control & (kSourceValidation | kRequestRedirect | kCompletionRedirect)) != 0;
+         (control & kRedirecting) != 0;
 }
 
 std::string AcsReading::EnabledNames() const {
   std::vector<std::string> names;
-  if (control & kSourceValidation) names.push_back("Source Validation");
   if (control & kRequestRedirect) names.push_back("P2P Request Redirect");
   if (control & kCompletionRedirect) names.push_back("P2P Completion Redirect");
+  if (control & kEgressControl) names.push_back("P2P Egress Control");
   return absl::StrJoin(names, ", ");
 }
 

@@ -1,9 +1,12 @@
 #pragma once
 // PCIe Access Control Services, read from a bridge's config space (sysfs `config`).
-// ACS P2P Request/Completion Redirect makes a switch port send peer-to-peer traffic up to
-// the root complex instead of across the switch, and Source Validation checks it there;
-// either turns a PIX/PXB GPU-NIC path into a root-complex round trip (slow, and on some
-// platforms a hang). PCIe Base Spec, "ACS Extended Capability" (ID 0x000D).
+// ACS P2P Request/Completion Redirect (and Egress Control, which can redirect per egress
+// port) make a switch port send peer-to-peer traffic up to the root complex instead of
+// across the switch, turning a PIX/PXB GPU-NIC path into a root-complex round trip (slow,
+// and on some platforms a hang). Source Validation only checks a request's bus number
+// against the port's bus range and forwards it as before, so it is harmless here; Linux
+// clears exactly RR | CR | EC when it disables redirect (pci_disable_acs_redir).
+// PCIe Base Spec, "ACS Extended Capability" (ID 0x000D).
 
 #include <cstdint>
 #include <string>
@@ -20,9 +23,9 @@ struct AcsReading {
   uint16_t control = 0;
   size_t bytes = 0;  // how much config space was readable
 
-  // Source Validation, P2P Request Redirect or P2P Completion Redirect enabled.
+  // P2P Request Redirect, P2P Completion Redirect or P2P Egress Control enabled.
   bool Redirects() const;
-  // "Source Validation, P2P Request Redirect" for the enabled bits that matter.
+  // "P2P Request Redirect, P2P Completion Redirect" for the enabled redirecting bits.
   std::string EnabledNames() const;
 };
 

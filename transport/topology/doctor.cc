@@ -1,14 +1,15 @@
 #include "transport/topology/doctor.h"
 
 #include <algorithm>
+#include <map>
+#include <optional>
 #include <set>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "absl/strings/str_split.h"
 #include "config/policy.h"
 #include "transport/topology/acs.h"
+#include "transport/topology/doctor_checks.h"
 #include "transport/topology/path_class.h"
 
 namespace ferry::topology {
@@ -21,14 +22,37 @@ Finding Make(Severity severity, std::string check, std::string fact, std::string
   return Finding{severity, std::move(check), std::move(fact), std::move(remedy)};
 }
 
-void CheckInventory(const Machine& machine, const TopologyPlan& plan, DoctorReport& report) {
+// What says an NVIDIA driver is installed; nullopt when none is. The CUDA runtime cannot
+// tell "no driver" from "driver too old" (cudaErrorInsufficientDriver either way).
+std::optional<std::string> NvidiaDriver(const SysRoot& root) {
+  if (auto version = root.ReadLine("/proc/driver/nvidia/version")) return *version;
+  if (auto version = root.ReadLine("/sys/module/nvidia/version")) {
+    return absl::StrCat("nvidia module ", *version);
+  }
+  if (root.Exists("/sys/module/nvidia")) return "nvidia module loaded";
+  return std::nullopt;
+}
+
+constexpr char kNoDriver[] =
+    "no NVIDIA driver installed (no /proc/driver/nvidia/version, no /sys/module/nvidia)";
+
+void CheckInventory(const Machine& machine, const TopologyPlan& plan, const SysRoot& root,
+                    DoctorReport& report) {
   if (machine.gpus.empty()) {
-    report.findings.push_back(Make(
-        Severity::kWarn, "gpus",
-        absl::StrCat("no NVIDIA GPUs found in ", machine.source,
-                     " (PCI class 0x0300/0x0302, vendor 0x10de)"),
-        "only host-memory transfers are possible; if GPUs are installed, check that "
-        "`lstopo` lists them"));
+    // A node without GPUs is a fine host-memory node; only a loaded driver that sees no GPU
+    // says something is missing.
+    if (std::optional<std::string> driver = NvidiaDriver(root)) {
+      report.findings.push_back(Make(
+          Severity::kWarn, "gpus",
+          absl::StrCat("no NVIDIA GPUs found in ", machine.source, " (PCI class 0x0300/0x0302, "
+                       "vendor 0x10de), though a driver is loaded: ", *driver),
+          "check that `lstopo` and `nvidia-smi -L` list the GPUs"));
+    } else {
+      report.findings.push_back(Make(
+          Severity::kOk, "gpus",
+          absl::StrCat("no NVIDIA GPUs in ", machine.source,
+                       ": this node serves host memory only")));
+    }
   } else {
     report.findings.push_back(Make(Severity::kOk, "gpus",
                                    absl::StrCat(machine.gpus.size(), " NVIDIA GPU(s) in ",
@@ -144,21 +168,43 @@ void CheckNics(const Machine& machine, const TopologyPlan& plan, DoctorReport& r
   }
 }
 
-// Peer memory and DMA-BUF: the two kernel mechanisms that let a NIC register GPU memory.
-void CheckGdrSupport(const TopologyPlan& plan, const SysRoot& root, const DoctorProbes& probes,
-                     DoctorReport& report) {
-  std::string peer;
+std::string PeerMemory(const SysRoot& root) {
   for (const char* path : {"/sys/kernel/mm/memory_peers/nv_mem/version",
                            "/sys/kernel/mm/memory_peers/nv_mem_nc/version"}) {
     if (auto version = root.ReadLine(path)) {
-      peer = absl::StrCat("NVIDIA peer memory client registered (", path, ": ", *version, ")");
-      break;
+      return absl::StrCat("NVIDIA peer memory client registered (", path, ": ", *version, ")");
     }
   }
-  if (peer.empty() && root.Exists("/sys/module/nvidia_peermem")) {
-    peer = absl::StrCat("nvidia_peermem module loaded (version ",
+  if (root.Exists("/sys/module/nvidia_peermem")) {
+    return absl::StrCat("nvidia_peermem module loaded (version ",
                         root.ReadLine("/sys/module/nvidia_peermem/version").value_or("?"), ")");
   }
+  return "";
+}
+
+bool Supported(const SupportProbe& p) { return p.state == SupportProbe::State::kSupported; }
+bool Refused(const SupportProbe& p) { return p.state == SupportProbe::State::kUnsupported; }
+
+Finding ProbeFinding(std::string check, const SupportProbe& p, std::string remedy) {
+  return Make(Supported(p) ? Severity::kOk : Severity::kWarn, std::move(check),
+              p.state == SupportProbe::State::kUnknown ? absl::StrCat("unknown: ", p.detail)
+                                                       : p.detail,
+              Supported(p) ? "" : std::move(remedy));
+}
+
+// Peer memory and DMA-BUF: the two kernel mechanisms that let a NIC register GPU memory.
+// A GPU's GDR works when there is peer memory, or when both the GPU and the NIC chosen for
+// it do DMA-BUF; each chosen NIC is probed, since providers differ.
+void CheckGdrSupport(const Machine& machine, const TopologyPlan& plan, const SysRoot& root,
+                     const DoctorProbes& probes, DoctorReport& report) {
+  if (machine.gpus.empty()) {
+    report.findings.push_back(Make(
+        Severity::kOk, "gdr-support",
+        "no GPU on this node: peer memory and DMA-BUF for GPU memory are not needed"));
+    return;
+  }
+  const std::optional<std::string> driver = NvidiaDriver(root);
+  const std::string peer = PeerMemory(root);
   if (!peer.empty()) {
     report.findings.push_back(Make(Severity::kOk, "peer-memory", peer));
   } else {
@@ -166,62 +212,67 @@ void CheckGdrSupport(const TopologyPlan& plan, const SysRoot& root, const Doctor
         Severity::kWarn, "peer-memory",
         "no peer memory client: /sys/kernel/mm/memory_peers/nv_mem{,_nc}/version and "
         "/sys/module/nvidia_peermem are absent",
-        "modprobe nvidia_peermem (shipped with the NVIDIA driver), or rely on DMA-BUF "
-        "(Linux >= 5.12 and NVIDIA open kernel modules)"));
+        absl::StrCat(driver ? "" : "install the NVIDIA driver, then ",
+                     "modprobe nvidia_peermem (shipped with the NVIDIA driver), or rely on "
+                     "DMA-BUF (Linux >= 5.12 and NVIDIA open kernel modules)")));
   }
 
-  SupportProbe nic = probes.nic_dmabuf();
   SupportProbe gpu = probes.gpu_dmabuf();
-  auto severity = [](const SupportProbe& p) {
-    return p.state == SupportProbe::State::kSupported ? Severity::kOk : Severity::kWarn;
-  };
-  auto fact = [](const SupportProbe& p) {
-    return p.state == SupportProbe::State::kUnknown ? absl::StrCat("unknown: ", p.detail)
-                                                    : p.detail;
-  };
-  report.findings.push_back(
-      Make(severity(nic), "dmabuf-nic", fact(nic),
-           nic.state == SupportProbe::State::kSupported
-               ? ""
-               : "DMA-BUF registration needs Linux >= 5.12 and rdma-core >= 34 with a "
-                 "provider that implements it (mlx5)"));
-  report.findings.push_back(
-      Make(severity(gpu), "dmabuf-gpu", fact(gpu),
-           gpu.state == SupportProbe::State::kSupported
-               ? ""
-               : "DMA-BUF export needs the NVIDIA open kernel modules (r515+) and CUDA 11.7+"));
-
-  std::vector<std::string> gdr_gpus;
-  for (const GpuDecision& d : plan.gpus) {
-    if (d.mode == TransferMode::kGdr) gdr_gpus.push_back(absl::StrCat("GPU", d.gpu));
+  if (gpu.state == SupportProbe::State::kUnknown && !driver) {
+    report.findings.push_back(Make(Severity::kWarn, "dmabuf-gpu", kNoDriver,
+                                   "install the NVIDIA driver (open kernel modules r515+ and "
+                                   "CUDA 11.7+ for DMA-BUF export)"));
+  } else {
+    report.findings.push_back(ProbeFinding(
+        "dmabuf-gpu", gpu,
+        "DMA-BUF export needs the NVIDIA open kernel modules (r515+) and CUDA 11.7+"));
   }
-  const bool dmabuf = nic.state == SupportProbe::State::kSupported &&
-                      gpu.state == SupportProbe::State::kSupported;
-  const bool dmabuf_refused = nic.state == SupportProbe::State::kUnsupported ||
-                              gpu.state == SupportProbe::State::kUnsupported;
-  if (!peer.empty() || dmabuf) {
+  std::map<int, SupportProbe> nics;  // by NIC index, the NICs the plan chose
+  for (const GpuDecision& d : plan.gpus) {
+    if (d.nic < 0 || nics.count(d.nic)) continue;
+    const std::string& name = machine.nics[d.nic].name;
+    nics[d.nic] = probes.nic_dmabuf(name);
+    report.findings.push_back(ProbeFinding(
+        absl::StrCat("dmabuf-nic ", name), nics[d.nic],
+        "DMA-BUF registration needs Linux >= 5.12 and rdma-core >= 34 with a provider that "
+        "implements it (mlx5)"));
+  }
+
+  std::vector<std::string> refused, unverified;  // GPUs that plan GDR
+  bool via_dmabuf = false;
+  for (const GpuDecision& d : plan.gpus) {
+    if (d.nic < 0 || !peer.empty()) continue;
+    const SupportProbe& nic = nics[d.nic];
+    const bool gdr = d.mode == TransferMode::kGdr;
+    if (Supported(gpu) && Supported(nic)) {
+      via_dmabuf = true;
+    } else if (gdr) {
+      (Refused(gpu) || Refused(nic) ? refused : unverified).push_back(absl::StrCat("GPU", d.gpu));
+    }
+  }
+  if (!refused.empty()) {
+    report.findings.push_back(Make(
+        Severity::kFail, "gdr-support",
+        absl::StrCat(absl::StrJoin(refused, ", "),
+                     " plan GDR, but there is no peer memory client and DMA-BUF is not "
+                     "supported: registering GPU memory will fail"),
+        "modprobe nvidia_peermem, or set policy gdr: never to stage through host memory"));
+  } else if (!unverified.empty()) {
+    report.findings.push_back(Make(
+        Severity::kWarn, "gdr-support",
+        absl::StrCat(absl::StrJoin(unverified, ", "),
+                     " plan GDR, but neither peer memory nor DMA-BUF could be verified"),
+        "modprobe nvidia_peermem, or check DMA-BUF support on a machine with the drivers"));
+  } else if (!peer.empty() || via_dmabuf) {
     report.findings.push_back(Make(
         Severity::kOk, "gdr-support",
         absl::StrCat("GPU memory can be registered with the NIC via ",
                      !peer.empty() ? "peer memory" : "DMA-BUF")));
-  } else if (gdr_gpus.empty()) {
+  } else {
     report.findings.push_back(Make(
         Severity::kWarn, "gdr-support",
         "no verified way to register GPU memory with a NIC; no GPU plans GDR anyway",
         "load nvidia_peermem to make GDR possible"));
-  } else if (dmabuf_refused) {
-    report.findings.push_back(Make(
-        Severity::kFail, "gdr-support",
-        absl::StrCat(absl::StrJoin(gdr_gpus, ", "),
-                     " plan GDR, but there is no peer memory client and DMA-BUF is not "
-                     "supported: registering GPU memory will fail"),
-        "modprobe nvidia_peermem, or set policy gdr: never to stage through host memory"));
-  } else {
-    report.findings.push_back(Make(
-        Severity::kWarn, "gdr-support",
-        absl::StrCat(absl::StrJoin(gdr_gpus, ", "),
-                     " plan GDR, but neither peer memory nor DMA-BUF could be verified"),
-        "modprobe nvidia_peermem, or check DMA-BUF support on a machine with the drivers"));
   }
 }
 
@@ -276,52 +327,6 @@ void CheckAcs(const Machine& machine, const TopologyPlan& plan, const SysRoot& r
   }
 }
 
-void CheckIommu(const SysRoot& root, DoctorReport& report) {
-  std::vector<std::string> iommus = root.List("/sys/class/iommu");
-  std::string cmdline = root.ReadLine("/proc/cmdline").value_or("");
-  std::vector<std::string> tokens = absl::StrSplit(cmdline, ' ', absl::SkipEmpty());
-  auto has = [&](absl::string_view token) {
-    return std::find(tokens.begin(), tokens.end(), token) != tokens.end();
-  };
-  std::vector<std::string> iommu_args;
-  for (const std::string& token : tokens) {
-    if (absl::StartsWith(token, "iommu") || absl::StartsWith(token, "intel_iommu") ||
-        absl::StartsWith(token, "amd_iommu")) {
-      iommu_args.push_back(token);
-    }
-  }
-  std::string args = iommu_args.empty() ? "no iommu options"
-                                        : absl::StrJoin(iommu_args, " ");
-  if (iommus.empty()) {
-    report.findings.push_back(Make(
-        Severity::kOk, "iommu",
-        absl::StrCat("no IOMMU active (/sys/class/iommu is empty; kernel command line: ",
-                     args, ")")));
-    return;
-  }
-  std::set<std::string> types;
-  for (const std::string& group : root.List("/sys/kernel/iommu_groups")) {
-    if (auto type = root.ReadLine(absl::StrCat("/sys/kernel/iommu_groups/", group, "/type"))) {
-      types.insert(*type);
-    }
-  }
-  const bool pt_arg = has("iommu=pt") || has("iommu.passthrough=1");
-  const bool identity = !types.empty() && types.size() == 1 && *types.begin() == "identity";
-  std::string seen = absl::StrCat(
-      "IOMMU ", absl::StrJoin(iommus, ", "), "; kernel command line: ", args,
-      types.empty() ? "" : absl::StrCat("; iommu group types: ", absl::StrJoin(types, ", ")));
-  if (pt_arg || identity) {
-    report.findings.push_back(
-        Make(Severity::kOk, "iommu", absl::StrCat(seen, ": pass-through")));
-  } else {
-    report.findings.push_back(Make(
-        Severity::kWarn, "iommu", absl::StrCat(seen, ": translating DMA"),
-        "boot with iommu=pt (keeps the IOMMU for VMs, passes device DMA through) or disable "
-        "it (intel_iommu=off / amd_iommu=off); GPUDirect RDMA through a translating IOMMU "
-        "fails or is slow"));
-  }
-}
-
 }  // namespace
 
 const char* SeverityName(Severity severity) {
@@ -341,14 +346,17 @@ int DoctorReport::Count(Severity severity) const {
 }
 
 DoctorReport RunDoctor(const Machine& machine, const TopologyPlan& plan, const SysRoot& root,
-                       const DoctorProbes& probes) {
+                       const DoctorProbes& probes, const config::Config& config) {
   DoctorReport report;
-  CheckInventory(machine, plan, report);
+  CheckInventory(machine, plan, root, report);
   CheckGpus(machine, plan, report);
   CheckNics(machine, plan, report);
-  CheckGdrSupport(plan, root, probes, report);
+  CheckGdrSupport(machine, plan, root, probes, report);
+  CheckBar1(machine, root, config.gpu_pool_bytes, report);
   CheckAcs(machine, plan, root, report);
-  CheckIommu(root, report);
+  CheckPcieLinks(machine, plan, root, report);
+  CheckIommu(machine, plan, root, report);
+  CheckMemlock(plan, config, probes.memlock(), report);
   return report;
 }
 

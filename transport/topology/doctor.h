@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "config/config.h"
 #include "transport/topology/machine.h"
 #include "transport/topology/plan.h"
 #include "transport/topology/probes.h"
@@ -19,7 +20,9 @@ const char* SeverityName(Severity severity);  // "OK", "WARN", "FAIL"
 
 struct Finding {
   Severity severity = Severity::kOk;
-  std::string check;   // stable id: "gpu0", "peer-memory", "acs", "iommu", "nic mlx5_0", ...
+  // Stable id: "gpu0", "peer-memory", "acs", "iommu", "nic mlx5_0", "dmabuf-nic mlx5_0",
+  // "memlock", "bar1 gpu0", "pcie-link 0000:18:00.0", ...
+  std::string check;
   std::string fact;    // what was seen
   std::string remedy;  // what to do; "" when nothing is needed
 };
@@ -31,12 +34,17 @@ struct DoctorReport {
 };
 
 struct DoctorProbes {
-  std::function<SupportProbe()> nic_dmabuf = ProbeNicDmabuf;
+  // Called once per NIC the plan chose for a GPU, with its name.
+  std::function<SupportProbe(const std::string& nic)> nic_dmabuf = ProbeNicDmabuf;
   std::function<SupportProbe()> gpu_dmabuf = ProbeGpuDmabuf;
+  std::function<MemlockLimit()> memlock = ProbeMemlock;
 };
 
+// `config` says what ferryd would pin and map (host pool, GPU pool sizes); `plan` must
+// have been built from its nics and policy.
 DoctorReport RunDoctor(const Machine& machine, const TopologyPlan& plan, const SysRoot& root,
-                       const DoctorProbes& probes = DoctorProbes());
+                       const DoctorProbes& probes = DoctorProbes(),
+                       const config::Config& config = config::Config());
 
 std::string FormatDoctorText(const DoctorReport& report);
 // {"ok": bool, "counts": {"ok","warn","fail"}, "findings": [{severity, check, fact,

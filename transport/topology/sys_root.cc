@@ -40,6 +40,13 @@ std::optional<std::string> SysRoot::ReadLine(absl::string_view absolute) const {
   return std::string(absl::StripAsciiWhitespace(line));
 }
 
+std::optional<std::string> SysRoot::LinkTarget(absl::string_view absolute) const {
+  std::error_code ec;
+  std::filesystem::path target = std::filesystem::read_symlink(Path(absolute), ec);
+  if (ec) return std::nullopt;
+  return target.string();
+}
+
 std::vector<std::string> SysRoot::List(absl::string_view absolute) const {
   std::vector<std::string> names;
   std::error_code ec;

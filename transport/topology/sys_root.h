@@ -25,6 +25,9 @@ class SysRoot {
   std::optional<std::string> Read(absl::string_view absolute) const;
   // The file's first line without surrounding whitespace.
   std::optional<std::string> ReadLine(absl::string_view absolute) const;
+  // What the symbolic link points at, as written (e.g. "../../../kernel/iommu_groups/7");
+  // nullopt when it is missing or not a link.
+  std::optional<std::string> LinkTarget(absl::string_view absolute) const;
   // Entry names of a directory, sorted; empty when it is missing.
   std::vector<std::string> List(absl::string_view absolute) const;
 

@@ -49,29 +49,32 @@ SupportProbe ClassifyDmabufErrno(const std::string& nic, int err) {
   return probe;
 }
 
-SupportProbe ProbeNicDmabuf() {
+SupportProbe ProbeNicDmabuf(const std::string& nic) {
   SupportProbe probe;
   int count = 0;
   errno = 0;
   std::unique_ptr<ibv_device*, DeviceListDeleter> list(ibv_get_device_list(&count));
   if (list == nullptr) {
     // Without RDMA support in the kernel rdma-core answers NULL + ENOSYS, not an empty list.
-    probe.detail = absl::StrCat("no RDMA devices (", ErrnoName(errno), ")");
+    probe.detail = absl::StrCat(nic, ": no RDMA devices (", ErrnoName(errno), ")");
     return probe;
   }
-  if (count == 0) {
-    probe.detail = "no RDMA devices";
+  ibv_device* device = nullptr;
+  for (int i = 0; i < count && device == nullptr; ++i) {
+    if (nic == ibv_get_device_name(list.get()[i])) device = list.get()[i];
+  }
+  if (device == nullptr) {
+    probe.detail = absl::StrCat(nic, ": not among the ", count, " RDMA devices rdma-core lists");
     return probe;
   }
-  const std::string name = ibv_get_device_name(list.get()[0]);
-  std::unique_ptr<ibv_context, ContextDeleter> context(ibv_open_device(list.get()[0]));
+  std::unique_ptr<ibv_context, ContextDeleter> context(ibv_open_device(device));
   if (context == nullptr) {
-    probe.detail = absl::StrCat(name, ": ibv_open_device failed (", ErrnoName(errno), ")");
+    probe.detail = absl::StrCat(nic, ": ibv_open_device failed (", ErrnoName(errno), ")");
     return probe;
   }
   std::unique_ptr<ibv_pd, PdDeleter> pd(ibv_alloc_pd(context.get()));
   if (pd == nullptr) {
-    probe.detail = absl::StrCat(name, ": ibv_alloc_pd failed (", ErrnoName(errno), ")");
+    probe.detail = absl::StrCat(nic, ": ibv_alloc_pd failed (", ErrnoName(errno), ")");
     return probe;
   }
   errno = 0;
@@ -81,7 +84,7 @@ SupportProbe ProbeNicDmabuf() {
     ibv_dereg_mr(mr);
     err = 0;
   }
-  return ClassifyDmabufErrno(name, err);
+  return ClassifyDmabufErrno(nic, err);
 }
 
 }  // namespace ferry::topology
