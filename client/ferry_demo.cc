@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/strings/str_format.h"
+#include "base/checksum.h"
 #include "client/agent_process.h"
 #include "client/ferry_client.h"
 
@@ -23,20 +24,6 @@ constexpr uint64_t kBulk = 256ull << 20;
 constexpr uint64_t kBlock = 64ull << 10;
 constexpr int kBlocks = 1024;
 constexpr int kKvSlots = 2 * kBlocks;  // the KV buffer has room for twice the blocks
-
-// A 64-bit checksum that is fast enough for hundreds of MiB.
-uint64_t Checksum(const char* p, uint64_t n) {
-  uint64_t h = 0x9e3779b97f4a7c15ull;
-  uint64_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    uint64_t v;
-    std::memcpy(&v, p + i, 8);
-    h = (h ^ v) * 0xff51afd7ed558ccdull;
-    h ^= h >> 32;
-  }
-  for (; i < n; ++i) h = (h ^ static_cast<unsigned char>(p[i])) * 0x100000001b3ull;
-  return h;
-}
 
 void FillRandom(char* p, uint64_t n, uint64_t seed) {
   std::mt19937_64 rng(seed);

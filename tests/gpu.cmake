@@ -9,3 +9,10 @@ ferry_test(gpu_memory_test LABELS gpu LIBS ferry_memory absl::strings absl::sync
 target_compile_definitions(gpu_memory_test PRIVATE
   FERRY_GPU_IPC_HELPER="$<TARGET_FILE:gpu_ipc_helper>")
 add_dependencies(gpu_memory_test gpu_ipc_helper)
+
+# The client of tests/gpu/agent_run.sh (two agents moving GPU buffers to each other, staged):
+# maps both agents' buffers by CUDA IPC and checks every transfer by checksum. Built without
+# CUDA too, where it drives agents with simulated GPUs (the script's dry run).
+add_executable(gpu_staged_client ${CMAKE_CURRENT_SOURCE_DIR}/gpu_staged_client.cc)
+target_link_libraries(gpu_staged_client PRIVATE ferry_client ferry_memory absl::str_format
+                      absl::strings absl::synchronization)

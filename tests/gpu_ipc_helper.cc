@@ -12,32 +12,18 @@
 
 #include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
-#include "absl/synchronization/notification.h"
 #include "client/gpu_mapping.h"
+#include "tests/gpu_copy_wait.h"
 #include "tests/gpu_pattern.h"
 #include "transport/memory/gpu_device.h"
 
 namespace {
 
+using ferry::testing::CopyAndWait;
+
 int Fail(const std::string& why) {
   std::fprintf(stderr, "gpu_ipc_helper: %s\n", why.c_str());
   return 1;
-}
-
-// One copy on `gpu`, waited for.
-absl::Status CopyAndWait(ferry::memory::GpuDevice& gpu, bool to_host, void* dst, const void* src,
-                         uint64_t n) {
-  absl::Notification finished;
-  absl::Status result;
-  auto done = [&](absl::Status s) {
-    result = std::move(s);
-    finished.Notify();
-  };
-  absl::Status posted =
-      to_host ? gpu.CopyToHost(dst, src, n, done) : gpu.CopyToDevice(dst, src, n, done);
-  if (!posted.ok()) return posted;
-  finished.WaitForNotification();
-  return result;
 }
 
 }  // namespace

@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # The GPU checks in one go, for a session lent a GPU machine once: the `gpu` tests (CUDA pool
-# slabs, copies with data checks, pinning, DMA-BUF export, CUDA IPC from a second process)
-# and ferry-gpu-bench (D2H/H2D through NUMA-local pinned bounce chunks vs cudaMemcpy peak).
+# slabs, copies with data checks, pinning, DMA-BUF export, CUDA IPC from a second process),
+# ferry-gpu-bench (D2H/H2D through NUMA-local pinned bounce chunks vs cudaMemcpy peak) and the
+# agent run (tests/gpu/agent_run.sh: two ferryd with the CUDA backend move cuda:0 buffers to
+# each other through the staged path, a client maps them by CUDA IPC and checks checksums).
 #
 #   tests/gpu/run.sh           on the GPU machine, from the repository root
-#   tests/gpu/run.sh --pack    on a build machine: build the GPU checks and pack them, with
-#                              the shared libraries they need, into ./build-gpu-pack
+#   tests/gpu/run.sh --pack    on a build machine: build the GPU checks, ferryd and ferryctl
+#                              and pack them, with the shared libraries they need, into
+#                              ./build-gpu-pack, about 35 MiB (FERRY_GPU_PACK_BUILD: the CUDA
+#                              build folder, default ./build-cuda)
 #
 # Two ways to get binaries on the GPU machine:
 #   build: configure with CUDA (CMAKE_CUDA_ARCHITECTURES=90) and build only the GPU targets,
@@ -13,29 +17,38 @@
 #          when it can; a machine without a package registry cannot).
 #   pack:  run what `--pack` made elsewhere (carry ./build-gpu-pack along). Used when that
 #          folder exists, since a GPU machine often lacks the -dev packages and the network.
-# FERRY_GPU_MODE=build|pack forces one. Everything (logs, test XML, bench table and JSON,
-# nvidia-smi) goes under $OUT if set, else ./gpu-results; a summary is printed at the end.
+# FERRY_GPU_MODE=build|pack forces one. FERRY_GPU_JOBS: build jobs (default: every core).
+# FERRY_GPU_BACKEND=sim: bench and agent run on simulated GPUs, a dry run of this script on a
+# machine without a GPU (the gpu tests then skip). Everything (logs, test XML, bench table and
+# JSON, agent logs, nvidia-smi) goes under $OUT if set, else ./gpu-results; a summary is
+# printed at the end. The whole run keeps within 10 minutes: each stage gets what is left.
 set -uo pipefail
 
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
 pack_dir=$root/build-gpu-pack
-gpu_targets=(gpu_memory_test gpu_ipc_helper ferry-gpu-bench)
+gpu_targets=(gpu_memory_test gpu_ipc_helper ferry-gpu-bench ferryd ferryctl gpu_staged_client)
+jobs=${FERRY_GPU_JOBS:-$(nproc)}
+backend=${FERRY_GPU_BACKEND:-cuda}
 
 if [ "${1:-}" = "--pack" ]; then
   set -e
   build=${FERRY_GPU_PACK_BUILD:-$root/build-cuda}
   [ -f "$build/CMakeCache.txt" ] || cmake -S "$root" -B "$build" -DFERRY_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90
-  cmake --build "$build" -j"$(nproc)" --target "${gpu_targets[@]}"
+  cmake --build "$build" -j"$jobs" --target "${gpu_targets[@]}"
   grep -q "transport/memory/cuda_gpu.cc" "$build/compile_commands.json" ||
     { echo "run.sh --pack: $build was not configured with CUDA" >&2; exit 1; }
   rm -rf "$pack_dir"
   mkdir -p "$pack_dir/lib"
-  bins=("$build/tests/gpu_memory_test" "$build/tests/gpu_ipc_helper" "$build/bench/ferry-gpu-bench")
+  bins=("$build/tests/gpu_memory_test" "$build/tests/gpu_ipc_helper" "$build/bench/ferry-gpu-bench"
+        "$build/server/ferryd" "$build/client/ferryctl" "$build/tests/gpu_staged_client")
   cp "${bins[@]}" "$pack_dir/"
-  command -v strip > /dev/null && strip --strip-debug "$pack_dir"/gpu_* "$pack_dir/ferry-gpu-bench"
+  packed=()
+  for b in "${bins[@]}"; do packed+=("$pack_dir/$(basename "$b")"); done
+  command -v strip > /dev/null && strip --strip-debug "${packed[@]}"
   # Every shared library they load except glibc's own (which cannot travel): the GPU
-  # machine's distribution need not have Abseil, spdlog, fmt or hwloc at these versions.
+  # machine's distribution need not have Abseil, spdlog, fmt, hwloc, gRPC, protobuf or
+  # yaml-cpp at these versions.
   ldd "${bins[@]}" | awk '/=> \// {print $3}' | sort -u |
     grep -Ev '/(libc|libm|libpthread|libdl|librt|ld-linux[^/]*)\.so' |
     while read -r lib; do cp -L "$lib" "$pack_dir/lib/"; done
@@ -49,6 +62,14 @@ mkdir -p "$out"
 log=$out/run.log
 exec > >(tee -a "$log") 2>&1
 start=$(date +%s)
+# Seconds left of the run's 10 minutes (less a margin for the summary), at most $1.
+budget=${FERRY_GPU_BUDGET_S:-580}
+left() {
+  local l=$((budget - ($(date +%s) - start)))
+  [ "$l" -gt "$1" ] && l=$1
+  [ "$l" -lt 10 ] && l=10
+  echo "$l"
+}
 echo "== ferry GPU checks, $(date -u +%FT%TZ), $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
 
 if command -v nvidia-smi > /dev/null; then
@@ -63,7 +84,7 @@ mode=${FERRY_GPU_MODE:-}
 if [ -z "$mode" ]; then
   if [ -x "$pack_dir/gpu_memory_test" ]; then mode=pack; else mode=build; fi
 fi
-echo "== mode: $mode"
+echo "== mode: $mode, GPU backend for the bench and the agent run: $backend"
 
 status_build=ok
 if [ "$mode" = build ]; then
@@ -77,7 +98,8 @@ if [ "$mode" = build ]; then
   if ! cmake -S "$root" -B "$build" "${gen[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
       -DFERRY_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 > "$out/build.log" 2>&1 ||
      ! grep -q "ferry: CUDA backend ON" "$out/build.log" ||
-     ! cmake --build "$build" -j"$(nproc)" --target "${gpu_targets[@]}" >> "$out/build.log" 2>&1; then
+     ! timeout "$(left 400)" cmake --build "$build" -j"$jobs" --target "${gpu_targets[@]}" \
+       >> "$out/build.log" 2>&1; then
     status_build=failed
     tail -n 30 "$out/build.log"
     echo "build failed (full log: build.log). On a machine without ferry's packages, run"
@@ -85,33 +107,60 @@ if [ "$mode" = build ]; then
   fi
   test_bin=$build/tests/gpu_memory_test
   bench_bin=$build/bench/ferry-gpu-bench
+  agent_bins=(--ferryd "$build/server/ferryd" --ferryctl "$build/client/ferryctl"
+              --client "$build/tests/gpu_staged_client")
 else
   export LD_LIBRARY_PATH=$pack_dir/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   export FERRY_GPU_IPC_HELPER=$pack_dir/gpu_ipc_helper
   test_bin=$pack_dir/gpu_memory_test
   bench_bin=$pack_dir/ferry-gpu-bench
+  agent_bins=(--bin "$pack_dir")
   echo "pack built at commit $(cat "$pack_dir/commit" 2>/dev/null || echo '?')"
-  if ldd "$test_bin" "$bench_bin" | grep "not found"; then status_build="pack: libraries missing"; fi
+  for b in gpu_memory_test gpu_ipc_helper ferry-gpu-bench ferryd ferryctl gpu_staged_client; do
+    if [ ! -x "$pack_dir/$b" ]; then
+      status_build="pack: $b missing (made by an older run.sh --pack?)"
+    elif ldd "$pack_dir/$b" | grep "not found"; then
+      status_build="pack: libraries missing"
+    fi
+  done
 fi
 
 status_tests=not-run
 if [ "$status_build" = ok ]; then
   echo "== gpu tests"
   if [ "$mode" = build ]; then
-    (cd "$build" && timeout 400 ctest -L gpu --output-on-failure --output-junit "$out/tests.xml")
+    (cd "$build" && timeout "$(left 300)" ctest -L gpu --output-on-failure \
+       --output-junit "$out/tests.xml")
   else
-    timeout 400 "$test_bin" --gtest_output="xml:$out/tests.xml"
+    timeout "$(left 300)" "$test_bin" --gtest_output="xml:$out/tests.xml"
   fi
   rc=$?
-  status_tests=$([ $rc -eq 0 ] && echo passed || echo "FAILED (rc $rc)")
+  status_tests=$([ "$rc" -eq 0 ] && echo passed || echo "FAILED (rc $rc)")
 fi
 
 status_bench=not-run
 if [ "$status_build" = ok ]; then
   echo "== ferry-gpu-bench"
-  timeout 300 "$bench_bin" --json "$out/bench.json" | tee "$out/bench.txt"
+  bench_args=(--backend "$backend")
+  # The dry run only proves the plumbing: small and quick on a build machine's few cores.
+  [ "$backend" = sim ] && bench_args+=(--total 64MiB --repeat 1)
+  timeout "$(left 200)" "$bench_bin" "${bench_args[@]}" --json "$out/bench.json" |
+    tee "$out/bench.txt"
+  rc=${PIPESTATUS[0]}
+  status_bench=$([ "$rc" -eq 0 ] && echo ok || echo "FAILED (rc $rc)")
+fi
+
+status_agent=not-run
+if [ "$status_build" = ok ]; then
+  echo "== agent run: two ferryd, cuda:0 buffers staged between them"
+  FERRY_GPU_BACKEND=$backend timeout "$(left 150)" tests/gpu/agent_run.sh "${agent_bins[@]}" \
+    --out "$out/agent-run" --peaks "$out/bench.txt"
   rc=$?
-  status_bench=$([ $rc -eq 0 ] && echo ok || echo "FAILED (rc $rc)")
+  case $rc in
+    0) status_agent=ok ;;
+    77) status_agent=skipped ;;
+    *) status_agent="FAILED (rc $rc)" ;;
+  esac
 fi
 
 echo
@@ -125,4 +174,7 @@ if [ -f "$out/tests.xml" ]; then
 fi
 echo "bench: $status_bench"
 [ -f "$out/bench.txt" ] && grep -E "peak|best:|host memory|skipped" "$out/bench.txt"
-[ "$status_build" = ok ] && [ "$status_tests" = passed ] && [ "$status_bench" = ok ]
+echo "agent run: $status_agent"
+[ -f "$out/agent-run/agent-run.txt" ] && sed 's/^agent run: /  /' "$out/agent-run/agent-run.txt"
+[ "$status_build" = ok ] && [ "$status_tests" = passed ] && [ "$status_bench" = ok ] &&
+  { [ "$status_agent" = ok ] || [ "$status_agent" = skipped ]; }
