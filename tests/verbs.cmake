@@ -1,7 +1,8 @@
 # The verbs provider: the software verbs model (tests only, never linked into ferryd), its own
 # tests, the provider's tests on it, and the real-NIC checks (label rdma; they skip here).
 add_library(ferry_verbs_model STATIC ${CMAKE_CURRENT_SOURCE_DIR}/verbs_model/verbs_model.cc)
-target_link_libraries(ferry_verbs_model PUBLIC ferry_verbs absl::synchronization Threads::Threads)
+target_link_libraries(ferry_verbs_model PUBLIC ferry_verbs ferry_peer_memory absl::synchronization
+  Threads::Threads)
 
 ferry_test(verbs_model_test LABELS unit LIBS ferry_verbs_model)
 ferry_test(verbs_provider_test LABELS unit LIBS ferry_verbs_model ferry_providers)
