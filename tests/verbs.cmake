@@ -4,6 +4,6 @@ add_library(ferry_verbs_model STATIC ${CMAKE_CURRENT_SOURCE_DIR}/verbs_model/ver
 target_link_libraries(ferry_verbs_model PUBLIC ferry_verbs ferry_peer_memory absl::synchronization
   Threads::Threads)
 
-ferry_test(verbs_model_test LABELS unit LIBS ferry_verbs_model)
-ferry_test(verbs_provider_test LABELS unit LIBS ferry_verbs_model ferry_providers)
+ferry_test(verbs_model_test LABELS unit LIBS ferry_verbs_model ferry_memory)
+ferry_test(verbs_provider_test LABELS unit LIBS ferry_verbs_model ferry_providers ferry_memory)
 ferry_test(verbs_hardware_test LABELS rdma LIBS ferry_verbs)
