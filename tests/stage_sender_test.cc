@@ -131,9 +131,30 @@ class StageSenderTest : public ::testing::Test {
     auto b = registry_->Allocate(size, "", gpu ? "cuda:0" : "host");
     EXPECT_TRUE(b.ok()) << b.status();
     if (!b.ok()) return nullptr;
-    Fill((*b)->data(), size, seed);
+    std::vector<char> bytes(size);
+    Fill(bytes.data(), size, seed);
+    EXPECT_TRUE(Write(**b, bytes).ok());
     buffers_.push_back(*b);
     return *b;
+  }
+
+  // A buffer's bytes go in and come out through the GPU's copy engine when it is a GPU's:
+  // the CPU cannot touch device memory.
+  absl::Status Write(const Buffer& b, const std::vector<char>& bytes) {
+    if (b.gpu() < 0) {
+      std::memcpy(b.data(), bytes.data(), bytes.size());
+      return absl::OkStatus();
+    }
+    return fake::WriteGpu(gpus_->device(b.gpu()), b.data(), bytes.data(), bytes.size());
+  }
+  std::vector<char> Read(const Buffer& b) {
+    std::vector<char> bytes(b.size());
+    if (b.gpu() < 0) {
+      std::memcpy(bytes.data(), b.data(), bytes.size());
+    } else {
+      EXPECT_TRUE(fake::ReadGpu(gpus_->device(b.gpu()), bytes.data(), b.data(), b.size()).ok());
+    }
+    return bytes;
   }
 
   // The peer's buffer `name`: all of peer_memory_, staged (through a Stage call) or direct
@@ -331,7 +352,8 @@ TEST_F(StageSenderTest, ReadMovesVerifiedBytesInEveryShape) {
                 Remote(absl::StrCat("r", seed), shape.remote_staged), kRemoteOffset)});
     RunToEnd();
     ASSERT_TRUE((*settled_)[0].status.ok()) << (*settled_)[0].status;
-    const char* got = local->data();
+    const std::vector<char> bytes = Read(*local);
+    const char* got = bytes.data();
     for (uint64_t i = 0; i < kLength; ++i) {
       ASSERT_EQ(got[kLocalOffset + i], PatternByte(kRemoteOffset + i, seed)) << i;
     }

@@ -10,12 +10,15 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <thread>
 #include <vector>
 
 #include "absl/time/clock.h"
 #include "gtest/gtest.h"
+#include "tests/fakes/gpu_copies.h"
+#include "transport/memory/gpu_device.h"
 
 namespace ferry::verbs::model {
 namespace {
@@ -118,6 +121,17 @@ class VerbsModelTest : public ::testing::Test {
     wr.wr.rdma.rkey = rkey;
     ibv_send_wr* bad = nullptr;
     return model_.PostSend(qp, &wr, &bad);
+  }
+  // A signalled inline WRITE of `sge` to (remote, rkey).
+  static ibv_send_wr InlineWrite(ibv_sge* sge, uint64_t remote, uint32_t rkey) {
+    ibv_send_wr wr{};
+    wr.sg_list = sge;
+    wr.num_sge = 1;
+    wr.opcode = IBV_WR_RDMA_WRITE;
+    wr.send_flags = IBV_SEND_INLINE | IBV_SEND_SIGNALED;
+    wr.wr.rdma.remote_addr = remote;
+    wr.wr.rdma.rkey = rkey;
+    return wr;
   }
   std::vector<ibv_wc> Poll(ibv_cq* cq, size_t want) {
     std::vector<ibv_wc> out;
@@ -585,18 +599,72 @@ TEST_F(VerbsModelTest, InlineFromDmabufMemoryFaults) {
   std::vector<char> dst(64);
   ibv_mr* dst_mr = Mr(pd_b_, dst, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
   ibv_sge sge{iova, 16, gpu->lkey};
-  ibv_send_wr wr{};
-  wr.sg_list = &sge;
-  wr.num_sge = 1;
-  wr.opcode = IBV_WR_RDMA_WRITE;
-  wr.send_flags = IBV_SEND_INLINE | IBV_SEND_SIGNALED;
-  wr.wr.rdma.remote_addr = reinterpret_cast<uint64_t>(dst.data());
-  wr.wr.rdma.rkey = dst_mr->rkey;
+  ibv_send_wr wr = InlineWrite(&sge, reinterpret_cast<uint64_t>(dst.data()), dst_mr->rkey);
   ibv_send_wr* bad = nullptr;
   EXPECT_EQ(model_.PostSend(a, &wr, &bad), EFAULT);
   EXPECT_EQ(bad, &wr);
   EXPECT_EQ(model_.CpuFaults(), 1u);
   close(fd);
+}
+
+// ibv_reg_mr of GPU memory (a simulated GPU's device range, which the CPU cannot touch):
+// without nvidia_peermem get_user_pages finds no pages to pin and the call fails EFAULT, as on
+// the hardware; once it is loaded, the peer-memory table gives the pages, and WRITE and READ
+// move the GPU's own bytes (checked through its copy engine). Inline data from it faults.
+TEST_F(VerbsModelTest, GpuMemoryRegistersOnlyThroughPeerMemory) {
+  constexpr uint64_t kSlab = 1 << 16;
+  auto gpu = memory::CreateSimGpu(0, "", 0);
+  auto slab = gpu->AllocateSlab(kSlab);
+  ASSERT_TRUE(slab.ok()) << slab.status();
+  char* device = static_cast<char*>((*slab)->data());
+  constexpr int kAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+  errno = 0;
+  EXPECT_EQ(model_.RegMr(pd_b_, device, kSlab, kAccess), nullptr);
+  EXPECT_EQ(errno, EFAULT) << "no peer-memory client: get_user_pages fails";
+
+  model_.SetPeerMemoryLoaded(true);
+  errno = 0;
+  EXPECT_EQ(model_.RegMr(pd_b_, device + 4096, kSlab, kAccess), nullptr);
+  EXPECT_EQ(errno, EFAULT) << "a range past the allocation is no client's";
+  errno = 0;
+  EXPECT_EQ(model_.RegMr(pd_b_, reinterpret_cast<void*>(0x1000), 4096, kAccess), nullptr);
+  EXPECT_EQ(errno, EFAULT) << "no mapping at all";
+  ibv_mr* gpu_mr = model_.RegMr(pd_b_, device, kSlab, kAccess);
+  ASSERT_NE(gpu_mr, nullptr) << errno;
+  mrs_.push_back(gpu_mr);
+
+  ibv_qp *a, *b;
+  Pair(&a, &b);
+  std::vector<char> src(4096), back(4096, 0);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = static_cast<char>(i * 7 + 1);
+  ibv_mr* src_mr = Mr(pd_a_, src, IBV_ACCESS_LOCAL_WRITE);
+  ibv_mr* back_mr = Mr(pd_a_, back, IBV_ACCESS_LOCAL_WRITE);
+  const uint64_t base = reinterpret_cast<uint64_t>(device);
+  // WRITE into the GPU: the bytes land in device memory.
+  ASSERT_EQ(Post(a, IBV_WR_RDMA_WRITE, src.data(), 4096, src_mr->lkey, base + 100, gpu_mr->rkey, 1),
+            0);
+  ASSERT_EQ(Poll(cq_a_, 1).at(0).status, IBV_WC_SUCCESS);
+  std::vector<char> landed(4096);
+  ASSERT_TRUE(fake::ReadGpu(*gpu, landed.data(), device + 100, 4096).ok());
+  EXPECT_EQ(landed, src);
+  // READ from the GPU: a pattern put there by the copy engine comes back.
+  std::vector<char> pattern(4096, 'g');
+  ASSERT_TRUE(fake::WriteGpu(*gpu, device + 8192, pattern.data(), pattern.size()).ok());
+  ASSERT_EQ(Post(a, IBV_WR_RDMA_READ, back.data(), 4096, back_mr->lkey, base + 8192, gpu_mr->rkey,
+                 2),
+            0);
+  ASSERT_EQ(Poll(cq_a_, 1).at(0).status, IBV_WC_SUCCESS);
+  EXPECT_EQ(back, pattern);
+
+  // The CPU reads inline data at post time: from GPU memory that faults.
+  ibv_mr* dst_mr = Mr(pd_a_, back, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  ibv_sge sge{base, 16, gpu_mr->lkey};
+  ibv_send_wr wr = InlineWrite(&sge, reinterpret_cast<uint64_t>(back.data()), dst_mr->rkey);
+  ibv_send_wr* bad = nullptr;
+  EXPECT_EQ(model_.PostSend(b, &wr, &bad), EFAULT);
+  EXPECT_EQ(model_.CpuFaults(), 1u);
+  // The MR pins the pages: freeing the slab first leaves it safe to deregister (TearDown).
+  slab->reset();
 }
 
 TEST_F(VerbsModelTest, ForcedErrorFlushesReceives) {

@@ -16,8 +16,10 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/completion_waiter.h"
+#include "tests/fakes/gpu_copies.h"
 #include "tests/verbs_model/verbs_model.h"
 #include "tests/verbs_model/verbs_pair.h"
+#include "transport/memory/gpu_device.h"
 #include "transport/providers.h"
 #include "transport/verbs/completion_poller.h"
 #include "transport/verbs/handshake.h"
@@ -547,6 +549,53 @@ TEST(VerbsOpsTest, SmallWritesFromGpuMemoryAreNeverInline) {
   // Only the host-memory WRITE went inline.
   EXPECT_EQ(p.model->SendStats(p.verbs_endpoint().qpn()).inlined, 1u);
   close(fd);
+}
+
+// GDR by peer memory (GpuPools::RegisterForGdr's fallback after DMA-BUF): ibv_reg_mr of a
+// device pointer works only where nvidia_peermem is loaded. Then a peer's WRITE lands in
+// the GPU's memory, and a small WRITE from GPU memory goes by DMA: the CPU never reads it.
+TEST(VerbsRegionTest, GpuMemoryRegistersThroughPeerMemoryOnly) {
+  Pair p(IbModel());
+  ASSERT_TRUE(p.endpoint);
+  auto gpu = memory::CreateSimGpu(0, "", 0);
+  auto slab = gpu->AllocateSlab(1 << 16);
+  ASSERT_TRUE(slab.ok()) << slab.status();
+  char* device = static_cast<char*>((*slab)->data());
+  constexpr uint32_t kTarget = fabric::kRemoteWrite | fabric::kDeviceMemory;
+  auto refused = p.target->Register(device, 1 << 15, kTarget);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("ibv_reg_mr(mlx5_1, 32 KiB)"));
+
+  p.model->SetPeerMemoryLoaded(true);
+  auto target = p.target->Register(device, 1 << 15, kTarget);
+  ASSERT_TRUE(target.ok()) << target.status();
+  auto source = p.initiator->Register(device + (1 << 15), 1 << 15,
+                                      fabric::kLocal | fabric::kDeviceMemory);
+  ASSERT_TRUE(source.ok()) << source.status();
+  std::vector<char> host(64, 'h');
+  auto host_region = p.initiator->Register(host.data(), host.size(), fabric::kRemoteWrite);
+  ASSERT_TRUE(host_region.ok());
+
+  auto write = [&](const fabric::LocalSlice& src, const fabric::RemoteSlice& dst) {
+    Waiter w;
+    absl::Status posted = p.endpoint->PostWrite(src, dst, w.Callback());
+    return posted.ok() ? w.Wait() : posted;
+  };
+  EXPECT_TRUE(
+      write({host_region->get(), 0, 64}, {(*target)->remote_address() + 1000, (*target)->key()})
+          .ok());
+  std::vector<char> landed(64);
+  ASSERT_TRUE(fake::ReadGpu(*gpu, landed.data(), device + 1000, 64).ok());
+  EXPECT_EQ(landed, host);
+
+  const std::string pattern = "from device memory";
+  ASSERT_TRUE(fake::WriteGpu(*gpu, device + (1 << 15), pattern.data(), pattern.size()).ok());
+  auto back = p.target->Register(host.data(), host.size(), fabric::kRemoteWrite);
+  ASSERT_TRUE(back.ok());
+  EXPECT_TRUE(
+      write({source->get(), 0, pattern.size()}, {(*back)->remote_address(), (*back)->key()}).ok());
+  EXPECT_EQ(std::string(host.data(), pattern.size()), pattern);
+  EXPECT_EQ(p.model->CpuFaults(), 0u);
 }
 
 // Host registrations ask for relaxed ordering (issue 12, defect 7), with the role's access.

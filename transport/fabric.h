@@ -25,7 +25,8 @@ enum Access : uint32_t {
   kRemoteRead = 1u << 1,  // peers may READ from it
   // Device (GPU) memory the CPU cannot touch: providers must move it by DMA only (verbs:
   // never IBV_SEND_INLINE, whose data libmlx5 copies with the CPU) and a provider that
-  // moves bytes with the CPU (tcp) refuses to register it.
+  // moves bytes with the CPU (tcp) refuses to register it, unless a peer-memory client maps
+  // it (transport/memory/peer_memory.h; only the simulation's GPUs are mapped there).
   kDeviceMemory = 1u << 2,
 };
 

@@ -83,11 +83,12 @@ GdrRegistration GpuPools::RegisterForGdr(int gpu, fabric::Fabric& fabric, char* 
   absl::StatusOr<std::unique_ptr<fabric::MemoryRegion>> region;
   std::string why;
   if (pool.device->host_addressable()) {
-    // The simulation: device memory is host memory, which every provider can register.
+    // Device memory the CPU can address (a cache-coherent GPU; neither backend here): every
+    // provider can register it as host memory.
     region = fabric.Register(data, length, access);
     out.attempt.method = absl::StrCat(pool.device->backend(), " GPU memory is host memory");
   } else {
-    // Real device memory: no provider may touch it with the CPU.
+    // Device memory (CUDA's, and the simulation's): no provider may touch it with the CPU.
     access |= fabric::kDeviceMemory;
     uint64_t offset = static_cast<uint64_t>(data - static_cast<char*>(pool.slab->data()));
     auto dmabuf = pool.slab->ExportDmabuf(offset, length);
@@ -100,7 +101,8 @@ GdrRegistration GpuPools::RegisterForGdr(int gpu, fabric::Fabric& fabric, char* 
     }
     if (!region.ok()) {
       why = absl::StrCat("DMA-BUF: ", region.status().message());
-      // Peer memory: the NIC driver resolves the device pointer through nvidia-peermem.
+      // Peer memory: the NIC driver resolves the device pointer through nvidia-peermem (the
+      // simulation: through transport/memory/peer_memory.h).
       region = fabric.Register(data, length, access);
       out.attempt.method = "peer memory";
     }

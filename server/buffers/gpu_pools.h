@@ -55,8 +55,9 @@ class GpuPools {
 
   // Registers [data, data+length) of GPU `gpu` with `fabric` for direct NIC access: DMA-BUF
   // first (the upstream kernel path, no out-of-tree module), then peer memory
-  // (nvidia-peermem), then, for the simulation, plain host registration. A failure is
-  // remembered for the GPU-fabric pair and not retried before the back-off passes.
+  // (nvidia-peermem; how the simulation's GPUs are reached); device memory the CPU can
+  // address registers as host memory. A failure is remembered for the GPU-fabric pair and
+  // not retried before the back-off passes.
   // The attempt says how it was registered, or why not (FAILED_PRECONDITION naming the GPU,
   // the rail and each method's error).
   GdrRegistration RegisterForGdr(int gpu, fabric::Fabric& fabric, char* data, uint64_t length,

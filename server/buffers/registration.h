@@ -21,8 +21,8 @@ class GpuPools;
 // One fabric's registration of one buffer (or of a GPU's memory).
 struct RegistrationAttempt {
   fabric::RailId rail;
-  // How it was registered: "DMA-BUF", "peer memory", "sim GPU memory is host memory",
-  // "host memory"; for a failure, the methods that were tried.
+  // How it was registered: "DMA-BUF", "peer memory", "host memory" (and "<backend> GPU
+  // memory is host memory" for a GPU the CPU can address); for a failure, the methods tried.
   std::string method;
   absl::Status status;  // OK, or why this fabric cannot reach the memory
 

@@ -53,12 +53,13 @@ struct Op {
 
 // One registration, as the fabric that owns it knows it.
 struct RegionEntry {
-  char* data = nullptr;
+  char* data = nullptr;  // where byte 0 is for memcpy (device memory: its peer mapping)
   uint64_t length = 0;
   uint64_t remote_base = 0;
   uint32_t access = 0;
   int users = 0;  // accesses in progress (local or remote); Remove waits for 0
   bool removing = false;
+  std::shared_ptr<char> peer_pages;  // device memory: the pinned peer-memory mapping
 };
 
 class Pin;

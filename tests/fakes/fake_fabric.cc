@@ -10,6 +10,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "tests/fakes/fake_core.h"
+#include "transport/memory/peer_memory.h"
 
 namespace ferry::fake {
 namespace internal {
@@ -157,9 +158,16 @@ absl::StatusOr<std::unique_ptr<fabric::MemoryRegion>> FakeFabric::Register(void*
     return absl::InvalidArgumentError(
         absl::StrFormat("%s: unknown access bits 0x%x (ibv_reg_mr: EINVAL)", what, access));
   }
+  char* memory = static_cast<char*>(data);
+  std::shared_ptr<char> pages;
   if (access & fabric::kDeviceMemory) {
-    // The fake moves bytes with memcpy, like tcp: GPU memory would fault, so it refuses.
-    return absl::FailedPreconditionError(absl::StrCat(what, ": cannot touch GPU memory"));
+    // The fake moves bytes with memcpy, like tcp: it reaches GPU memory only where a
+    // peer-memory client maps it (a simulated GPU's), and refuses the rest.
+    pages = memory::PeerMemory().Find(data, length);
+    if (pages == nullptr) {
+      return absl::FailedPreconditionError(absl::StrCat(what, ": cannot touch GPU memory"));
+    }
+    memory = pages.get();
   }
   const uint64_t start = reinterpret_cast<uint64_t>(data);
   if (length > ~start) {
@@ -172,8 +180,11 @@ absl::StatusOr<std::unique_ptr<fabric::MemoryRegion>> FakeFabric::Register(void*
     key = static_cast<uint32_t>(core_->rng());
   } while (key == 0 || core_->regions.contains(key));
   const uint64_t remote = start + core_->remote_bias;
-  core_->regions.emplace(key,
-                         internal::RegionEntry{static_cast<char*>(data), length, remote, access});
+  core_->regions.emplace(key, internal::RegionEntry{.data = memory,
+                                                    .length = length,
+                                                    .remote_base = remote,
+                                                    .access = access,
+                                                    .peer_pages = std::move(pages)});
   ++core_->stats.registrations;
   return std::unique_ptr<fabric::MemoryRegion>(
       new internal::FakeRegion(core_, data, length, key, remote, core_->options.provider));

@@ -7,7 +7,10 @@
 // - Register checks its arguments as ibv_reg_mr(3) does (null address, zero length, unknown
 //   access bits: EINVAL -> INVALID_ARGUMENT); keys are random, never 0, unique per fabric.
 //   remote_address() is NOT the virtual address (a random per-fabric bias is added), so code
-//   that hands peers a local pointer instead of remote_address() fails here.
+//   that hands peers a local pointer instead of remote_address() fails here. Device memory
+//   (kDeviceMemory) registers only where the peer-memory table maps it (a simulated GPU's,
+//   transport/memory/peer_memory.h; otherwise FAILED_PRECONDITION, as tcp), and its bytes
+//   then move through that mapping, never through the device address.
 // - Post refuses now, as the tcp and verbs providers do (tests/fabric_conformance_test.cc):
 //   a null region, an empty slice or one outside its region -> OUT_OF_RANGE; a region of
 //   another fabric (verbs: an lkey of another PD) -> INVALID_ARGUMENT; a broken or closed

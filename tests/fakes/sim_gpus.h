@@ -1,6 +1,7 @@
 #pragma once
 // GPU pools over simulated GPUs (memory::CreateGpus, backend "sim"), for unit tests that need
-// GPU buffers or staging without a GPU.
+// GPU buffers or staging without a GPU. Their bytes go in and out through the copy engine
+// (tests/fakes/gpu_copies.h): the CPU cannot touch device memory.
 
 #include <cstdint>
 #include <memory>
@@ -8,6 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "server/buffers/gpu_pools.h"
+#include "tests/fakes/gpu_copies.h"
 #include "transport/memory/gpu_device.h"
 
 namespace ferry::fake {

@@ -9,7 +9,12 @@
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <fstream>
+#include <string>
+
+#include "transport/memory/peer_memory.h"
 
 namespace ferry::verbs::model {
 namespace {
@@ -33,6 +38,28 @@ template <typename T>
 T* FailNull(int err) {
   errno = err;
   return nullptr;
+}
+
+// Whether get_user_pages could pin [addr, addr + len) for `write`: every page mapped,
+// readable, and writable when asked (mm/gup.c check_vma_flags refuses with EFAULT a VMA
+// without VM_READ, or without VM_WRITE for FOLL_WRITE; ib_umem_get passes no FOLL_FORCE).
+// The model reads its own mappings from /proc/self/maps, sorted by address (proc(5)).
+bool CpuPagesPinnable(const void* addr, size_t len, bool write) {
+  uint64_t next = reinterpret_cast<uint64_t>(addr);
+  if (len > ~next) return false;
+  const uint64_t end = next + len;
+  std::ifstream maps("/proc/self/maps");
+  std::string line;
+  while (next < end && std::getline(maps, line)) {
+    unsigned long long lo = 0, hi = 0;
+    char perms[5] = {};
+    if (std::sscanf(line.c_str(), "%llx-%llx %4s", &lo, &hi, perms) != 3) return false;
+    if (hi <= next) continue;
+    if (lo > next) return false;  // a hole: no pages at all
+    if (perms[0] != 'r' || (write && perms[1] != 'w')) return false;
+    next = hi;
+  }
+  return next >= end;
 }
 
 ibv_wc_opcode WcOpcodeOf(ibv_wr_opcode op) {
@@ -88,11 +115,12 @@ struct VerbsModel::Mr {
   // virtual address; ibv_reg_dmabuf_mr: its iova argument, while mr.addr is the dma-buf
   // *offset* (rdma-core libibverbs/verbs.c ibv_reg_dmabuf_mr; ibv_reg_mr(3)).
   uint64_t iova = 0;
-  // DMA-BUF memory (a GPU's): the CPU cannot read it, so inline data from it faults.
+  // DMA-BUF or peer memory (a GPU's): the CPU cannot read it, so inline data from it faults.
   bool device_memory = false;
   int access = 0;
   void* mapping = nullptr;  // DMA-BUF registrations: our mmap of the fd
   size_t mapping_len = 0;
+  std::shared_ptr<char> peer_pages;  // peer-memory registrations: the pinned pages
 };
 struct VerbsModel::Cq {
   struct Entry {
@@ -387,9 +415,21 @@ ibv_mr* VerbsModel::RegMr(ibv_pd* pd, void* addr, size_t length, int access) {
   if ((access & IBV_ACCESS_REMOTE_WRITE) && !(access & IBV_ACCESS_LOCAL_WRITE)) {
     return FailNull<ibv_mr>(EINVAL);
   }
+  // ib_umem_get: a peer-memory client that claims the range (nvidia_peermem, for a
+  // cudaMalloc pointer) pins its pages; anything else must be CPU pages get_user_pages can
+  // pin, written to when the MR is writable (ib_access_writable), or the call fails EFAULT.
+  std::shared_ptr<char> peer_pages;
+  if (peer_memory_loaded_) peer_pages = memory::PeerMemory().Find(addr, length);
+  constexpr int kWritable =
+      IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC;
+  if (peer_pages == nullptr && !CpuPagesPinnable(addr, length, (access & kWritable) != 0)) {
+    return FailNull<ibv_mr>(EFAULT);
+  }
   auto m = std::make_unique<Mr>();
   m->pd = it->second.get();
-  m->host = static_cast<char*>(addr);
+  m->host = peer_pages != nullptr ? peer_pages.get() : static_cast<char*>(addr);
+  m->device_memory = peer_pages != nullptr;
+  m->peer_pages = std::move(peer_pages);
   m->access = access;
   m->mr.context = pd->context;
   m->mr.pd = pd;
@@ -1022,6 +1062,11 @@ void VerbsModel::ForceError(uint32_t qpn) {
 void VerbsModel::SetPaused(bool paused) {
   absl::MutexLock lock(&mu_);
   paused_ = paused;
+}
+
+void VerbsModel::SetPeerMemoryLoaded(bool loaded) {
+  absl::MutexLock lock(&mu_);
+  peer_memory_loaded_ = loaded;
 }
 
 ibv_qp_state VerbsModel::QpState(uint32_t qpn) {

@@ -23,7 +23,11 @@
 //   model gives up after 5 s with EBUSY and counts it);
 // - in-order execution and completion per QP; WRITE-with-immediate consumes a posted
 //   receive (none: RNR, retried forever when rnr_retry is 7, else IBV_WC_RNR_RETRY_EXC_ERR);
-//   READ; messages above the port's max_msg_sz fail with IBV_WC_LOC_LEN_ERR.
+//   READ; messages above the port's max_msg_sz fail with IBV_WC_LOC_LEN_ERR;
+// - memory registration as the kernel pins it (ib_umem_get): ibv_reg_mr needs CPU pages the
+//   access may use, else EFAULT, so a device address (a simulated GPU's PROT_NONE range) is
+//   refused unless peer memory is loaded and its table (transport/memory/peer_memory.h)
+//   knows the range, as nvidia_peermem makes cudaMalloc pointers registrable.
 //
 // Data moves on one model thread. Fault injection: fail the next N calls of a kind, force a
 // QP into ERR, pause the data mover, take a port down and up, raise a QP fatal event, lose a
@@ -136,6 +140,10 @@ class VerbsModel : public VerbsApi {
   // had posted; later posts are accepted and never complete; IBV_EVENT_DEVICE_FATAL goes to
   // every open context.
   void LoseDevice(const std::string& device);
+  // As loading nvidia_peermem (off at first): from now on ibv_reg_mr of a range that
+  // get_user_pages cannot pin asks the process's peer-memory table for its pages, and the
+  // HCA moves the range's bytes through the mapping found there.
+  void SetPeerMemoryLoaded(bool loaded);
 
   // --- inspection ---
   // The state of a QP; IBV_QPS_UNKNOWN when there is none.
@@ -159,8 +167,8 @@ class VerbsModel : public VerbsApi {
   uint64_t EventsRaised();
   int UnackedEvents();
   uint64_t BlockedDestroys();
-  // Posts refused because inline data would have been read by the CPU from GPU (DMA-BUF)
-  // memory: on the hardware, a SIGSEGV in the agent.
+  // Posts refused because inline data would have been read by the CPU from GPU (DMA-BUF or
+  // peer) memory: on the hardware, a SIGSEGV in the agent.
   uint64_t CpuFaults();
   // The access flags MR `lkey` was registered with; -1 for none.
   int MrAccess(uint32_t lkey);
@@ -222,6 +230,7 @@ class VerbsModel : public VerbsApi {
   std::map<const void*, int> unacked_ ABSL_GUARDED_BY(mu_);  // handed-out events per object
   uint64_t blocked_destroys_ ABSL_GUARDED_BY(mu_) = 0;
   bool paused_ ABSL_GUARDED_BY(mu_) = false;
+  bool peer_memory_loaded_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool busy_ ABSL_GUARDED_BY(mu_) = false;
   std::thread mover_;

@@ -36,7 +36,9 @@ struct DmabufExport {
 class DeviceSlab {
  public:
   virtual ~DeviceSlab() = default;
-  // Device address (the simulation: a host address).
+  // Device address: for the copy engine and NIC registration only; the CPU must not touch
+  // it (CUDA: no CPU pages behind it; the simulation maps it PROT_NONE so a CPU access
+  // faults in tests as it would on a GPU).
   virtual void* data() const = 0;
   virtual uint64_t size() const = 0;
   virtual absl::StatusOr<GpuExport> Export(uint64_t offset, uint64_t length) const = 0;
@@ -54,14 +56,16 @@ class GpuDevice {
   virtual std::string backend() const = 0;  // "cuda" or "sim"
   virtual int index() const = 0;            // CUDA ordinal / simulated index
   virtual std::string pci() const = 0;      // "0000:3b:00.0", "" when unknown
-  // True when the CPU (and so the tcp provider) can address device memory directly. Only
-  // the simulation can; real GPU memory is reachable by a NIC (GDR) or by copies.
+  // True when the CPU (and so a provider that moves bytes with it) can address device
+  // memory directly, as on a cache-coherent GPU. Neither backend here: CUDA device memory,
+  // and the simulation's, is reached only by copies or by a NIC (DMA-BUF or peer memory).
   virtual bool host_addressable() const = 0;
 
   virtual absl::StatusOr<std::unique_ptr<DeviceSlab>> AllocateSlab(uint64_t bytes) = 0;
 
   // Asynchronous copies on the device's copy engine, run in submission order. Either an
-  // error now (`done` never runs) or OK and `done` runs later on the copy thread.
+  // error now (`done` never runs; INVALID_ARGUMENT for a device range outside the GPU's
+  // allocations, as cudaErrorInvalidValue) or OK and `done` runs later on the copy thread.
   virtual absl::Status CopyToHost(void* host, const void* device, uint64_t n, CopyDone done) = 0;
   virtual absl::Status CopyToDevice(void* device, const void* host, uint64_t n, CopyDone done) = 0;
 
@@ -91,7 +95,8 @@ absl::StatusOr<std::vector<std::unique_ptr<GpuDevice>>> CreateGpus(const GpuOpti
 // it was not built). An empty vector when the driver sees no GPU.
 absl::StatusOr<std::vector<std::unique_ptr<GpuDevice>>> CreateCudaGpus();
 
-// The simulation backend.
+// The simulation backend (sim_gpu.cc): device memory the CPU cannot touch, a copy engine,
+// and peer memory (peer_memory.h) through which NICs reach it.
 std::unique_ptr<GpuDevice> CreateSimGpu(int index, std::string pci, uint64_t copy_bytes_per_sec);
 
 }  // namespace ferry::memory

@@ -1,6 +1,17 @@
-// The simulation backend: "device" memory is shared host memory (a memfd, so clients map
-// it as they map host buffers) and each GPU has one copy-engine thread that runs copies in
-// order, optionally at a set bandwidth (PCIe is usually the slow stage of staging).
+// The simulation backend, as strict as a GPU about who may touch device memory. Each slab is
+// a memfd mapped three times:
+//
+// - the device address (DeviceSlab::data()): mapped PROT_NONE, so the agent's CPU faults on
+//   it exactly as it would on a cudaMalloc pointer, whose UVA range has no CPU pages;
+// - the copy engine's own mapping: only the GPU's copy thread reads or writes it, after
+//   translating a copy's device range, which must lie in one live slab (else the copy fails
+//   as cudaMemcpyAsync does, with cudaErrorInvalidValue, and touches nothing);
+// - the NIC's mapping, in the peer-memory table (peer_memory.h), the stand-in for
+//   nvidia_peermem: how the tcp provider and the test fabrics reach GPU memory for GDR.
+//
+// Clients map the memfd themselves (GpuExport kind "shm"), as CUDA IPC gives them a device
+// pointer of their own. Each GPU has one copy-engine thread that runs copies in order,
+// optionally at a set bandwidth (PCIe is usually the slow stage of staging).
 
 #include <sys/mman.h>
 #include <unistd.h>
@@ -11,21 +22,44 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "base/byte_size.h"
+#include "base/status_macros.h"
 #include "base/unique_fd.h"
+#include "transport/memory/device_ranges.h"
 #include "transport/memory/gpu_device.h"
+#include "transport/memory/peer_memory.h"
 
 namespace ferry::memory {
 namespace {
 
+// A shared mapping of all of `fd`, unmapped when its last holder lets go.
+absl::StatusOr<std::shared_ptr<char>> MapSlab(int fd, uint64_t bytes, int prot, const char* whose) {
+  void* p = mmap(nullptr, bytes, prot, MAP_SHARED, fd, 0);
+  if (p == MAP_FAILED) {
+    return absl::ErrnoToStatus(errno, absl::StrCat("mmap(sim GPU slab, ", whose, ")"));
+  }
+  return std::shared_ptr<char>(static_cast<char*>(p), [bytes](char* q) { munmap(q, bytes); });
+}
+
 class SimSlab : public DeviceSlab {
  public:
-  SimSlab(UniqueFd fd, char* data, uint64_t size)
-      : fd_(std::move(fd)), data_(data), size_(size) {}
-  ~SimSlab() override { munmap(data_, size_); }
+  SimSlab(UniqueFd fd, std::shared_ptr<char> device, uint64_t size,
+          std::shared_ptr<DeviceRanges> engine_ranges)
+      : fd_(std::move(fd)),
+        device_(std::move(device)),
+        size_(size),
+        engine_ranges_(std::move(engine_ranges)) {}
+  // Copies and registrations still holding the slab's bytes keep their mappings; the device
+  // address itself is gone, as after cudaFree.
+  ~SimSlab() override {
+    PeerMemory().Remove(device_.get());
+    engine_ranges_->Remove(device_.get());
+  }
 
-  void* data() const override { return data_; }
+  void* data() const override { return device_.get(); }
   uint64_t size() const override { return size_; }
   absl::StatusOr<GpuExport> Export(uint64_t offset, uint64_t length) const override {
     if (offset > size_ || length > size_ - offset)
@@ -43,8 +77,9 @@ class SimSlab : public DeviceSlab {
 
  private:
   UniqueFd fd_;
-  char* data_;
+  std::shared_ptr<char> device_;
   uint64_t size_;
+  std::shared_ptr<DeviceRanges> engine_ranges_;
 };
 
 class SimGpu : public GpuDevice {
@@ -64,7 +99,8 @@ class SimGpu : public GpuDevice {
   std::string backend() const override { return "sim"; }
   int index() const override { return index_; }
   std::string pci() const override { return pci_; }
-  bool host_addressable() const override { return true; }
+  // As on a real GPU: device memory is reached by copies or by a NIC, never by the CPU.
+  bool host_addressable() const override { return false; }
 
   absl::StatusOr<std::unique_ptr<DeviceSlab>> AllocateSlab(uint64_t bytes) override {
     UniqueFd fd(memfd_create(absl::StrCat("ferry-simgpu", index_).c_str(), MFD_CLOEXEC));
@@ -72,32 +108,68 @@ class SimGpu : public GpuDevice {
     if (ftruncate(fd.get(), static_cast<off_t>(bytes)) != 0) {
       return absl::ErrnoToStatus(errno, absl::StrCat("ftruncate(sim GPU slab, ", bytes, ")"));
     }
-    void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
-    if (p == MAP_FAILED) return absl::ErrnoToStatus(errno, "mmap(sim GPU slab)");
-    return std::unique_ptr<DeviceSlab>(new SimSlab(std::move(fd), static_cast<char*>(p), bytes));
+    ASSIGN_OR_RETURN(std::shared_ptr<char> device,
+                     MapSlab(fd.get(), bytes, PROT_NONE, "device address"));
+    ASSIGN_OR_RETURN(std::shared_ptr<char> engine,
+                     MapSlab(fd.get(), bytes, PROT_READ | PROT_WRITE, "copy engine"));
+    ASSIGN_OR_RETURN(std::shared_ptr<char> nic,
+                     MapSlab(fd.get(), bytes, PROT_READ | PROT_WRITE, "peer memory"));
+    RETURN_IF_ERROR(engine_ranges_->Add(device.get(), bytes, std::move(engine)));
+    auto slab = std::make_unique<SimSlab>(std::move(fd), device, bytes, engine_ranges_);
+    RETURN_IF_ERROR(PeerMemory().Add(device.get(), bytes, std::move(nic)));
+    return std::unique_ptr<DeviceSlab>(std::move(slab));
   }
 
   absl::Status CopyToHost(void* host, const void* device, uint64_t n, CopyDone done) override {
-    return Enqueue(host, device, n, std::move(done));
+    ASSIGN_OR_RETURN(std::shared_ptr<char> bytes, Translate(device, host, n, "D2H"));
+    char* src = bytes.get();
+    return Enqueue({static_cast<char*>(host), src, n, std::move(bytes), std::move(done)});
   }
   absl::Status CopyToDevice(void* device, const void* host, uint64_t n, CopyDone done) override {
-    return Enqueue(device, host, n, std::move(done));
+    ASSIGN_OR_RETURN(std::shared_ptr<char> bytes, Translate(device, host, n, "H2D"));
+    char* dst = bytes.get();
+    return Enqueue({dst, static_cast<const char*>(host), n, std::move(bytes), std::move(done)});
   }
   absl::Status PinHost(void*, uint64_t) override { return absl::OkStatus(); }
   void UnpinHost(void*) override {}
 
  private:
   struct Copy {
-    void* dst;
-    const void* src;
+    char* dst;
+    const char* src;
     uint64_t n;
+    // The engine's bytes of the device range: mapped until the copy ran, even if the slab
+    // is freed meanwhile (cudaFree waits for the copies in flight).
+    std::shared_ptr<char> device_bytes;
     CopyDone done;
   };
 
-  absl::Status Enqueue(void* dst, const void* src, uint64_t n, CopyDone done) {
+  // The copy engine's bytes for device range [device, device + n), or the error that
+  // cudaMemcpyAsync returns now for a range outside every live allocation of this GPU, or
+  // for a "host" pointer that is device memory.
+  absl::StatusOr<std::shared_ptr<char>> Translate(const void* device, const void* host, uint64_t n,
+                                                  const char* direction) {
+    auto refuse = [&](const std::string& why) {
+      return absl::InvalidArgumentError(
+          absl::StrFormat("cudaMemcpyAsync(sim GPU %d, %s, %s): %s: invalid argument "
+                          "(cudaErrorInvalidValue)",
+                          index_, direction, FormatByteSize(n), why));
+    };
+    std::shared_ptr<char> bytes = engine_ranges_->Find(device, n);
+    if (bytes == nullptr) {
+      return refuse(
+          absl::StrFormat("device range [%p, +%d) is not inside one allocation", device, n));
+    }
+    if (n > 0 && engine_ranges_->Find(host, 1) != nullptr) {
+      return refuse(absl::StrFormat("host address %p is device memory", host));
+    }
+    return bytes;
+  }
+
+  absl::Status Enqueue(Copy copy) {
     absl::MutexLock lock(&mu_);
     if (stopping_) return absl::UnavailableError("simulated GPU is shutting down");
-    queue_.push_back({dst, src, n, std::move(done)});
+    queue_.push_back(std::move(copy));
     return absl::OkStatus();
   }
 
@@ -115,6 +187,7 @@ class SimGpu : public GpuDevice {
       }
       absl::Time start = absl::Now();
       std::memcpy(copy.dst, copy.src, copy.n);
+      copy.device_bytes.reset();
       if (bytes_per_sec_ > 0) {
         absl::Duration should = absl::Seconds(static_cast<double>(copy.n) / bytes_per_sec_);
         absl::SleepFor(should - (absl::Now() - start));
@@ -126,6 +199,9 @@ class SimGpu : public GpuDevice {
   const int index_;
   const std::string pci_;
   const uint64_t bytes_per_sec_;
+  // This GPU's live slabs, by device address, with the copy engine's mapping of each.
+  // Shared with the slabs, which may outlive the GPU object.
+  const std::shared_ptr<DeviceRanges> engine_ranges_ = std::make_shared<DeviceRanges>();
   absl::Mutex mu_;
   std::deque<Copy> queue_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;

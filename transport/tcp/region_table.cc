@@ -2,9 +2,11 @@
 
 #include <random>
 
+#include "base/byte_range.h"
+
 namespace ferry::tcp {
 
-uint32_t RegionTable::Add(char* data, uint64_t length, uint32_t access) {
+uint32_t RegionTable::Add(const char* address, char* memory, uint64_t length, uint32_t access) {
   absl::MutexLock lock(&mu_);
   if (!seeded_) {
     // Random start so that keys from an agent's previous life are unlikely to be valid.
@@ -15,7 +17,7 @@ uint32_t RegionTable::Add(char* data, uint64_t length, uint32_t access) {
   do {
     key = next_key_++;
   } while (key == 0 || entries_.contains(key));
-  entries_.emplace(key, Entry{data, length, access});
+  entries_.emplace(key, Entry{reinterpret_cast<uint64_t>(address), memory, length, access});
   return key;
 }
 
@@ -41,14 +43,13 @@ Refusal RegionTable::Acquire(uint32_t key, uint64_t address, uint64_t length, ui
   auto it = entries_.find(key);
   if (it == entries_.end() || it->second.removing) return Refusal::kBadKey;
   Entry& e = it->second;
-  uint64_t base = reinterpret_cast<uint64_t>(e.data);
   // Written so that no sum can overflow.
-  if (address < base || address - base > e.length || length > e.length - (address - base)) {
+  if (address < e.address || !RangeFits(address - e.address, length, e.length)) {
     return Refusal::kOutOfBounds;
   }
   if ((e.access & access) != access) return Refusal::kAccess;
   ++e.users;
-  out.emplace(this, key, e.data + (address - base));
+  out.emplace(this, key, e.memory + (address - e.address));
   return Refusal::kNone;
 }
 

@@ -35,8 +35,10 @@ class RegionTable {
     char* data_ = nullptr;
   };
 
-  // Adds a region and returns its new, unique, non-zero key.
-  uint32_t Add(char* data, uint64_t length, uint32_t access);
+  // Adds a region that peers address from `address` and whose bytes are at `memory` (the
+  // same pointer for host memory; for device memory, its peer-memory mapping), and returns
+  // its new, unique, non-zero key.
+  uint32_t Add(const char* address, char* memory, uint64_t length, uint32_t access);
 
   // Revokes `key`; returns once no remote op is inside the region.
   void Remove(uint32_t key);
@@ -50,7 +52,8 @@ class RegionTable {
 
  private:
   struct Entry {
-    char* data;
+    uint64_t address;  // what peers put in their requests for byte 0
+    char* memory;      // where byte 0 is
     uint64_t length;
     uint32_t access;
     int users = 0;

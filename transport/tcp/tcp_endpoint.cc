@@ -8,6 +8,7 @@
 #include "transport/tcp/event_loop.h"
 #include "transport/tcp/socket.h"
 #include "transport/tcp/tcp_connection.h"
+#include "transport/tcp/tcp_region.h"
 
 namespace ferry::tcp {
 namespace {
@@ -92,8 +93,13 @@ absl::Status TcpEndpoint::Post(uint32_t op_code, const fabric::LocalSlice& local
   }
   if (broken())
     return absl::UnavailableError(absl::StrCat("tcp: endpoint to ", address_, " is broken"));
+  // The bytes move through the region's CPU mapping, never its (possibly device) address.
+  const auto* region = dynamic_cast<const TcpRegion*>(local.region);
+  if (region == nullptr) {
+    return absl::InvalidArgumentError("tcp: the local slice's region is not a tcp registration");
+  }
   auto op = static_cast<WireOp>(op_code);
-  char* base = static_cast<char*>(local.region->data()) + local.offset;
+  char* base = region->memory() + local.offset;
 
   // Large ops are striped over every connection, in parts aligned to 4 KiB. An immediate
   // must arrive after all the data, so WRITE-with-immediate is never split.

@@ -8,35 +8,14 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/blocking_counter.h"
 #include "spdlog/spdlog.h"
+#include "transport/memory/peer_memory.h"
 #include "transport/tcp/socket.h"
 #include "transport/tcp/tcp_endpoint.h"
+#include "transport/tcp/tcp_region.h"
 #include "transport/tcp/wire.h"
 
 namespace ferry::tcp {
 namespace {
-
-class TcpRegion : public fabric::MemoryRegion {
- public:
-  TcpRegion(RegionTable* table, void* data, uint64_t length, uint32_t key)
-      : table_(table), data_(data), length_(length), key_(key) {}
-  ~TcpRegion() override { table_->Remove(key_); }
-
-  void* data() const override { return data_; }
-  uint64_t length() const override { return length_; }
-  uint64_t remote_address() const override { return reinterpret_cast<uint64_t>(data_); }
-  uint32_t key() const override { return key_; }
-  std::string registration() const override { return "tcp"; }
-  absl::Status RestrictToLocal() override {
-    table_->SetAccess(key_, fabric::kLocal);
-    return absl::OkStatus();
-  }
-
- private:
-  RegionTable* table_;
-  void* data_;
-  uint64_t length_;
-  uint32_t key_;
-};
 
 class TcpPendingConnection : public fabric::PendingConnection {
  public:
@@ -138,13 +117,23 @@ absl::StatusOr<std::unique_ptr<fabric::MemoryRegion>> TcpFabric::Register(void* 
   if (data == nullptr || length == 0) {
     return absl::InvalidArgumentError("tcp: cannot register an empty region");
   }
+  char* memory = static_cast<char*>(data);
+  std::shared_ptr<char> pages;
   if (access & fabric::kDeviceMemory) {
-    // tcp moves bytes with the CPU (send/recv from the address): GPU memory would fault.
-    return absl::FailedPreconditionError(
-        "tcp: cannot register GPU memory (it moves bytes with the CPU); staging instead");
+    // tcp moves bytes with the CPU (send/recv), and the CPU faults on a device address. It
+    // reaches device memory only where a peer-memory client maps it, as an HCA does through
+    // nvidia_peermem: the simulated GPUs'. Real GPU memory is never there, so it stages.
+    pages = memory::PeerMemory().Find(data, length);
+    if (pages == nullptr) {
+      return absl::FailedPreconditionError(
+          "tcp: cannot register GPU memory (it moves bytes with the CPU and no peer-memory "
+          "client maps this range); staging instead");
+    }
+    memory = pages.get();
   }
-  uint32_t key = regions_.Add(static_cast<char*>(data), length, access);
-  return std::unique_ptr<fabric::MemoryRegion>(new TcpRegion(&regions_, data, length, key));
+  uint32_t key = regions_.Add(static_cast<char*>(data), memory, length, access);
+  return std::unique_ptr<fabric::MemoryRegion>(
+      new TcpRegion(&regions_, data, memory, std::move(pages), length, key));
 }
 
 absl::StatusOr<std::unique_ptr<fabric::PendingConnection>> TcpFabric::BeginConnect(
