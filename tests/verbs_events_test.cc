@@ -238,8 +238,8 @@ TEST(TargetReceivesTest, NoImmediateHandlerMeansNoReceivesAndImmediatesAreRefuse
   EXPECT_EQ(p.model->ReceivesPosted(target_qp), 0u);
   EXPECT_EQ(p.target->device().cq_pool().reserved(), 1u);
   Waiter refused;
-  absl::Status s =
-      p.endpoint->PostWriteWithImmediate({b.src_mr.get(), 0, 64}, b.remote(), 7, refused.Callback());
+  absl::Status s = p.endpoint->PostWriteWithImmediate({b.src_mr.get(), 0, 64}, b.remote(), 7,
+                                                      refused.Callback());
   EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_THAT(std::string(s.message()), HasSubstr("takes no immediates"));
   EXPECT_FALSE(p.endpoint->broken());
@@ -256,7 +256,8 @@ TEST(TargetReceivesTest, NoImmediateHandlerMeansNoReceivesAndImmediatesAreRefuse
   EXPECT_EQ(p.model->ReceivesPosted(p.verbs_endpoint().remote_qpn()), 256u);
   Waiter w;
   ASSERT_TRUE(
-      p.endpoint->PostWriteWithImmediate({b.src_mr.get(), 0, 64}, b.remote(), 7, w.Callback()).ok());
+      p.endpoint->PostWriteWithImmediate({b.src_mr.get(), 0, 64}, b.remote(), 7, w.Callback())
+          .ok());
   EXPECT_TRUE(w.Wait().ok());
   EXPECT_TRUE(got.WaitForNotificationWithTimeout(absl::Seconds(10)));
   p.target->SetImmediateHandler(nullptr);

@@ -49,7 +49,8 @@ struct Pair {
   std::shared_ptr<fabric::Endpoint> endpoint;
 };
 
-inline std::shared_ptr<VerbsModel> IbModel(uint32_t max_msg = 1u << 30, ibv_mtu mtu_b = IBV_MTU_4096) {
+inline std::shared_ptr<VerbsModel> IbModel(uint32_t max_msg = 1u << 30,
+                                           ibv_mtu mtu_b = IBV_MTU_4096) {
   auto a = model::InfinibandDevice("mlx5_0", 0x11);
   auto b = model::InfinibandDevice("mlx5_1", 0x22);
   a.ports[0].max_msg_sz = b.ports[0].max_msg_sz = max_msg;
