@@ -138,7 +138,8 @@ absl::StatusOr<uint64_t> Client::StatRemoteBuffer(const std::string& node,
   return resp.size();
 }
 
-absl::StatusOr<uint64_t> Client::Submit(const std::vector<OpSpec>& ops, absl::Duration timeout) {
+ferry::v1::SubmitRequest Client::SubmitRequestOf(const std::vector<OpSpec>& ops,
+                                                 absl::Duration timeout) {
   ferry::v1::SubmitRequest req;
   req.mutable_ops()->Reserve(static_cast<int>(ops.size()));
   for (const OpSpec& o : ops) {
@@ -152,6 +153,11 @@ absl::StatusOr<uint64_t> Client::Submit(const std::vector<OpSpec>& ops, absl::Du
     op->set_length(o.length);
   }
   req.set_timeout_ms(static_cast<uint32_t>(absl::ToInt64Milliseconds(timeout)));
+  return req;
+}
+
+absl::StatusOr<uint64_t> Client::Submit(const std::vector<OpSpec>& ops, absl::Duration timeout) {
+  ferry::v1::SubmitRequest req = SubmitRequestOf(ops, timeout);
   ferry::v1::SubmitResponse resp;
   auto ctx = Context();
   grpc::Status s = stub_->Submit(ctx.get(), req, &resp);
@@ -206,10 +212,22 @@ absl::Status Client::Watch(
 
 absl::StatusOr<ferry::v1::TransferResult> Client::Run(const std::vector<OpSpec>& ops,
                                                       absl::Duration timeout, bool include_ops) {
-  auto id = Submit(ops, timeout);
-  if (!id.ok()) return id.status();
+  // One round trip: the Transfer call submits and waits.
+  ferry::v1::TransferRequest req;
+  *req.mutable_submit() = SubmitRequestOf(ops, timeout);
+  req.set_include_ops(include_ops);
+  ferry::v1::TransferResult resp;
   // The agent ends the transfer at its deadline; wait a little past it for the verdict.
-  return Wait(*id, timeout + absl::Seconds(5), include_ops);
+  auto ctx = Context(timeout + absl::Seconds(5));
+  grpc::Status s = stub_->Transfer(ctx.get(), req, &resp);
+  if (!s.ok()) return FromGrpcStatus(s);
+  if (include_ops && resp.ops_next() != 0) {
+    // The rest of the per-op results come as Wait's pages.
+    auto rest = Wait(resp.transfer_id(), absl::Seconds(30), /*include_ops=*/true);
+    if (!rest.ok()) return rest.status();
+    return rest;
+  }
+  return resp;
 }
 
 absl::Status Client::Write(const Buffer& local, uint64_t local_offset, const std::string& peer,

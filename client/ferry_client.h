@@ -99,7 +99,8 @@ class Client {
   absl::Status Watch(uint64_t transfer_id,
                      const std::function<void(const ferry::v1::TransferProgress&)>& on_progress);
 
-  // Submit + Wait for one batch; the status is the transfer's own (OK when every op landed).
+  // Submit + Wait for one batch, in one round trip (the Transfer call); the status is the
+  // transfer's own (OK when every op landed).
   absl::StatusOr<ferry::v1::TransferResult> Run(const std::vector<OpSpec>& ops,
                                                 absl::Duration timeout = absl::Seconds(60),
                                                 bool include_ops = false);
@@ -124,6 +125,8 @@ class Client {
  private:
   // A call's context: its deadline and this client's session.
   std::unique_ptr<grpc::ClientContext> Context(absl::Duration timeout = absl::Seconds(30)) const;
+  static ferry::v1::SubmitRequest SubmitRequestOf(const std::vector<OpSpec>& ops,
+                                                  absl::Duration timeout);
 
   std::shared_ptr<AgentSession> session_;
   std::unique_ptr<ferry::v1::Agent::Stub> stub_;

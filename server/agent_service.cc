@@ -152,16 +152,34 @@ grpc::Status AgentService::Wait(grpc::ServerContext* ctx, const ferry::v1::WaitR
                                 ferry::v1::TransferResult* resp) {
   auto transfer = core_->engine().Find(req->transfer_id());
   if (!transfer.ok()) return ToGrpcStatus(transfer.status());
+  return AwaitResult(ctx, **transfer, PageOf(*req), resp);
+}
+
+grpc::Status AgentService::Transfer(grpc::ServerContext* ctx, const ferry::v1::TransferRequest* req,
+                                    ferry::v1::TransferResult* resp) {
+  auto id = core_->engine().Submit(req->submit());
+  if (!id.ok()) return ToGrpcStatus(id.status());
+  auto transfer = core_->engine().Find(*id);
+  if (!transfer.ok()) return ToGrpcStatus(transfer.status());
+  ResultPage page;
+  page.include_ops = req->include_ops();
+  page.limit = req->ops_limit();
+  page.failed_only = req->failed_only();
+  return AwaitResult(ctx, **transfer, page, resp);
+}
+
+grpc::Status AgentService::AwaitResult(grpc::ServerContext* ctx, const server::Transfer& transfer,
+                                       const ResultPage& page, ferry::v1::TransferResult* resp) {
   // Wake up now and then to notice a client that hung up.
   absl::Time deadline = absl::FromChrono(ctx->deadline());
-  while (!(*transfer)->AwaitFinished(std::min(deadline, absl::Now() + absl::Milliseconds(500)))) {
+  while (!transfer.AwaitFinished(std::min(deadline, absl::Now() + absl::Milliseconds(500)))) {
     if (ctx->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
     if (absl::Now() >= deadline) {
       return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
-                          absl::StrCat("transfer ", req->transfer_id(), " is still running"));
+                          absl::StrCat("transfer ", transfer.id(), " is still running"));
     }
   }
-  *resp = (*transfer)->Result(PageOf(*req));
+  *resp = transfer.Result(page);
   return grpc::Status::OK;
 }
 

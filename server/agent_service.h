@@ -5,6 +5,7 @@
 // OpenSession is a callback method: a session is an idle call that holds no thread.
 
 #include "ferry/v1/agent.grpc.pb.h"
+#include "server/engine/transfer.h"
 
 namespace ferry::server {
 
@@ -31,6 +32,8 @@ class AgentService final
                       ferry::v1::SubmitResponse*) override;
   grpc::Status Wait(grpc::ServerContext*, const ferry::v1::WaitRequest*,
                     ferry::v1::TransferResult*) override;
+  grpc::Status Transfer(grpc::ServerContext*, const ferry::v1::TransferRequest*,
+                        ferry::v1::TransferResult*) override;
   grpc::Status Cancel(grpc::ServerContext*, const ferry::v1::CancelTransferRequest*,
                       ferry::v1::TransferResult*) override;
   grpc::Status Watch(grpc::ServerContext*, const ferry::v1::WatchRequest*,
@@ -43,6 +46,11 @@ class AgentService final
                          ferry::v1::PolicyState*) override;
 
  private:
+  // Blocks (this is the sync API) until `transfer` ends, the call's deadline passes or the
+  // client hangs up; then its result, `page` of its per-op results.
+  grpc::Status AwaitResult(grpc::ServerContext* ctx, const server::Transfer& transfer,
+                           const ResultPage& page, ferry::v1::TransferResult* resp);
+
   AgentCore* const core_;
 };
 

@@ -10,6 +10,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -367,6 +368,50 @@ TEST(AgentLifecycleTest, SigtermOfTheReceiverFailsTransfersUnavailable) {
   ASSERT_TRUE(result.ok()) << result.status();
   ASSERT_EQ(result->state(), ferry::v1::FAILED) << "the batch finished before the agent stopped";
   EXPECT_EQ(result->code(), static_cast<int>(absl::StatusCode::kUnavailable)) << result->message();
+}
+
+TEST(AgentLifecycleTest, TransferSubmitsAndWaitsInOneCallAndRefusesABadBatchAsSubmitDoes) {
+  Pair pair;
+  ASSERT_TRUE(pair.Start().ok());
+  auto src = pair.ca->Alloc(4096);
+  auto dst = pair.cb->Alloc(4096, "one-call");
+  ASSERT_TRUE(src.ok() && dst.ok());
+  std::memset((*src)->data(), 'T', 4096);
+  auto stub = RawAgentStub(pair.a->socket());
+  auto op = [&](ferry::v1::Op* o, uint64_t offset, uint64_t length) {
+    o->set_type(ferry::v1::WRITE);
+    o->set_local_buffer((*src)->id());
+    o->set_local_offset(offset);
+    o->set_peer("node-b");
+    o->set_remote_buffer("one-call");
+    o->set_remote_offset(offset);
+    o->set_length(length);
+  };
+  ferry::v1::TransferRequest req;
+  for (uint64_t i = 0; i < 4; ++i) op(req.mutable_submit()->add_ops(), i * 1024, 1024);
+  req.set_include_ops(true);
+  req.set_ops_limit(3);
+  {
+    grpc::ClientContext ctx;
+    ferry::v1::TransferResult result;
+    grpc::Status s = stub->Transfer(&ctx, req, &result);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    EXPECT_EQ(result.state(), ferry::v1::SUCCEEDED) << result.message();
+    EXPECT_EQ(result.bytes(), 4096u);
+    ASSERT_EQ(result.ops_size(), 3);  // the first page; Wait on transfer_id gives the rest
+    EXPECT_EQ(result.ops_next(), 3u);
+    EXPECT_NE(result.transfer_id(), 0u);
+    EXPECT_EQ(std::memcmp((*src)->data(), (*dst)->data(), 4096), 0);
+  }
+  // A bad op refuses the whole batch, naming it, and nothing moves.
+  std::memset((*dst)->data(), 0, 4096);
+  op(req.mutable_submit()->add_ops(), 4000, 1000);  // past the end of both buffers
+  grpc::ClientContext ctx;
+  ferry::v1::TransferResult result;
+  grpc::Status s = stub->Transfer(&ctx, req, &result);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::OUT_OF_RANGE) << s.error_message();
+  EXPECT_THAT(s.error_message(), HasSubstr("ops[4]"));
+  EXPECT_EQ(std::count((*dst)->data(), (*dst)->data() + 4096, 0), 4096);
 }
 
 TEST(AgentLifecycleTest, ResultsOfA65536OpBatchFitADefaultClient) {
