@@ -165,6 +165,52 @@ TEST(AsyncEventTest, ALostDeviceFailsOpsWhoseCompletionsNeverCome) {
   EXPECT_FALSE(p.initiator->health().ok());
 }
 
+TEST(AsyncEventTest, ACallbackOfALostDeviceMayDropTheLastReferenceToIt) {
+  auto model = IbModel();
+  auto a = VerbsFabric::Create({.device = "mlx5_0"}, model);
+  auto b = VerbsFabric::Create({.device = "mlx5_1"}, model);
+  ASSERT_TRUE(a.ok() && b.ok());
+  auto ep = fabric::ConnectDirect(**a, **b);
+  ASSERT_TRUE(ep.ok());
+  std::vector<char> src(64), dst(64);
+  auto s = (*a)->Register(src.data(), src.size(), fabric::kLocal);
+  auto d = (*b)->Register(dst.data(), dst.size(), fabric::kRemoteWrite);
+  ASSERT_TRUE(s.ok() && d.ok());
+  // What keeps mlx5_0 open: the endpoint and the region, both owned by the op's callback.
+  struct Owned {
+    std::shared_ptr<fabric::Endpoint> endpoint;
+    std::unique_ptr<fabric::MemoryRegion> region;
+  };
+  auto owned = std::make_shared<Owned>(Owned{*ep, std::move(*s)});
+  const fabric::RemoteSlice remote{(*d)->remote_address(), (*d)->key()};
+  fabric::Endpoint* endpoint = ep->get();
+  ep->reset();
+  a->reset();
+  absl::Notification done;
+  model->SetPaused(true);
+  ASSERT_TRUE(endpoint
+                  ->PostWrite({owned->region.get(), 0, 64}, remote,
+                              [owned, &done](absl::Status) mutable {
+                                // On the event thread: closes and frees the device's last
+                                // users, which must neither wait for itself nor join itself.
+                                owned->endpoint->Close();
+                                owned->endpoint.reset();
+                                owned->region.reset();
+                                owned.reset();
+                                done.Notify();
+                              })
+                  .ok());
+  owned.reset();
+  const absl::Time start = absl::Now();
+  model->LoseDevice("mlx5_0");
+  EXPECT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(30)));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));  // no 10 s flush wait on its own thread
+  model->SetPaused(false);
+  d->reset();
+  b->reset();
+  ASSERT_TRUE(Eventually([&] { return model->LiveObjects() == 0; }));
+}
+
 TEST(AsyncEventTest, AFailingPollFailsTheQpsOfThatCq) {
   Pair p(IbModel());
   ASSERT_TRUE(p.endpoint);

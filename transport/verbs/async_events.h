@@ -57,6 +57,7 @@ class AsyncEventReader {
 
   // Events read so far (tests wait on it).
   uint64_t events_seen() const { return seen_.load(); }
+  bool OnReaderThread() const { return std::this_thread::get_id() == thread_.get_id(); }
 
  private:
   AsyncEventReader(VerbsApi* api, ibv_context* context, std::string device, Handler handler,

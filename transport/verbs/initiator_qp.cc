@@ -345,8 +345,9 @@ void InitiatorQp::Close() {
   }
   Run(finished);
   // The poller delivers the flush; it cannot wait for itself (a completion callback that
-  // drops the last reference to its endpoint closes it on the poller thread).
-  const bool can_wait = was_connected && !device_->poller().OnPollerThread();
+  // drops the last reference to its endpoint closes it on the poller thread, or on the event
+  // thread for ops an async event failed).
+  const bool can_wait = was_connected && !device_->OnDeviceThread();
   {
     absl::MutexLock lock(&mu_);
     auto flushed = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {

@@ -205,10 +205,10 @@ VerbsDevice::VerbsDevice(std::shared_ptr<VerbsApi> api, ContextPtr context, Port
     : res_(new Resources{std::move(api), std::move(context)}), port_(std::move(port)) {}
 
 VerbsDevice::~VerbsDevice() {
-  if (res_->poller && res_->poller->OnPollerThread()) {
-    // The last reference went inside a completion callback: the poller cannot join itself,
-    // and the CQ must outlive its polling. Another thread tears down, in order, once the
-    // poller thread has returned from the callback.
+  if (OnDeviceThread()) {
+    // The last reference went inside a completion callback (or one an async event ran): that
+    // thread cannot join itself, and the CQs must outlive their polling. Another thread tears
+    // down, in order, once this one has returned from the callback.
     std::thread([res = std::move(res_)]() mutable { res.reset(); }).detach();
   }
 }

@@ -46,6 +46,12 @@ class VerbsDevice {
   // down, the device was lost) until a PORT_ACTIVE event. New connections are refused
   // meanwhile; the QPs there were have been failed.
   absl::Status health() const;
+  // True on the device's poller or event thread, where completions run: code there must not
+  // wait for completions, which only those threads deliver.
+  bool OnDeviceThread() const {
+    return (res_->poller && res_->poller->OnPollerThread()) ||
+           (res_->events && res_->events->OnReaderThread());
+  }
   // Asynchronous events read so far.
   uint64_t events_seen() const { return res_->events ? res_->events->events_seen() : 0; }
 
