@@ -20,6 +20,7 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "tests/fakes/fake_fabric.h"
+#include "tests/fakes/host_plan.h"
 #include "tests/fakes/fake_peer_service.h"
 #include "transport/memory/host_pool.h"
 #include "transport/topology/machine.h"
@@ -115,14 +116,7 @@ class TransferEngineTest : public ::testing::Test {
       ++stage_calls_;
       return absl::UnimplementedError("no Stage calls in this test");
     };
-    deps.plan = [](const Buffer&, const PolicySnapshot&, const fabric::RailId&) {
-      LegPlan plan;
-      plan.mode = LegMode::kHost;
-      plan.device = "host";
-      plan.backend = "host";
-      plan.reason = "host memory";
-      return plan;
-    };
+    deps.plan = fake::HostOnlyPlan;
     return std::make_unique<TransferEngine>(std::move(deps), limits_);
   }
 
