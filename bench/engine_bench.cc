@@ -26,6 +26,7 @@
 #include "server/engine/transfer_engine.h"
 #include "server/peers/peer_directory.h"
 #include "server/policy_store.h"
+#include "spdlog/spdlog.h"
 #include "tests/fakes/fake_fabric.h"
 #include "tests/fakes/host_plan.h"
 #include "tests/fakes/fake_peer_service.h"
@@ -176,6 +177,7 @@ int Run(const Options& o) {
 }  // namespace ferry::server
 
 int main(int argc, char** argv) {
+  spdlog::set_level(spdlog::level::warn);  // the agent's info lines would interleave the table
   auto options = ferry::server::Parse(argc, argv);
   if (!options.ok()) {
     std::fprintf(stderr, "ferry-engine-bench: %s\n", options.status().ToString().c_str());
