@@ -19,6 +19,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "grpcpp/grpcpp.h"
 #include "server/buffers/bounce_pools.h"
@@ -178,6 +179,8 @@ int Run(const Options& o) {
 
 int main(int argc, char** argv) {
   spdlog::set_level(spdlog::level::warn);  // the agent's info lines would interleave the table
+  // As ferryd runs (server/main.cc): without Abseil's lock-order graph.
+  absl::SetMutexDeadlockDetectionMode(absl::OnDeadlockCycle::kIgnore);
   auto options = ferry::server::Parse(argc, argv);
   if (!options.ok()) {
     std::fprintf(stderr, "ferry-engine-bench: %s\n", options.status().ToString().c_str());
