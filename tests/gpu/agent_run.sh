@@ -11,8 +11,10 @@
 #     DIR holds ferryd, ferryctl and gpu_staged_client (build-gpu-pack); or name each one with
 #     --ferryd FILE --ferryctl FILE --client FILE (a build folder)
 #
-# FERRY_GPU_BACKEND=sim runs the same with one simulated GPU per agent (device memory is host
-# memory, staged on purpose): a dry run of this script's plumbing on a machine without a GPU.
+# FERRY_GPU_BACKEND=sim runs the same with one simulated GPU per agent (shared memory that
+# only the copy engine and the client's mapping touch; staged on purpose with gdr: never,
+# since tcp reaches sim GPUs through the peer-memory stand-in): a dry run of this script's
+# plumbing on a machine without a GPU.
 # FERRY_AGENT_RUN_SIZE (default 512MiB, sim 64MiB; at most 1GiB: one op) and
 # FERRY_AGENT_RUN_REPEAT (3) size it. Both agents are stopped on every way out (trap), and
 # their configs and logs kept in --out.
