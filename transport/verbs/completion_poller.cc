@@ -58,7 +58,7 @@ CompletionPoller::~CompletionPoller() {
 void CompletionPoller::AddCq(ibv_cq* cq) {
   absl::MutexLock lock(&mu_);
   cqs_.push_back(cq);
-  ++cqs_version_;
+  cqs_version_.fetch_add(1, std::memory_order_release);
   woken_ = true;
 }
 
@@ -119,13 +119,11 @@ void CompletionPoller::Loop() {
   uint64_t cqs_version = 0;
   size_t next_cq = 0;
   while (true) {
-    {
+    if (cqs_version != cqs_version_.load(std::memory_order_acquire)) {
       absl::MutexLock lock(&mu_);
-      if (cqs_version != cqs_version_) {
-        cqs = cqs_;
-        cq_failed.resize(cqs.size(), false);
-        cqs_version = cqs_version_;
-      }
+      cqs = cqs_;
+      cq_failed.resize(cqs.size(), false);
+      cqs_version = cqs_version_.load(std::memory_order_relaxed);
     }
     // One CQ per turn, round robin: a busy CQ cannot starve the others.
     int n = 0;

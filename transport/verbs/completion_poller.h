@@ -7,6 +7,7 @@
 
 #include <infiniband/verbs.h>
 
+#include <atomic>
 #include <memory>
 #include <string>
 #include <thread>
@@ -74,7 +75,8 @@ class CompletionPoller {
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool woken_ ABSL_GUARDED_BY(mu_) = false;
   std::vector<ibv_cq*> cqs_ ABSL_GUARDED_BY(mu_);
-  uint64_t cqs_version_ ABSL_GUARDED_BY(mu_) = 0;
+  // Bumped after each AddCq, so the polling loop re-reads cqs_ only when it changed.
+  std::atomic<uint64_t> cqs_version_{0};
   absl::flat_hash_map<uint32_t, Route> sinks_ ABSL_GUARDED_BY(mu_);
   std::thread thread_;
 };
