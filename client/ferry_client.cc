@@ -7,6 +7,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "base/unique_fd.h"
 #include "client/agent_channel.h"
 #include "client/gpu_mapping.h"
@@ -174,17 +175,25 @@ absl::StatusOr<ferry::v1::TransferResult> Client::Wait(uint64_t transfer_id, abs
   auto ctx = Context(wait);
   grpc::Status s = stub_->Wait(ctx.get(), req, &resp);
   if (!s.ok()) return FromGrpcStatus(s);
-  // The rest of the per-op results, a page at a time (the transfer has ended: they are final).
-  while (include_ops && resp.ops_next() != 0) {
-    req.set_ops_from(resp.ops_next());
-    ferry::v1::TransferResult page;
-    auto page_ctx = Context();
-    s = stub_->Wait(page_ctx.get(), req, &page);
-    if (!s.ok()) return FromGrpcStatus(s);
-    for (auto& op : *page.mutable_ops()) *resp.add_ops() = std::move(op);
-    resp.set_ops_next(page.ops_next());
-  }
+  if (include_ops) RETURN_IF_ERROR(FetchRemainingOps(resp));
   return resp;
+}
+
+absl::Status Client::FetchRemainingOps(ferry::v1::TransferResult& result) {
+  // A page at a time, from where the last one ended (the transfer has ended: they are final).
+  ferry::v1::WaitRequest req;
+  req.set_transfer_id(result.transfer_id());
+  req.set_include_ops(true);
+  while (result.ops_next() != 0) {
+    req.set_ops_from(result.ops_next());
+    ferry::v1::TransferResult page;
+    auto ctx = Context();
+    grpc::Status s = stub_->Wait(ctx.get(), req, &page);
+    if (!s.ok()) return FromGrpcStatus(s);
+    for (auto& op : *page.mutable_ops()) *result.add_ops() = std::move(op);
+    result.set_ops_next(page.ops_next());
+  }
+  return absl::OkStatus();
 }
 
 absl::StatusOr<ferry::v1::TransferResult> Client::Cancel(uint64_t transfer_id) {
@@ -221,12 +230,7 @@ absl::StatusOr<ferry::v1::TransferResult> Client::Run(const std::vector<OpSpec>&
   auto ctx = Context(timeout + absl::Seconds(5));
   grpc::Status s = stub_->Transfer(ctx.get(), req, &resp);
   if (!s.ok()) return FromGrpcStatus(s);
-  if (include_ops && resp.ops_next() != 0) {
-    // The rest of the per-op results come as Wait's pages.
-    auto rest = Wait(resp.transfer_id(), absl::Seconds(30), /*include_ops=*/true);
-    if (!rest.ok()) return rest.status();
-    return rest;
-  }
+  if (include_ops) RETURN_IF_ERROR(FetchRemainingOps(resp));  // later pages come by Wait
   return resp;
 }
 

@@ -125,6 +125,8 @@ class Client {
  private:
   // A call's context: its deadline and this client's session.
   std::unique_ptr<grpc::ClientContext> Context(absl::Duration timeout = absl::Seconds(30)) const;
+  // Appends the per-op results after `result`'s page (from its ops_next), by Wait.
+  absl::Status FetchRemainingOps(ferry::v1::TransferResult& result);
   static ferry::v1::SubmitRequest SubmitRequestOf(const std::vector<OpSpec>& ops,
                                                   absl::Duration timeout);
 
