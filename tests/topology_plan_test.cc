@@ -6,11 +6,13 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "absl/strings/str_cat.h"
 #include "config/config.h"
 #include "config/policy.h"
 #include "transport/topology/discovery.h"
 #include "transport/topology/plan.h"
 #include "transport/topology/plan_format.h"
+#include "transport/topology/rails.h"
 
 namespace ferry::topology {
 namespace {
@@ -414,6 +416,48 @@ TEST(PlanFormatTest, TextShowsMatrixFilterAndDecisions) {
                               "GPU1  PIX*    PIX     SYS     0     0000:1a:00.0\n"));
   EXPECT_THAT(text, HasSubstr("mlx5_1  0000:1c:00.0  0     excluded by nics.deny  port 1 ACTIVE"));
   EXPECT_THAT(text, HasSubstr("GPU0 gdr via mlx5_0: GPU 0000:19:00.0 and mlx5_0 are PIX apart"));
+}
+
+// --- rails: which NICs carry each memory's traffic ------------------------------------------
+
+std::vector<std::string> Names(const Machine& machine, const std::vector<int>& nics) {
+  std::vector<std::string> out;
+  for (int n : nics) out.push_back(machine.nics[n].name);
+  return out;
+}
+
+TEST(RailsTest, EachGpuOfAnEightNicServerKeepsToItsOwnNic) {
+  Machine m = Load("dgx8_switches");
+  TopologyPlan plan = Plan(m);
+  for (int g = 0; g < 8; ++g) {
+    EXPECT_THAT(Names(m, GpuNics(m, plan, g)), ElementsAre(absl::StrCat("mlx5_", g))) << g;
+  }
+  EXPECT_THAT(Names(m, HostNics(m, plan, 0)), ElementsAre("mlx5_0", "mlx5_1", "mlx5_2", "mlx5_3"));
+  EXPECT_THAT(Names(m, HostNics(m, plan, 1)), ElementsAre("mlx5_4", "mlx5_5", "mlx5_6", "mlx5_7"));
+  EXPECT_EQ(HostNics(m, plan, -1).size(), 8u);  // unplaced memory: every NIC
+  EXPECT_EQ(HostNics(m, plan, 7).size(), 8u);   // a node without NICs: every NIC
+  EXPECT_TRUE(GpuNics(m, plan, 8).empty());
+}
+
+TEST(RailsTest, AGpuWithTwoNicsOfItsOwnUsesBothButNotTheFarOne) {
+  Machine m = Load("switch_pair_far_nic");
+  m.gpus.pop_back();  // one GPU left behind the switch, with both PIX NICs to itself
+  TopologyPlan plan = Plan(m);
+  EXPECT_THAT(Names(m, GpuNics(m, plan, 0)), ElementsAre("mlx5_0", "mlx5_1"));
+  // Two GPUs on the switch: each keeps its own, the other's NIC is not shared.
+  Machine both = Load("switch_pair_far_nic");
+  TopologyPlan pair = Plan(both);
+  EXPECT_THAT(Names(both, GpuNics(both, pair, 0)), ElementsAre("mlx5_0"));
+  EXPECT_THAT(Names(both, GpuNics(both, pair, 1)), ElementsAre("mlx5_1"));
+}
+
+TEST(RailsTest, AnExcludedNicCarriesNothing) {
+  Machine m = Load("dgx8_switches");
+  NicFilter deny;
+  deny.deny = {"mlx5_0"};
+  TopologyPlan plan = Plan(m, Policy(), deny);
+  EXPECT_THAT(Names(m, GpuNics(m, plan, 0)), ElementsAre("mlx5_1"));
+  EXPECT_THAT(Names(m, HostNics(m, plan, 0)), ElementsAre("mlx5_1", "mlx5_2", "mlx5_3"));
 }
 
 }  // namespace
