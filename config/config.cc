@@ -154,7 +154,11 @@ absl::Status ParseInto(const Context& ctx, const YAML::Node& root, Config& c) {
     }
   }
   if (auto pool = root["host_pool"]) {
-    RETURN_IF_ERROR(CheckKeys(ctx, pool, "host_pool", {"size"}));
+    RETURN_IF_ERROR(CheckKeys(ctx, pool, "host_pool", {"size", "numa"}));
+    if (auto n = pool["numa"]) {
+      ASSIGN_OR_RETURN(uint32_t numa, ReadCount(ctx, n, "host_pool.numa", 0, 1023));
+      c.host_pool_numa = static_cast<int>(numa);
+    }
     if (auto n = pool["size"]) {
       ASSIGN_OR_RETURN(c.host_pool_bytes, ReadByteSize(ctx, n, "host_pool.size"));
       if (c.host_pool_bytes < (1u << 20))
@@ -175,7 +179,20 @@ absl::Status ParseInto(const Context& ctx, const YAML::Node& root, Config& c) {
     if (c.providers.empty()) return ctx.Error(n, "providers", "must list at least one provider");
   }
   if (auto tcp = root["tcp"]) {
-    RETURN_IF_ERROR(CheckKeys(ctx, tcp, "tcp", {"connections", "listen"}));
+    RETURN_IF_ERROR(CheckKeys(ctx, tcp, "tcp", {"connections", "listen", "rails"}));
+    if (auto rails = tcp["rails"]) {
+      if (!rails.IsMap() && !rails.IsNull())
+        return ctx.Error(rails, "tcp.rails", "expected nic: address pairs (mlx5_0: 10.0.0.1)");
+      for (const auto& item : rails) {
+        std::string nic = item.first.as<std::string>();
+        std::string key = absl::StrCat("tcp.rails.", nic);
+        ASSIGN_OR_RETURN(std::string address, ReadString(ctx, item.second, key));
+        // A bare host listens on any free port of it.
+        if (address.find(':') == std::string::npos) address = absl::StrCat(address, ":0");
+        RETURN_IF_ERROR(CheckAddress(ctx, item.second, key, address));
+        c.tcp_rails[nic] = address;
+      }
+    }
     if (auto n = tcp["connections"]) {
       ASSIGN_OR_RETURN(c.tcp_connections, ReadCount(ctx, n, "tcp.connections", 1, 64));
     }
@@ -189,7 +206,7 @@ absl::Status ParseInto(const Context& ctx, const YAML::Node& root, Config& c) {
                               {"device", "port", "gid_index", "timeout", "retry_cnt", "rnr_retry",
                                "send_queue_depth", "signal_every", "inline_threshold",
                                "recv_queue_depth", "cq_depth", "max_message_bytes",
-                               "traffic_class", "sl", "pkey_index"}));
+                               "traffic_class", "sl", "pkey_index", "qps_per_peer"}));
     VerbsSettings& v = c.verbs;
     if (auto n = verbs["device"]) {
       ASSIGN_OR_RETURN(v.device, ReadString(ctx, n, "verbs.device"));
@@ -262,6 +279,9 @@ absl::Status ParseInto(const Context& ctx, const YAML::Node& root, Config& c) {
     }
     if (auto n = verbs["pkey_index"]) {
       ASSIGN_OR_RETURN(v.pkey_index, ReadCount(ctx, n, "verbs.pkey_index", 0, 65535));
+    }
+    if (auto n = verbs["qps_per_peer"]) {
+      ASSIGN_OR_RETURN(v.qps_per_peer, ReadCount(ctx, n, "verbs.qps_per_peer", 1, 16));
     }
     if (v.signal_every > v.send_queue_depth) {
       return ctx.Error(verbs, "verbs.signal_every", absl::StrCat(

@@ -22,7 +22,7 @@ struct NicFilter {
 
 // The verbs provider (rdma-core). Defaults suit one RC connection per peer on a current HCA.
 struct VerbsSettings {
-  std::string device;             // "" = the first RDMA device with an active port
+  std::string device;             // "" = every RDMA device (one fabric each), else only this
   uint32_t port = 0;              // 0 = the device's first active port
   int gid_index = -1;             // RoCE GID table index; -1 = pick a RoCE v2 entry
   uint32_t timeout = 14;          // ack timeout exponent: 4.096 us * 2^timeout
@@ -37,6 +37,7 @@ struct VerbsSettings {
   uint32_t traffic_class = 0;     // GRH traffic class (RoCE: DSCP << 2 | ECN), 0..255
   uint32_t sl = 0;                // InfiniBand service level, 0..15
   uint32_t pkey_index = 0;        // partition key table index, 0..65535
+  uint32_t qps_per_peer = 2;      // RC QPs per peer per NIC; slices are spread over them
 };
 
 struct Config {
@@ -51,12 +52,18 @@ struct Config {
   std::map<std::string, std::string> peers;
   // Host pool: shared memory carved into client buffers.
   uint64_t host_pool_bytes = 1ull << 30;
+  // NUMA node the host pool's pages are bound to (host_pool.numa); -1 = not bound. Host
+  // buffers are registered with, and carried by, the NICs of this node (all when -1).
+  int host_pool_numa = -1;
   // Fabric providers in order of preference; per peer the first both ends offer is used.
   // One that cannot run here (no RDMA device) is skipped with the reason logged.
   std::vector<std::string> providers = {"verbs", "tcp"};
   // tcp provider.
   uint32_t tcp_connections = 4;
   std::string tcp_listen;        // "" = the peer_listen host, any free port
+  // tcp rails: NIC name -> the address ("host" or "host:port") its tcp traffic uses; one
+  // tcp fabric per entry instead of the one on tcp_listen.
+  std::map<std::string, std::string> tcp_rails;
   VerbsSettings verbs;
   // Request limits.
   uint64_t max_op_bytes = 1ull << 30;

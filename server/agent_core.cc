@@ -27,12 +27,19 @@ AgentCore::AgentCore(config::Config config)
 absl::StatusOr<std::unique_ptr<AgentCore>> AgentCore::Create(const config::Config& config) {
   std::unique_ptr<AgentCore> core(new AgentCore(config));
   RETURN_IF_ERROR(core->LoadTopology());
-  ASSIGN_OR_RETURN(core->pool_, memory::HostPool::Create(config.host_pool_bytes,
-                                                         absl::StrCat("ferry-", config.node)));
+  ASSIGN_OR_RETURN(core->pool_,
+                   memory::HostPool::Create(config.host_pool_bytes,
+                                            absl::StrCat("ferry-", config.node),
+                                            config.host_pool_numa));
   // Connections must never take the agent's last fds (base/open_files.h says why).
   std::string clamped;
-  const fabric::ProviderOptions providers =
+  fabric::ProviderOptions providers =
       ProviderOptionsFromConfig(config, ConnectionFdBudget(RaiseOpenFileLimit()), &clamped);
+  // One verbs fabric per NIC the plan may choose (nics.allow / deny, ports up).
+  const topology::TopologyPlan plan = core->plan();
+  for (size_t n = 0; n < plan.nics.size(); ++n) {
+    if (plan.nics[n].selectable) providers.verbs_devices.push_back(core->machine_.nics[n].name);
+  }
   if (!clamped.empty()) spdlog::info("{}", clamped);
   std::vector<std::string> skipped;
   ASSIGN_OR_RETURN(core->fabrics_, fabric::CreateFabrics(providers, &skipped));
@@ -40,11 +47,16 @@ absl::StatusOr<std::unique_ptr<AgentCore>> AgentCore::Create(const config::Confi
   std::vector<fabric::Fabric*> fabrics;
   for (const auto& f : core->fabrics_) {
     fabrics.push_back(f.get());
-    spdlog::info("provider {} listening on {}", f->provider(), f->address());
+    spdlog::info("provider {} listening on {}", f->rail().ToString(), f->address());
   }
   RETURN_IF_ERROR(core->LoadGpus());
+  core->rails_ = std::make_unique<FabricRails>(fabrics, core->machine_, plan, core->topology_gpu_,
+                                               core->pool_->numa());
   core->bounce_ = std::make_unique<BouncePools>(fabrics, core->gpus_.get());
-  core->buffers_ = std::make_unique<BufferRegistry>(core->pool_.get(), core->gpus_.get(), fabrics);
+  const FabricRails* rails = core->rails_.get();
+  core->buffers_ = std::make_unique<BufferRegistry>(
+      core->pool_.get(), core->gpus_.get(),
+      [rails](const BufferMemory& memory) { return rails->For(memory); });
   core->sessions_ = std::make_unique<SessionRegistry>(core->buffers_.get());
   core->peers_ = std::make_unique<PeerDirectory>(config.node, core->incarnation_,
                                                  config.peer_listen, config.peers, fabrics);
@@ -64,8 +76,8 @@ absl::StatusOr<std::unique_ptr<AgentCore>> AgentCore::Create(const config::Confi
   // The directory's self entry makes sending to oneself work like sending to any peer.
   core->tensors_ = std::make_unique<TensorState>(core->peers_.get(), core->buffers_.get(),
                                                  core->engine_.get(), config.max_op_bytes);
-  spdlog::info("node {}: host pool {} MiB at {}", config.node, config.host_pool_bytes >> 20,
-               core->pool_->path());
+  spdlog::info("node {}: host pool {} MiB at {} ({})", config.node, config.host_pool_bytes >> 20,
+               core->pool_->path(), core->pool_->placement());
   return core;
 }
 
@@ -136,6 +148,7 @@ AgentCore::~AgentCore() {
   buffers_.reset();
   bounce_.reset();
   gpus_.reset();
+  rails_.reset();
   fabrics_.clear();
   pool_.reset();
 }

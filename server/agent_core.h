@@ -13,6 +13,7 @@
 #include "config/config.h"
 #include "server/buffers/buffer_registry.h"
 #include "server/buffers/bounce_pools.h"
+#include "server/buffers/fabric_rails.h"
 #include "server/engine/leg_planner.h"
 #include "server/engine/transfer_engine.h"
 #include "server/buffers/gpu_pools.h"
@@ -48,6 +49,8 @@ class AgentCore {
   PolicyStore& policies() { return *policies_; }
   GpuPools* gpus() { return gpus_.get(); }
   BouncePools& bounce() { return *bounce_; }
+  // Which fabrics carry which memory (registration and GetInfo's NIC view).
+  const FabricRails& rails() const { return *rails_; }
   // How this agent moves bytes in or out of `buffer` through `rail` under `snapshot`.
   LegPlan PlanLeg(const Buffer& buffer, const PolicySnapshot& snapshot,
                   const fabric::RailId& rail) const;
@@ -67,6 +70,7 @@ class AgentCore {
   std::unique_ptr<memory::HostPool> pool_;
   std::vector<std::unique_ptr<fabric::Fabric>> fabrics_;
   std::unique_ptr<GpuPools> gpus_;
+  std::unique_ptr<FabricRails> rails_;
   std::unique_ptr<BouncePools> bounce_;
   std::unique_ptr<BufferRegistry> buffers_;
   std::unique_ptr<SessionRegistry> sessions_;

@@ -40,7 +40,15 @@ fabric::ProviderOptions ProviderOptionsFromConfig(const config::Config& config,
   }
   tcp.max_connections_per_source = config.tcp_max_connections_per_peer;
   tcp.handshake_timeout_ms = config.tcp_handshake_timeout_ms;
-  // stripe_min_bytes and event_loops have no config key: their defaults stand.
+  // stripe_min_bytes and event_loops have no config key: their defaults stand, but rails
+  // share the cores: one loop per direction each.
+  for (const auto& [nic, address] : config.tcp_rails) {
+    tcp::TcpOptions rail = tcp;
+    rail.listen_address = address;
+    rail.nic = nic;
+    rail.event_loops = 1;
+    providers.tcp_rails.push_back(std::move(rail));
+  }
 
   // Designated, in declaration order: the compiler refuses a field out of place.
   const config::VerbsSettings& v = config.verbs;
@@ -58,7 +66,8 @@ fabric::ProviderOptions ProviderOptionsFromConfig(const config::Config& config,
                                         .max_message_bytes = v.max_message_bytes,
                                         .traffic_class = static_cast<uint8_t>(v.traffic_class),
                                         .sl = static_cast<uint8_t>(v.sl),
-                                        .pkey_index = static_cast<uint16_t>(v.pkey_index)};
+                                        .pkey_index = static_cast<uint16_t>(v.pkey_index),
+                                        .qps_per_peer = v.qps_per_peer};
   return providers;
 }
 

@@ -10,6 +10,7 @@
 #include "absl/strings/strip.h"
 #include "server/agent_core.h"
 #include "server/info_protos.h"
+#include "server/nic_info.h"
 #include "server/local/session_call.h"
 #include "base/grpc_status.h"
 #include "server/version.h"
@@ -84,6 +85,16 @@ grpc::Status AgentService::GetInfo(grpc::ServerContext*, const ferry::v1::GetInf
     FillGpuInfo(gpus->Stats(static_cast<int>(g)), resp->add_gpus());
   }
   for (const auto& pool : core_->bounce().Stats()) FillBouncePool(pool, resp->add_bounce_pools());
+  DescribeNics(*core_, resp);
+  return grpc::Status::OK;
+}
+
+grpc::Status AgentService::SetNicState(grpc::ServerContext*,
+                                       const ferry::v1::SetNicStateRequest* req,
+                                       ferry::v1::SetNicStateResponse* resp) {
+  auto changed = server::SetNicState(*core_, *req);
+  if (!changed.ok()) return ToGrpcStatus(changed.status());
+  *resp = *std::move(changed);
   return grpc::Status::OK;
 }
 

@@ -20,6 +20,8 @@ class AgentService final
       grpc::CallbackServerContext*, const ferry::v1::OpenSessionRequest*) override;
   grpc::Status GetInfo(grpc::ServerContext*, const ferry::v1::GetInfoRequest*,
                        ferry::v1::GetInfoResponse*) override;
+  grpc::Status SetNicState(grpc::ServerContext*, const ferry::v1::SetNicStateRequest*,
+                           ferry::v1::SetNicStateResponse*) override;
   grpc::Status AllocBuffer(grpc::ServerContext*, const ferry::v1::AllocBufferRequest*,
                            ferry::v1::AllocBufferResponse*) override;
   grpc::Status FreeBuffer(grpc::ServerContext*, const ferry::v1::FreeBufferRequest*,

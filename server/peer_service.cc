@@ -29,6 +29,7 @@ grpc::Status PeerService::Hello(grpc::ServerContext*, const ferry::v1::HelloRequ
     auto* ep = resp->add_endpoints();
     ep->set_provider(fabric->provider());
     ep->set_address(fabric->address());
+    ep->set_nic(fabric->rail().nic);
   }
   spdlog::debug("Hello from {} (protocol {})", req->node(), req->protocol_version());
   return grpc::Status::OK;
@@ -38,15 +39,19 @@ grpc::Status PeerService::Connect(grpc::ServerContext*, const ferry::v1::Connect
                                   ferry::v1::ConnectResponse* resp) {
   for (const auto& fabric : core_->fabrics()) {
     if (fabric->provider() != req->provider()) continue;
+    // "" (a peer without rails) takes our first fabric of the provider.
+    if (!req->nic().empty() && fabric->rail().nic != req->nic()) continue;
     auto reply = fabric->AcceptConnect(req->request(), {req->node(), req->incarnation()});
     if (!reply.ok()) return ToGrpcStatus(reply.status());
     resp->set_reply(*reply);
     resp->set_incarnation(core_->incarnation());
-    spdlog::info("peer {} connected over {}", req->node(), req->provider());
+    spdlog::info("peer {} connected over {}", req->node(), fabric->rail().ToString());
     return grpc::Status::OK;
   }
-  return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                      absl::StrCat("provider: this agent does not run '", req->provider(), "'"));
+  return grpc::Status(
+      grpc::StatusCode::FAILED_PRECONDITION,
+      absl::StrCat("provider: this agent does not run '", req->provider(), "'",
+                   req->nic().empty() ? "" : absl::StrCat(" on NIC ", Echo(req->nic()))));
 }
 
 grpc::Status PeerService::ResolveBuffer(grpc::ServerContext*,

@@ -36,11 +36,11 @@ constexpr size_t FieldCount() {
 // stops the build until the new one is mapped there (or said to have no key) and checked
 // below. The count, not sizeof: sizeof changes with the standard library and padding, and
 // not when a uint32_t joins a struct with room to spare.
-static_assert(FieldCount<tcp::TcpOptions>() == 7,
+static_assert(FieldCount<tcp::TcpOptions>() == 8,
               "new field: map it in server/agent_options.cc and test it here");
-static_assert(FieldCount<verbs::VerbsOptions>() == 15,
+static_assert(FieldCount<verbs::VerbsOptions>() == 16,
               "new field: map it in server/agent_options.cc and test it here");
-static_assert(FieldCount<fabric::ProviderOptions>() == 3,
+static_assert(FieldCount<fabric::ProviderOptions>() == 5,
               "new field: map it in server/agent_options.cc and test it here");
 static_assert(FieldCount<EngineLimits>() == 7,
               "new field: map it in server/agent_options.cc and test it here");
@@ -54,6 +54,9 @@ providers: [tcp, verbs]
 tcp:
   connections: 7
   listen: 10.9.8.7:7400
+  rails:
+    mlx5_0: 10.0.0.1
+    mlx5_1: 10.0.1.1:7500
 verbs:
   device: mlx5_3
   port: 2
@@ -70,6 +73,7 @@ verbs:
   traffic_class: 106
   sl: 3
   pkey_index: 2
+  qps_per_peer: 3
 limits:
   max_op_bytes: 2GiB
   max_ops_per_submit: 1000
@@ -122,6 +126,22 @@ TEST(AgentOptionsTest, EveryProviderKeyArrives) {
   EXPECT_EQ(p.verbs.traffic_class, 106);
   EXPECT_EQ(p.verbs.sl, 3);
   EXPECT_EQ(p.verbs.pkey_index, 2);
+  EXPECT_EQ(p.verbs.qps_per_peer, 3u);
+  // The topology's NICs, filled by the agent, not by a key.
+  EXPECT_TRUE(p.verbs_devices.empty());
+
+  // A rail each: the tcp options with that NIC's address and name, one loop per direction.
+  ASSERT_EQ(p.tcp_rails.size(), 2u);
+  EXPECT_EQ(p.tcp_rails[0].nic, "mlx5_0");
+  EXPECT_EQ(p.tcp_rails[0].listen_address, "10.0.0.1:0");
+  EXPECT_EQ(p.tcp_rails[1].nic, "mlx5_1");
+  EXPECT_EQ(p.tcp_rails[1].listen_address, "10.0.1.1:7500");
+  for (const tcp::TcpOptions& rail : p.tcp_rails) {
+    EXPECT_EQ(rail.connections, 7u);
+    EXPECT_EQ(rail.max_connections, 3000u);
+    EXPECT_EQ(rail.event_loops, 1u);
+  }
+  EXPECT_EQ(p.tcp.nic, "");
 }
 
 TEST(AgentOptionsTest, EveryEngineKeyArrives) {
@@ -163,6 +183,8 @@ TEST(AgentOptionsTest, ConfigDefaultsAreTheOptionDefaults) {
   EXPECT_EQ(p.verbs.traffic_class, verbs.traffic_class);
   EXPECT_EQ(p.verbs.sl, verbs.sl);
   EXPECT_EQ(p.verbs.pkey_index, verbs.pkey_index);
+  EXPECT_EQ(p.verbs.qps_per_peer, verbs.qps_per_peer);
+  EXPECT_TRUE(p.tcp_rails.empty());
   const EngineLimits limits = EngineLimitsFromConfig(Parse(""));
   const EngineLimits engine;
   EXPECT_EQ(limits.max_op_bytes, engine.max_op_bytes);

@@ -187,7 +187,7 @@ class StageSenderTest : public ::testing::Test {
     for (size_t i = 0; i < n; ++i) {
       LegPlan plan;
       plan.mode = ops[i].local->gpu() >= 0 ? LegMode::kStaged : LegMode::kHost;
-      staged.push_back({i, plan, {endpoint_, local_.rail()}});
+      staged.push_back({i, plan, {endpoint_, local_.rail(), peer_.rail()}});
     }
     transfer_ = std::make_shared<Transfer>(7, std::move(ops), absl::Now() + timeout, snapshot_);
     settled_ = std::make_shared<std::vector<Settled>>(n);

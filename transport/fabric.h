@@ -161,6 +161,29 @@ class Fabric {
   virtual absl::StatusOr<std::string> AcceptConnect(const std::string& request,
                                                     const PeerInstance& from) = 0;
 
+  // Endpoints an initiator opens to one peer fabric through this one, to stripe over
+  // (verbs: `qps_per_peer` RC QPs; tcp: 1, its endpoint stripes over its own sockets).
+  virtual uint32_t endpoints_per_peer() const { return 1; }
+
+  // What peers moved through this fabric into and out of our memory (tcp counts the
+  // frames it serves; verbs: the port's counters, where the NIC does the work unseen).
+  struct Served {
+    uint64_t written_bytes = 0;  // peers' WRITEs into our regions
+    uint64_t read_bytes = 0;     // peers' READs from our regions
+    uint64_t ops = 0;
+  };
+  virtual Served served() const { return {}; }
+
+  // Takes the fabric out of service for a while (an operator's `ferryctl nics down`, a
+  // NIC under maintenance): health() answers UNAVAILABLE with `why`, incoming
+  // connections are closed and new ones refused, so peers' ops through it fail UNAVAILABLE
+  // and move to their other rails. Our own endpoints and regions stay. Resume undoes it.
+  // UNIMPLEMENTED where the provider cannot.
+  virtual absl::Status Suspend(const std::string& why) {
+    return absl::UnimplementedError(provider() + ": cannot be suspended");
+  }
+  virtual void Resume() {}
+
   // Stops serving peers: refuses new incoming connections and closes the ones there are,
   // so that their ops in flight fail UNAVAILABLE (a stopping agent) rather than as revoked
   // keys once the agent frees its buffers. Our own endpoints and regions stay usable.

@@ -16,13 +16,20 @@ namespace ferry::fabric {
 struct ProviderOptions {
   // Preference order, e.g. {"verbs", "tcp"}.
   std::vector<std::string> providers;
+  // One tcp fabric with `tcp`, or, when `tcp_rails` is not empty, one per rail (each names
+  // its NIC and listens on that NIC's address) instead.
   tcp::TcpOptions tcp;
+  std::vector<tcp::TcpOptions> tcp_rails;
+  // One verbs fabric per device: `verbs.device` alone when set, else each of
+  // `verbs_devices` (the topology's selectable NICs), else every device with an active port.
   verbs::VerbsOptions verbs;
+  std::vector<std::string> verbs_devices;
 };
 
-// Builds every listed provider that can run here, in preference order. A provider that
-// cannot (verbs without an RDMA device) is left out and `skipped` gets one line saying why.
-// FAILED_PRECONDITION when none can run.
+// Builds every listed provider that can run here, in preference order, one fabric per NIC
+// (rail) where the provider runs on NICs. A provider or NIC that cannot (verbs without an
+// RDMA device, a device whose ports are down) is left out and `skipped` gets one line
+// saying why. FAILED_PRECONDITION when none can run.
 absl::StatusOr<std::vector<std::unique_ptr<Fabric>>> CreateFabrics(
     const ProviderOptions& options, std::vector<std::string>* skipped);
 

@@ -74,7 +74,7 @@ absl::StatusOr<std::shared_ptr<Buffer>> BufferRegistry::Allocate(uint64_t size,
   // A fabric that cannot register GPU memory leaves the buffer to staging; the attempt stays
   // with the buffer and its reason shows in every transfer that stages it.
   ASSIGN_OR_RETURN(BufferRegistrations registrations,
-                   RegisterWithFabrics(*memory, fabrics_, access, gpus_));
+                   RegisterWithFabrics(*memory, fabrics_for_(*memory), access, gpus_));
   absl::MutexLock lock(&mu_);
   if (!name.empty() && by_name_.contains(name)) {
     return absl::AlreadyExistsError(absl::StrCat("name: a buffer named '", name, "' exists"));

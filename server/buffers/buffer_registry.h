@@ -6,6 +6,7 @@
 // until the last op that touches it lets go.
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -75,10 +76,17 @@ inline constexpr size_t kMaxBufferName = 256;
 
 class BufferRegistry {
  public:
-  // Host buffers are registered with each of `fabrics`; GPU buffers (from `gpus`, which
-  // may be null) with each fabric that can reach GPU memory directly.
+  // The fabrics a buffer's memory is registered with (server/buffers/fabric_rails.h: the
+  // NICs that may carry it).
+  using FabricsFor = std::function<std::vector<fabric::Fabric*>(const BufferMemory&)>;
+  // Host buffers are registered with each of the fabrics `fabrics_for` names for them; GPU
+  // buffers (from `gpus`, which may be null) with each of those that can reach GPU memory
+  // directly.
+  BufferRegistry(memory::HostPool* pool, GpuPools* gpus, FabricsFor fabrics_for)
+      : pool_(pool), gpus_(gpus), fabrics_for_(std::move(fabrics_for)) {}
+  // Every buffer with every one of `fabrics`.
   BufferRegistry(memory::HostPool* pool, GpuPools* gpus, std::vector<fabric::Fabric*> fabrics)
-      : pool_(pool), gpus_(gpus), fabrics_(std::move(fabrics)) {}
+      : BufferRegistry(pool, gpus, [fabrics](const BufferMemory&) { return fabrics; }) {}
 
   // `device`: "" or "host", or "cuda:N". Named buffers are exported to peers (remote read
   // and write); unnamed ones are not. ALREADY_EXISTS for a name in use, NOT_FOUND for a GPU
@@ -119,7 +127,7 @@ class BufferRegistry {
 
   memory::HostPool* const pool_;
   GpuPools* const gpus_;
-  const std::vector<fabric::Fabric*> fabrics_;
+  const FabricsFor fabrics_for_;
   mutable absl::Mutex mu_;
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   absl::flat_hash_map<uint64_t, std::shared_ptr<Buffer>> by_id_ ABSL_GUARDED_BY(mu_);

@@ -41,6 +41,7 @@ class FairQueue : public std::enable_shared_from_this<FairQueue> {
   // the slice, whose completion then runs with CANCELLED.
   void Enqueue(uint64_t id, std::vector<SliceWork> slices, std::function<bool()> wanted);
 
+  uint64_t window_bytes() const { return window_bytes_; }
   uint64_t in_flight_bytes() const;
   size_t queued() const;
 

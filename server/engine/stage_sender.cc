@@ -75,13 +75,16 @@ absl::StatusOr<std::shared_ptr<StageCall>> StageSender::CallFor(const StagedOp& 
   const PlannedOp& op = (*planned_)[staged.index];
   StageCallSpec spec{op.remote->node,    op.remote->name, op.type == ferry::v1::READ,
                      staged.peer.rail.provider, chunk_,   depth_,
-                     transfer_->deadline()};
+                     transfer_->deadline(),   staged.peer.peer_rail.nic};
   // One Stage call per remote buffer and direction for the whole transfer.
   {
     absl::MutexLock lock(&calls_mu_);
     for (auto& call : calls_) {
       const StageCallSpec& s = call->spec();
-      if (s.node == spec.node && s.buffer == spec.buffer && s.read == spec.read) return call;
+      if (s.node == spec.node && s.buffer == spec.buffer && s.read == spec.read &&
+          s.nic == spec.nic) {
+        return call;
+      }
     }
   }
   ASSIGN_OR_RETURN(std::shared_ptr<StageCall> call, deps_.stage_calls(spec, this));
@@ -161,11 +164,11 @@ void StageSender::StartChunk(size_t slot, uint64_t offset, uint64_t length,
     }
   }
   if (!call) {
-    const fabric::RemoteSlice* key = op.remote->KeyFor(staged.peer.rail.provider);
+    const fabric::RemoteSlice* key = op.remote->KeyFor(staged.peer.peer_rail);
     if (key == nullptr) {
       return ChunkEnded(slot, 0, absl::FailedPreconditionError(absl::StrCat(
-                                     "peer: ", op.remote->name, " has no key for provider ",
-                                     staged.peer.rail.provider)));
+                                     "peer: ", op.remote->name, " has no key for ",
+                                     staged.peer.peer_rail.ToString())));
     }
     chunk.direct = {key->address + op.remote_offset + offset, key->key};
   }

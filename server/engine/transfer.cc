@@ -43,6 +43,19 @@ std::vector<ferry::v1::Leg> Transfer::LegsOf(size_t index) const {
   return std::vector<ferry::v1::Leg>(legs.begin(), legs.end());
 }
 
+void Transfer::SetRails(size_t index, std::vector<std::string> ours,
+                        std::vector<std::string> theirs, std::vector<std::string> retries) {
+  absl::MutexLock lock(&mu_);
+  ferry::v1::OpResult& result = states_[index].result;
+  for (int leg = 0; leg < result.legs_size(); ++leg) {
+    auto* rails = result.mutable_legs(leg)->mutable_rails();
+    rails->Clear();
+    for (auto& r : leg == static_cast<int>(kLocalLeg) ? ours : theirs) rails->Add(std::move(r));
+  }
+  result.clear_retries();
+  for (auto& r : retries) result.add_retries(std::move(r));
+}
+
 void Transfer::MarkPosted(size_t index) {
   absl::MutexLock lock(&mu_);
   states_[index].posted = absl::Now();

@@ -65,6 +65,10 @@ class Transfer {
   void SetLegs(size_t index, std::vector<ferry::v1::Leg> legs);
   std::vector<ferry::v1::Leg> LegsOf(size_t index) const;
 
+  // Which rails carried op `index` on each side (its legs' `rails`) and the slices that
+  // moved to another route (its result's `retries`).
+  void SetRails(size_t index, std::vector<std::string> ours, std::vector<std::string> theirs,
+                std::vector<std::string> retries);
   void MarkPosted(size_t index);
   // Settles op `index` (first call wins; later ones are ignored). Returns true when this
   // settled the last op.

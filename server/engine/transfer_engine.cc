@@ -1,15 +1,17 @@
 #include "server/engine/transfer_engine.h"
 
+#include <algorithm>
 #include <map>
+#include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "base/byte_size.h"
 #include "base/byte_range.h"
 #include "base/echo.h"
 #include "base/status_macros.h"
+#include "server/engine/route_choice.h"
 #include "server/engine/slice_planner.h"
 #include "server/engine/stage_sender.h"
-#include "transport/parts_completion.h"
 #include "spdlog/spdlog.h"
 
 namespace ferry::server {
@@ -184,32 +186,55 @@ void TransferEngine::Settle(const std::shared_ptr<Transfer>& transfer, size_t in
 }
 
 void TransferEngine::Post(const std::shared_ptr<Transfer>& transfer, absl::Time deadline) {
-  // One endpoint per peer for the whole batch.
-  std::map<std::string, absl::StatusOr<PeerEndpoint>> endpoints;
+  // One Hello answer per peer and one endpoint per route lane for the whole batch.
+  std::map<std::string, absl::StatusOr<PeerRails>> rails;
+  std::map<std::tuple<std::string, Route, uint32_t>, absl::StatusOr<PeerEndpoint>> endpoints;
+  auto endpoint = [&](const std::string& node, const Route& route, uint32_t lane,
+                      uint64_t incarnation) -> const absl::StatusOr<PeerEndpoint>& {
+    auto key = std::make_tuple(node, route, lane);
+    auto it = endpoints.find(key);
+    if (it == endpoints.end()) {
+      it = endpoints.emplace(key, peers_->Endpoint(node, route, lane, incarnation, deadline))
+               .first;
+      if (!it->second.ok()) {
+        // A route that cannot connect is paused like one that broke; the peer's rails may
+        // have changed, so the next Rails asks it again.
+        ledger_.Failed(route.ours, node, it->second.status(), false, absl::Now());
+        peers_->Refresh(node);
+      }
+    }
+    return it->second;
+  };
   std::vector<StagedOp> staged;
   std::map<std::string, std::vector<SliceWork>> work;  // direct slices, by peer
+  std::map<std::string, size_t> routes_to;             // the most routes an op takes, by peer
   const EngineLimits limits = this->limits();
   // Held for the whole loop: an early completion may finish the transfer meanwhile.
   PlannedOps planned = transfer->ops();
   if (!planned) return;  // cancelled before it was posted
   const auto& ops = *planned;
+  auto wanted = [transfer] { return !transfer->finished(); };
   for (size_t i = 0; i < ops.size(); ++i) {
     const PlannedOp& op = ops[i];
-    auto it = endpoints.find(op.remote->node);
-    if (it == endpoints.end()) {
-      it = endpoints
-               .emplace(op.remote->node,
-                        peers_->Endpoint(op.remote->node, op.remote->incarnation, deadline))
-               .first;
+    const std::string& node = op.remote->node;
+    auto it = rails.find(node);
+    if (it == rails.end()) {
+      it = rails.emplace(node, peers_->Rails(node, op.remote->incarnation, deadline)).first;
     }
     if (!it->second.ok()) {
       Settle(transfer, i, it->second.status(), "");
       continue;
     }
-    const PeerEndpoint& peer = *it->second;
-    // Which way each side moves its bytes, under the policy this transfer runs with.
-    const std::string& provider = peer.rail.provider;
-    LegPlan local = deps_.plan(*op.local, transfer->policy(), peer.rail);
+    const PeerRails& peer_rails = *it->second;
+    const absl::Time now = absl::Now();
+    RouteChoice direct = DirectRoutes(*op.local, *op.remote, peer_rails, ledger_, now);
+    const ProviderRails& preferred = peer_rails.providers.front();
+    const std::string provider = direct.provider.empty() ? preferred.provider : direct.provider;
+    // Which way each side moves its bytes, under the policy this transfer runs with; the
+    // rail tells the planner whether the fabric reaches the buffer directly.
+    const fabric::RailId plan_rail =
+        direct.routes.empty() ? preferred.ours.front() : direct.routes.front().ours;
+    LegPlan local = deps_.plan(*op.local, transfer->policy(), plan_rail);
     LegPlan remote = RemoteLeg(*op.remote);
     transfer->SetLegs(i, {MakeLeg("local", local, provider), MakeLeg("remote", remote, provider)});
     const bool local_refused = local.mode == LegMode::kUnavailable;
@@ -221,47 +246,96 @@ void TransferEngine::Post(const std::shared_ptr<Transfer>& transfer, absl::Time 
       continue;
     }
     if (!IsDirect(local.mode) || !IsDirect(remote.mode)) {
-      staged.push_back({i, local, peer});
+      // Our side direct: the route must leave from a rail that holds the buffer.
+      std::vector<fabric::RailId> candidates;
+      if (IsDirect(local.mode)) {
+        for (const auto& [rail, region] : op.local->regions()) candidates.push_back(rail);
+      }
+      std::optional<Route> route = StagedRoute(preferred, candidates, local.nic, remote.nic);
+      absl::StatusOr<PeerEndpoint> peer =
+          route ? endpoint(node, *route, 0, op.remote->incarnation)
+                : absl::StatusOr<PeerEndpoint>(absl::FailedPreconditionError(absl::StrCat(
+                      "no ", preferred.provider, " rail reaches ", Echo(op.remote->name),
+                      " on ", node, " from this buffer")));
+      if (!peer.ok()) {
+        Settle(transfer, i, peer.status(), provider);
+        continue;
+      }
+      transfer->SetRails(i, {peer->rail.ToString()}, {peer->peer_rail.ToString()}, {});
+      staged.push_back({i, local, *peer});
       continue;
     }
-    const fabric::MemoryRegion* region = op.local->region(peer.rail);
-    const fabric::RemoteSlice* key = op.remote->KeyFor(provider);
-    if (region == nullptr || key == nullptr) {
-      absl::Status missing = absl::FailedPreconditionError(absl::StrCat(
-          "buffer not registered with provider ", provider, region ? " on the peer" : " here"));
-      Settle(transfer, i, missing, provider);
+    if (direct.routes.empty()) {
+      Settle(transfer, i,
+             absl::FailedPreconditionError(absl::StrCat(
+                 "no rail of ", provider, " reaches both buffers (",
+                 op.local->regions().empty() ? "not registered here" : "none of the peer's")),
+             provider);
       continue;
     }
+    // Lanes one NIC after the other (route 0 lane 0, route 1 lane 0, ..., route 0 lane 1),
+    // so that consecutive slices leave through different NICs.
+    std::vector<Lane> lanes;
+    absl::Status no_lane;
+    uint32_t most_lanes = 1;
+    for (const Route& route : direct.routes) {
+      if (fabric::Fabric* f = peers_->FabricOf(route.ours)) {
+        most_lanes = std::max(most_lanes, f->endpoints_per_peer());
+      }
+    }
+    for (uint32_t lane = 0; lane < most_lanes; ++lane) {
+      for (const Route& route : direct.routes) {
+        fabric::Fabric* f = peers_->FabricOf(route.ours);
+        if (f == nullptr || lane >= f->endpoints_per_peer()) continue;
+        const absl::StatusOr<PeerEndpoint>& e = endpoint(node, route, lane, op.remote->incarnation);
+        if (!e.ok()) {
+          if (no_lane.ok()) no_lane = e.status();
+          continue;
+        }
+        lanes.push_back({e->endpoint, route, op.local->region(route.ours),
+                         *op.remote->KeyFor(route.theirs)});
+      }
+    }
+    if (lanes.empty()) {
+      Settle(transfer, i, no_lane, provider);
+      continue;
+    }
+    size_t& most = routes_to[node];
+    most = std::max(most, direct.routes.size());
     // The completion holds the ops (and so the buffers) until the fabric is done with
     // them, even when the transfer was settled earlier (deadline, cancel).
-    fabric::Completion done = [this, transfer, planned, i, provider](absl::Status s) {
-      Settle(transfer, i, RemoteOutcome(std::move(s), (*planned)[i]), provider);
+    StripedOp::Done done = [this, transfer, planned, i, provider](StripedOutcome outcome) {
+      transfer->SetRails(i, std::move(outcome.ours), std::move(outcome.theirs),
+                         std::move(outcome.retries));
+      Settle(transfer, i, RemoteOutcome(std::move(outcome.status), (*planned)[i]), provider);
     };
     transfer->MarkPosted(i);
-    std::vector<SliceRange> slices = PlanSlices(op.length, limits.slice_bytes);
-    auto joined = std::make_shared<fabric::PartsCompletion>(static_cast<int>(slices.size()),
-                                                            std::move(done));
-    std::vector<SliceWork>& to_peer = work[op.remote->node];
-    for (const SliceRange& slice : slices) {
-      to_peer.push_back({peer.endpoint, op.type == ferry::v1::READ,
-                         {region, op.local_offset + slice.offset, slice.length},
-                         {key->address + op.remote_offset + slice.offset, key->key},
-                         [joined](absl::Status s) { joined->PartDone(std::move(s)); }});
-    }
+    StripedOp::Spec spec{op.type == ferry::v1::READ, op.local_offset, op.remote_offset,
+                         op.length, limits.slice_bytes, node, transfer->id(),
+                         next_lane_.fetch_add(1, std::memory_order_relaxed)};
+    auto striped = std::make_shared<StripedOp>(std::move(spec), std::move(lanes), &ledger_,
+                                               QueueFor(node, limits, routes_to[node]), wanted,
+                                               std::move(done));
+    std::vector<SliceWork>& to_peer = work[node];
+    for (SliceWork& slice : striped->Slices()) to_peer.push_back(std::move(slice));
   }
   // Each peer's slices go to its queue at once, after planning: nothing completes meanwhile.
   for (auto& [node, slices] : work) {
-    QueueFor(node, limits)->Enqueue(transfer->id(), std::move(slices),
-                                    [transfer] { return !transfer->finished(); });
+    QueueFor(node, limits, routes_to[node])->Enqueue(transfer->id(), std::move(slices), wanted);
   }
   if (!staged.empty()) StartStaging(transfer, std::move(planned), std::move(staged));
 }
 
 std::shared_ptr<FairQueue> TransferEngine::QueueFor(const std::string& node,
-                                                    const EngineLimits& limits) {
+                                                    const EngineLimits& limits, size_t routes) {
   absl::MutexLock lock(&mu_);
+  // The window is per route: n NICs to a peer keep n windows' worth on the wire.
+  const uint64_t window = limits.peer_window_bytes * std::max<size_t>(1, routes);
   auto& queue = queues_[node];
-  if (!queue) queue = std::make_shared<FairQueue>(limits.peer_window_bytes);
+  if (!queue || queue->window_bytes() < window) {
+    // A queue made for fewer routes is replaced; slices already in it run out there.
+    queue = std::make_shared<FairQueue>(window);
+  }
   return queue;
 }
 

@@ -20,6 +20,8 @@
 #include "server/buffers/gpu_pools.h"
 #include "server/engine/fair_queue.h"
 #include "server/engine/leg_planner.h"
+#include "server/engine/rail_ledger.h"
+#include "server/engine/striped_op.h"
 #include "server/engine/transfer.h"
 #include "server/peers/peer_directory.h"
 #include "server/peers/stage_call.h"
@@ -80,14 +82,17 @@ class TransferEngine {
 
   size_t active() const;
   uint64_t finished() const;
+  // What each rail carried to each peer, and which are paused (GetInfo, `ferryctl nics`).
+  const RailLedger& ledger() const { return ledger_; }
 
  private:
   absl::StatusOr<std::vector<PlannedOp>> Plan(const ferry::v1::SubmitRequest& request,
                                               const EngineLimits& limits, absl::Time deadline);
   void Post(const std::shared_ptr<Transfer>& transfer, absl::Time deadline);
   void OnFinished(uint64_t id);
-  // The queue of direct slices to `node`, made on first use.
-  std::shared_ptr<FairQueue> QueueFor(const std::string& node, const EngineLimits& limits);
+  // The queue of direct slices to `node`, made on first use, with a window for `routes`.
+  std::shared_ptr<FairQueue> QueueFor(const std::string& node, const EngineLimits& limits,
+                                      size_t routes);
   void ReapExpired();
 
   // Runs a transfer's staged ops on a thread of its own.
@@ -99,6 +104,8 @@ class TransferEngine {
   const EngineDeps deps_;
   BufferRegistry* const buffers_;
   PeerDirectory* const peers_;
+  RailLedger ledger_;
+  std::atomic<size_t> next_lane_{0};
 
   struct Worker {
     uint64_t transfer_id = 0;

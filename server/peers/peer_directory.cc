@@ -1,5 +1,7 @@
 #include "server/peers/peer_directory.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/grpc_status.h"
@@ -45,13 +47,6 @@ std::vector<std::string> PeerDirectory::Names() const {
     if (name != self_) names.push_back(name);
   }
   return names;
-}
-
-fabric::Fabric* PeerDirectory::FabricFor(const std::string& provider) const {
-  for (fabric::Fabric* f : fabrics_) {
-    if (f->provider() == provider) return f;
-  }
-  return nullptr;
 }
 
 absl::StatusOr<PeerDirectory::Link*> PeerDirectory::FindLink(const std::string& node) {
@@ -138,8 +133,7 @@ std::vector<std::string> PeerDirectory::Update(const std::map<std::string, std::
         continue;
       }
       changes.push_back(absl::StrCat("peer ", it->first, " removed"));
-      if (it->second.connected.endpoint)
-        closing.push_back(std::move(it->second.connected.endpoint));
+      for (auto& [key, e] : it->second.endpoints) closing.push_back(std::move(e));
       it = links_.erase(it);
     }
     for (const auto& [name, address] : peers) {
@@ -156,7 +150,9 @@ std::vector<std::string> PeerDirectory::Update(const std::map<std::string, std::
         link.channel.reset();
         link.stub.reset();
         link.incarnation = 0;
-        if (link.connected.endpoint) closing.push_back(std::move(link.connected.endpoint));
+        link.welcome.reset();
+        for (auto& [key, e] : link.endpoints) closing.push_back(std::move(e));
+        link.endpoints.clear();
       }
     }
   }
@@ -164,72 +160,198 @@ std::vector<std::string> PeerDirectory::Update(const std::map<std::string, std::
   return changes;
 }
 
-absl::StatusOr<PeerEndpoint> PeerDirectory::Endpoint(const std::string& node, uint64_t incarnation,
-                                                     absl::Time deadline) {
-  std::shared_ptr<absl::Mutex> connect_mu;
+absl::StatusOr<std::shared_ptr<absl::Mutex>> PeerDirectory::ConnectMutex(const std::string& node) {
+  absl::MutexLock lock(&mu_);
+  ASSIGN_OR_RETURN(Link * link, FindLink(node));
+  return link->connect_mu;
+}
+
+std::vector<fabric::RailId> PeerDirectory::HealthyRails(const std::string& provider) const {
+  std::vector<fabric::RailId> out;
+  for (fabric::Fabric* f : fabrics_) {
+    // e.g. its port is down or an operator suspended it: offer and use the others.
+    if (f->provider() == provider && f->health().ok()) out.push_back(f->rail());
+  }
+  return out;
+}
+
+absl::StatusOr<PeerRails> PeerDirectory::Rails(const std::string& node, uint64_t incarnation,
+                                               absl::Time deadline) {
+  ASSIGN_OR_RETURN(std::shared_ptr<absl::Mutex> connect_mu, ConnectMutex(node));
+  absl::MutexLock connecting(connect_mu.get());
+  return RailsLocked(node, incarnation, deadline);
+}
+
+absl::StatusOr<PeerRails> PeerDirectory::RailsLocked(const std::string& node,
+                                                     uint64_t incarnation, absl::Time deadline) {
+  std::optional<Welcome> welcome;
+  std::shared_ptr<ferry::v1::Peer::Stub> stub;
   {
     absl::MutexLock lock(&mu_);
-    auto link = FindLink(node);
-    if (!link.ok()) return link.status();
-    connect_mu = (*link)->connect_mu;
+    ASSIGN_OR_RETURN(Link * link, FindLink(node));
+    const bool fresh = incarnation == 0 || incarnation == link->incarnation;
+    if (link->welcome && fresh) welcome = link->welcome;
+    stub = link->stub;
   }
+  if (!welcome) {
+    ASSIGN_OR_RETURN(Welcome said, Hello(node, stub.get(), deadline));
+    std::vector<std::shared_ptr<fabric::Endpoint>> closing;
+    {
+      absl::MutexLock lock(&mu_);
+      auto found = links_.find(node);
+      if (found == links_.end()) {
+        return absl::UnavailableError(
+            absl::StrCat("peer ", node, " was removed from the configuration"));
+      }
+      Link& l = found->second;
+      // A restarted peer forgot every connection we had: they go.
+      if (l.incarnation != said.incarnation) {
+        for (auto& [key, e] : l.endpoints) closing.push_back(std::move(e));
+        l.endpoints.clear();
+      }
+      l.incarnation = said.incarnation;
+      l.welcome = said;
+    }
+    for (auto& e : closing) e->Close();
+    welcome = std::move(said);
+  }
+  PeerRails out;
+  out.incarnation = welcome->incarnation;
+  std::vector<std::string> ours, theirs;
+  for (fabric::Fabric* f : fabrics_) {
+    if (f->health().ok() &&
+        std::find(ours.begin(), ours.end(), f->provider()) == ours.end()) {
+      ours.push_back(f->provider());
+    }
+  }
+  for (const auto& [rail, address] : welcome->rails) {
+    if (std::find(theirs.begin(), theirs.end(), rail.provider) == theirs.end())
+      theirs.push_back(rail.provider);
+  }
+  RETURN_IF_ERROR(fabric::SelectProvider(ours, theirs).status());
+  for (const std::string& provider : ours) {
+    ProviderRails p{provider, HealthyRails(provider), {}};
+    for (const auto& [rail, address] : welcome->rails) {
+      if (rail.provider == provider) p.theirs.push_back(rail);
+    }
+    if (!p.theirs.empty()) out.providers.push_back(std::move(p));
+  }
+  return out;
+}
+
+absl::StatusOr<PeerEndpoint> PeerDirectory::Endpoint(const std::string& node, uint64_t incarnation,
+                                                     absl::Time deadline) {
+  ASSIGN_OR_RETURN(PeerRails rails, Rails(node, incarnation, deadline));
+  const ProviderRails& best = rails.providers.front();
+  return Endpoint(node, {best.ours.front(), best.theirs.front()}, 0, incarnation, deadline);
+}
+
+absl::StatusOr<PeerEndpoint> PeerDirectory::Endpoint(const std::string& node, const Route& route,
+                                                     uint32_t lane, uint64_t incarnation,
+                                                     absl::Time deadline) {
+  ASSIGN_OR_RETURN(std::shared_ptr<absl::Mutex> connect_mu, ConnectMutex(node));
   absl::MutexLock connecting(connect_mu.get());
+  fabric::Fabric* fabric = FabricOf(route.ours);
+  if (fabric == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("no fabric ", route.ours.ToString(), " on this agent"));
+  }
+  // Checks that the peer has not restarted (and forgot our connections) since `incarnation`.
+  ASSIGN_OR_RETURN(PeerRails rails, RailsLocked(node, incarnation, deadline));
+  const auto key = std::make_pair(route, lane);
+  std::string address;
   std::shared_ptr<ferry::v1::Peer::Stub> stub;
   {
     absl::MutexLock lock(&mu_);
     ASSIGN_OR_RETURN(Link * link, FindLink(node));  // it may have been removed meanwhile
-    Link& l = *link;
-    bool fresh = incarnation == 0 || incarnation == l.incarnation;
-    if (l.connected.endpoint && !l.connected.endpoint->broken() && fresh) return l.connected;
-    stub = l.stub;
+    auto it = link->endpoints.find(key);
+    if (it != link->endpoints.end() && !it->second->broken()) {
+      return PeerEndpoint{it->second, route.ours, route.theirs};
+    }
+    if (link->welcome) {
+      for (const auto& [rail, at] : link->welcome->rails) {
+        if (rail == route.theirs) address = at;
+      }
+    }
+    stub = link->stub;
   }
-  uint64_t peer_incarnation = 0;
-  ASSIGN_OR_RETURN(PeerEndpoint connected, Connect(node, stub.get(), deadline, &peer_incarnation));
-  PeerEndpoint old;
+  if (address.empty()) {
+    return absl::UnavailableError(
+        absl::StrCat("peer ", node, " does not offer ", route.theirs.ToString(), " now"));
+  }
+  ASSIGN_OR_RETURN(auto pending, fabric->BeginConnect(address));
+  ferry::v1::ConnectRequest req;
+  req.set_node(self_);
+  req.set_incarnation(incarnation_);
+  req.set_provider(route.theirs.provider);
+  req.set_nic(route.theirs.nic);
+  req.set_request(pending->request());
+  ferry::v1::ConnectResponse reply;
+  {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(absl::ToChronoTime(deadline));
+    grpc::Status s = stub->Connect(&ctx, req, &reply);
+    if (!s.ok()) {
+      return PeerError(s, absl::StrCat("Connect(", route.ToString(), ") to ", node));
+    }
+  }
+  ASSIGN_OR_RETURN(std::shared_ptr<fabric::Endpoint> endpoint, pending->Finish(reply.reply()));
+  std::shared_ptr<fabric::Endpoint> old;
   {
     absl::MutexLock lock(&mu_);
     auto found = links_.find(node);
     if (found == links_.end()) {
-      connected.endpoint->Close();
+      endpoint->Close();
       return absl::UnavailableError(
           absl::StrCat("peer ", node, " was removed from the configuration"));
     }
-    Link& l = found->second;
-    old = std::move(l.connected);
-    l.connected = connected;
-    l.incarnation = peer_incarnation;
+    auto& slot = found->second.endpoints[key];
+    old = std::move(slot);
+    slot = endpoint;
   }
-  if (old.endpoint) old.endpoint->Close();
-  return connected;
+  if (old) old->Close();
+  spdlog::info("connected to peer {} over {} lane {} ({}, incarnation {:x})", node,
+               route.ToString(), lane, address, rails.incarnation);
+  return PeerEndpoint{std::move(endpoint), route.ours, route.theirs};
 }
 
-absl::StatusOr<PeerEndpoint> PeerDirectory::Connect(const std::string& node,
-                                                    ferry::v1::Peer::Stub* stub,
-                                                    absl::Time deadline, uint64_t* incarnation) {
+void PeerDirectory::Refresh(const std::string& node) {
+  absl::MutexLock lock(&mu_);
+  auto it = links_.find(node);
+  if (it != links_.end()) it->second.welcome.reset();
+}
+
+fabric::Fabric* PeerDirectory::FabricOf(const fabric::RailId& rail) const {
+  for (fabric::Fabric* f : fabrics_) {
+    if (f->rail() == rail) return f;
+  }
+  return nullptr;
+}
+
+absl::StatusOr<PeerDirectory::Welcome> PeerDirectory::Hello(const std::string& node,
+                                                            ferry::v1::Peer::Stub* stub,
+                                                            absl::Time deadline) {
   ferry::v1::HelloRequest hello;
   hello.set_node(self_);
   hello.set_protocol_version(kPeerProtocolVersion);
-  std::vector<std::string> ours;
   for (fabric::Fabric* f : fabrics_) {
-    if (!f->health().ok()) continue;  // e.g. its port is down: offer and use the others
+    if (!f->health().ok()) continue;
     auto* ep = hello.add_endpoints();
     ep->set_provider(f->provider());
     ep->set_address(f->address());
-    ours.push_back(f->provider());
+    ep->set_nic(f->rail().nic);
   }
   ferry::v1::HelloResponse welcome;
-  {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(deadline));
-    grpc::Status s = stub->Hello(&ctx, hello, &welcome);
-    if (s.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("peer ", node, " refused Hello: ", s.error_message()));
-    }
-    if (!s.ok()) {
-      return absl::UnavailableError(
-          absl::StrCat("peer ", node, " did not answer Hello: ", s.error_message()));
-    }
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(deadline));
+  grpc::Status s = stub->Hello(&ctx, hello, &welcome);
+  if (s.error_code() == grpc::StatusCode::FAILED_PRECONDITION) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("peer ", node, " refused Hello: ", s.error_message()));
+  }
+  if (!s.ok()) {
+    return absl::UnavailableError(
+        absl::StrCat("peer ", node, " did not answer Hello: ", s.error_message()));
   }
   if (welcome.node() != node) {
     return absl::FailedPreconditionError(
@@ -240,32 +362,12 @@ absl::StatusOr<PeerEndpoint> PeerDirectory::Connect(const std::string& node,
                                                       welcome.protocol_version(), ", we speak ",
                                                       kPeerProtocolVersion));
   }
-  std::vector<std::string> theirs;
-  for (const auto& e : welcome.endpoints()) theirs.push_back(e.provider());
-  ASSIGN_OR_RETURN(std::string provider, fabric::SelectProvider(ours, theirs));
-  std::string address;
+  Welcome out;
+  out.incarnation = welcome.incarnation();
   for (const auto& e : welcome.endpoints()) {
-    if (e.provider() == provider) address = e.address();
+    out.rails.push_back({{e.provider(), e.nic()}, e.address()});
   }
-  fabric::Fabric* fabric = FabricFor(provider);
-  ASSIGN_OR_RETURN(auto pending, fabric->BeginConnect(address));
-  ferry::v1::ConnectRequest req;
-  req.set_node(self_);
-  req.set_incarnation(incarnation_);
-  req.set_provider(provider);
-  req.set_request(pending->request());
-  ferry::v1::ConnectResponse reply;
-  {
-    grpc::ClientContext ctx;
-    ctx.set_deadline(absl::ToChronoTime(deadline));
-    grpc::Status s = stub->Connect(&ctx, req, &reply);
-    if (!s.ok()) return PeerError(s, absl::StrCat("Connect(", provider, ") to ", node));
-  }
-  ASSIGN_OR_RETURN(std::shared_ptr<fabric::Endpoint> endpoint, pending->Finish(reply.reply()));
-  *incarnation = welcome.incarnation();
-  spdlog::info("connected to peer {} over {} ({}, incarnation {:x})", node, provider, address,
-               welcome.incarnation());
-  return PeerEndpoint{std::move(endpoint), fabric->rail()};
+  return out;
 }
 
 void PeerDirectory::CloseAll() {
@@ -273,7 +375,8 @@ void PeerDirectory::CloseAll() {
   {
     absl::MutexLock lock(&mu_);
     for (auto& [name, link] : links_) {
-      if (link.connected.endpoint) endpoints.push_back(std::move(link.connected.endpoint));
+      for (auto& [key, e] : link.endpoints) endpoints.push_back(std::move(e));
+      link.endpoints.clear();
     }
   }
   for (auto& e : endpoints) e->Close();

@@ -1,13 +1,14 @@
 #pragma once
 // The peers this agent may talk to: one gRPC channel to each (the Peer stub and the tensor
-// service's TensorPeer stubs share it), what they said in Hello, and the fabric endpoint to
-// each. Connects lazily on first use (Hello, provider choice, the provider's handshake
-// through the Connect call) and again after a peer restarts (its incarnation changes) or its
-// endpoint broke.
+// service's TensorPeer stubs share it), the rails they offered in Hello, and the fabric
+// endpoints to them: one set per route (our rail -> their rail), `endpoints_per_peer` lanes
+// each. Connects lazily on first use (Hello, the provider's handshake through the Connect
+// call) and again after a peer restarts (its incarnation changes) or an endpoint broke.
 
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -46,19 +47,49 @@ struct RemoteBuffer {
   std::string path;
   std::string backend;
 
-  // The key of the peer's fabric of `provider` (the one our endpoint reaches), or nullptr.
+  // The key of the peer's first fabric of `provider`, or nullptr.
   const fabric::RemoteSlice* KeyFor(const std::string& provider) const {
     for (const auto& k : keys) {
       if (k.rail.provider == provider) return &k.slice;
     }
     return nullptr;
   }
+  // The key of the peer's fabric `rail`, or nullptr.
+  const fabric::RemoteSlice* KeyFor(const fabric::RailId& rail) const {
+    for (const auto& k : keys) {
+      if (k.rail == rail) return &k.slice;
+    }
+    return nullptr;
+  }
 };
 
-// A connected endpoint and our fabric (rail) that made it.
+// One way to a peer: our fabric and the peer's fabric it connects to (same provider).
+struct Route {
+  fabric::RailId ours;
+  fabric::RailId theirs;
+  friend bool operator==(const Route&, const Route&) = default;
+  friend auto operator<=>(const Route&, const Route&) = default;
+  // "tcp:mlx5_0->tcp:mlx5_0"
+  std::string ToString() const { return ours.ToString() + "->" + theirs.ToString(); }
+};
+
+// A connected endpoint and the route it takes.
 struct PeerEndpoint {
   std::shared_ptr<fabric::Endpoint> endpoint;
-  fabric::RailId rail;
+  fabric::RailId rail;       // ours
+  fabric::RailId peer_rail;  // theirs
+};
+
+// The rails both sides run, per provider they share, in our preference order: ours that are
+// healthy now, and those the peer offered in its last Hello.
+struct ProviderRails {
+  std::string provider;
+  std::vector<fabric::RailId> ours;
+  std::vector<fabric::RailId> theirs;
+};
+struct PeerRails {
+  uint64_t incarnation = 0;
+  std::vector<ProviderRails> providers;  // never empty
 };
 
 class PeerDirectory {
@@ -77,10 +108,23 @@ class PeerDirectory {
   // when the peer does not answer.
   absl::StatusOr<RemoteBuffer> Resolve(const std::string& node, const std::string& name,
                                        absl::Time deadline);
-  // The endpoint to `node`; connects when there is none, it broke, or the peer restarted
-  // since `incarnation` (0: any).
+  // The rails to `node` (a Hello when there is no answer yet, the peer restarted since
+  // `incarnation` (0: any), or Refresh asked for one). FAILED_PRECONDITION when the two
+  // share no provider; UNAVAILABLE when the peer does not answer.
+  absl::StatusOr<PeerRails> Rails(const std::string& node, uint64_t incarnation,
+                                  absl::Time deadline);
+  // Lane `lane` (< our fabric's endpoints_per_peer) of `route` to `node`; connects when there
+  // is none, it broke, or the peer restarted since `incarnation` (0: any).
+  absl::StatusOr<PeerEndpoint> Endpoint(const std::string& node, const Route& route,
+                                        uint32_t lane, uint64_t incarnation, absl::Time deadline);
+  // The first route of the preferred provider (our first rail to its pair), lane 0.
   absl::StatusOr<PeerEndpoint> Endpoint(const std::string& node, uint64_t incarnation,
                                         absl::Time deadline);
+  // Forgets `node`'s Hello, so the next Rails asks again (a route to it failed: its rails
+  // may have changed).
+  void Refresh(const std::string& node);
+  // Our fabric of `rail`, or nullptr.
+  fabric::Fabric* FabricOf(const fabric::RailId& rail) const;
   // The Peer stub for `node` (Stage calls); NOT_FOUND for an unknown node. Shared: a peer
   // removed meanwhile keeps its stub alive for the calls that still use it.
   absl::StatusOr<std::shared_ptr<ferry::v1::Peer::Stub>> Stub(const std::string& node);
@@ -99,20 +143,30 @@ class PeerDirectory {
   void CloseAll();
 
  private:
+  // What a peer's Hello said.
+  struct Welcome {
+    uint64_t incarnation = 0;
+    std::vector<std::pair<fabric::RailId, std::string>> rails;  // rail, its address
+  };
   struct Link {
     std::string address;
     // Made on first use; both reset when the address changes.
     std::shared_ptr<grpc::Channel> channel;
     std::shared_ptr<ferry::v1::Peer::Stub> stub;
-    PeerEndpoint connected;
+    std::optional<Welcome> welcome;  // reset by Refresh and when the address changes
     uint64_t incarnation = 0;
+    std::map<std::pair<Route, uint32_t>, std::shared_ptr<fabric::Endpoint>> endpoints;
     // Serialises connection set-up to this peer, so it is not dialled twice at once.
     std::shared_ptr<absl::Mutex> connect_mu = std::make_shared<absl::Mutex>();
   };
   absl::StatusOr<Link*> FindLink(const std::string& node) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  absl::StatusOr<PeerEndpoint> Connect(const std::string& node, ferry::v1::Peer::Stub* stub,
-                                       absl::Time deadline, uint64_t* incarnation);
-  fabric::Fabric* FabricFor(const std::string& provider) const;
+  // Rails under the link's connect_mu: Hello when needed.
+  absl::StatusOr<PeerRails> RailsLocked(const std::string& node, uint64_t incarnation,
+                                        absl::Time deadline);
+  absl::StatusOr<Welcome> Hello(const std::string& node, ferry::v1::Peer::Stub* stub,
+                                absl::Time deadline);
+  absl::StatusOr<std::shared_ptr<absl::Mutex>> ConnectMutex(const std::string& node);
+  std::vector<fabric::RailId> HealthyRails(const std::string& provider) const;
 
   const std::string self_;
   const uint64_t incarnation_;

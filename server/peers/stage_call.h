@@ -38,6 +38,7 @@ struct StageCallSpec {
   uint64_t chunk_bytes = 0;
   uint32_t depth = 0;    // chunks in flight we would like; the peer may grant fewer
   absl::Time deadline;   // of the transfer: bounds the call
+  std::string nic;       // the peer's NIC of `provider` our endpoint reaches ("" = its first)
 };
 
 class StageCall;

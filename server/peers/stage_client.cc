@@ -52,6 +52,7 @@ class GrpcStageCall final : public StageCall {
     open.mutable_open()->set_chunk_bytes(spec_.chunk_bytes);
     open.mutable_open()->set_depth(spec_.depth);
     open.mutable_open()->set_provider(spec_.provider);
+    open.mutable_open()->set_nic(spec_.nic);
     open.mutable_open()->set_read(read_);
     if (!stream_->Write(open)) return Finish("Stage: the peer closed the call");
     writer_ = std::thread([this] { WriteLoop(); });

@@ -37,7 +37,7 @@ class StageCallServer {
     }
     bool found = false;
     for (const fabric::RailId& rail : deps.rails) {
-      if (rail.provider == open.provider()) {
+      if (rail.provider == open.provider() && (open.nic().empty() || rail.nic == open.nic())) {
         rail_ = rail;
         found = true;
         break;

@@ -6,12 +6,14 @@
 
 #include "absl/strings/str_cat.h"
 #include "spdlog/spdlog.h"
+#include "transport/memory/numa_bind.h"
 
 namespace ferry::memory {
 
 HostBlock::~HostBlock() { pool_->Release(offset_, size_); }
 
-absl::StatusOr<std::unique_ptr<HostPool>> HostPool::Create(uint64_t size, const std::string& name) {
+absl::StatusOr<std::unique_ptr<HostPool>> HostPool::Create(uint64_t size, const std::string& name,
+                                                           int numa) {
   size = (size + kAlignment - 1) / kAlignment * kAlignment;
   UniqueFd fd(memfd_create(name.c_str(), MFD_CLOEXEC));
   if (!fd.valid()) return absl::ErrnoToStatus(errno, absl::StrCat("memfd_create(", name, ")"));
@@ -22,8 +24,12 @@ absl::StatusOr<std::unique_ptr<HostPool>> HostPool::Create(uint64_t size, const 
   if (base == MAP_FAILED)
     return absl::ErrnoToStatus(errno, absl::StrCat("mmap(host pool, ", size, ")"));
   std::string path = absl::StrCat("/proc/", getpid(), "/fd/", fd.get());
-  return std::unique_ptr<HostPool>(
-      new HostPool(std::move(fd), static_cast<char*>(base), size, path));
+  std::unique_ptr<HostPool> pool(new HostPool(std::move(fd), static_cast<char*>(base), size, path));
+  if (numa >= 0) {
+    pool->placement_ = BindToNode(base, size, numa);
+    if (pool->placement_.rfind("NUMA node", 0) == 0) pool->numa_ = numa;
+  }
+  return pool;
 }
 
 HostPool::HostPool(UniqueFd fd, char* base, uint64_t size, std::string path)

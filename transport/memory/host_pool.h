@@ -42,7 +42,10 @@ class HostPool {
   // Alignment of every block: 64 KiB keeps blocks page-aligned (mmap) and cache-friendly.
   static constexpr uint64_t kAlignment = 64 << 10;
 
-  static absl::StatusOr<std::unique_ptr<HostPool>> Create(uint64_t size, const std::string& name);
+  // `numa` >= 0 binds the pages to that node (transport/memory/numa_bind.h); -1 leaves them
+  // where the kernel puts them.
+  static absl::StatusOr<std::unique_ptr<HostPool>> Create(uint64_t size, const std::string& name,
+                                                          int numa = -1);
   ~HostPool();
 
   // RESOURCE_EXHAUSTED when the pool has no room.
@@ -51,6 +54,9 @@ class HostPool {
   // The path a client opens to map blocks (valid while this process lives).
   const std::string& path() const { return path_; }
   uint64_t size() const { return size_; }
+  // The NUMA node the pages are bound to, -1 when not bound; and how it went, in words.
+  int numa() const { return numa_; }
+  const std::string& placement() const { return placement_; }
   uint64_t used() const;
   double fragmentation() const;
 
@@ -63,6 +69,8 @@ class HostPool {
   char* const base_;
   const uint64_t size_;
   const std::string path_;
+  int numa_ = -1;
+  std::string placement_ = "no NUMA binding";
   mutable absl::Mutex mu_;
   RangeAllocator allocator_ ABSL_GUARDED_BY(mu_);
 };

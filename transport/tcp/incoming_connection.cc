@@ -179,6 +179,8 @@ void IncomingConnection::OnRequest() {
     write_imm_ = req.imm;
     write_notify_ = req.op == WireOp::kWriteImm && resp.refusal == Refusal::kNone;
     if (access) {
+      target_.served->written.fetch_add(req.length, std::memory_order_relaxed);
+      target_.served->ops.fetch_add(1, std::memory_order_relaxed);
       write_into_ = access->data();
       write_pin_.emplace(std::move(*access));
     } else if (sink_.empty()) {
@@ -190,7 +192,11 @@ void IncomingConnection::OnRequest() {
   }
   // A READ answer goes out at once, behind the acks that were waiting, its payload straight
   // from the pinned region.
-  if (access) resp.length = req.length;
+  if (access) {
+    resp.length = req.length;
+    target_.served->read.fetch_add(req.length, std::memory_order_relaxed);
+    target_.served->ops.fetch_add(1, std::memory_order_relaxed);
+  }
   acks_.push_back(resp);
   char* payload = access ? access->data() : nullptr;
   QueueOutput(payload, resp.length, std::move(access));

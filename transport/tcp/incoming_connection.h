@@ -7,6 +7,7 @@
 
 #include <sys/uio.h>
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -22,6 +23,14 @@
 
 namespace ferry::tcp {
 
+// What peers moved through a fabric's incoming connections (Fabric::served()); shared by
+// all of them, updated on their loop threads.
+struct ServedCounters {
+  std::atomic<uint64_t> written{0};
+  std::atomic<uint64_t> read{0};
+  std::atomic<uint64_t> ops{0};
+};
+
 class IncomingConnection : public EventLoop::Handler,
                            public std::enable_shared_from_this<IncomingConnection> {
  public:
@@ -32,6 +41,8 @@ class IncomingConnection : public EventLoop::Handler,
     std::function<void(uint32_t imm)> notify;
     // The connection closed (socket gone, pins released); runs once, on the loop thread.
     std::function<void(IncomingConnection*)> closed;
+    // Accepted WRITEs and READs are counted here.
+    ServedCounters* served;
   };
 
   // `fd` is accepted and non-blocking; nothing happens until Start runs on `loop`.

@@ -93,16 +93,26 @@ absl::StatusOr<UniqueFd> ListenTcp(const std::string& address, uint16_t* bound_p
   return fd;
 }
 
-absl::StatusOr<UniqueFd> ConnectTcp(const std::string& address) {
+absl::StatusOr<UniqueFd> ConnectTcp(const std::string& address, const std::string& source_host) {
   auto hp = ParseHostPort(address);
   if (!hp.ok()) return hp.status();
   auto ai = Resolve(*hp, /*passive=*/false);
   if (!ai.ok()) return ai.status();
   std::unique_ptr<addrinfo, decltype(&freeaddrinfo)> list(*ai, freeaddrinfo);
+  std::unique_ptr<addrinfo, decltype(&freeaddrinfo)> source(nullptr, freeaddrinfo);
+  if (!source_host.empty()) {
+    auto from = Resolve(HostPort{source_host, 0}, /*passive=*/false);
+    if (!from.ok()) return from.status();
+    source.reset(*from);
+  }
   int last_errno = 0;
   for (addrinfo* a = list.get(); a != nullptr; a = a->ai_next) {
     UniqueFd fd(socket(a->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0));
     if (!fd.valid()) return absl::ErrnoToStatus(errno, "socket()");
+    if (source && bind(fd.get(), source->ai_addr, source->ai_addrlen) != 0) {
+      return SocketError(errno, absl::StrCat("bind(", source_host, ") before connect(", address,
+                                             ")"));
+    }
     if (connect(fd.get(), a->ai_addr, a->ai_addrlen) == 0) {
       int one = 1;
       setsockopt(fd.get(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));

@@ -22,8 +22,11 @@ absl::StatusOr<HostPort> ParseHostPort(const std::string& address);
 // Listens on host:port (port 0: any free port); `bound_port` receives the port chosen.
 absl::StatusOr<UniqueFd> ListenTcp(const std::string& address, uint16_t* bound_port);
 
-// Connects with TCP_NODELAY set (small acks must not wait for Nagle).
-absl::StatusOr<UniqueFd> ConnectTcp(const std::string& address);
+// Connects with TCP_NODELAY set (small acks must not wait for Nagle). A `source_host`
+// ("127.0.0.3", a rail's address) binds the socket to it first, so the connection leaves
+// through that NIC's address; "" lets the kernel choose.
+absl::StatusOr<UniqueFd> ConnectTcp(const std::string& address,
+                                    const std::string& source_host = "");
 
 // Sends all bytes described by `iov` (modified in place). UNAVAILABLE when the peer left.
 absl::Status SendAll(int fd, struct iovec* iov, int iovcnt);

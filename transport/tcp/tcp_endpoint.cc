@@ -22,7 +22,8 @@ constexpr uint64_t kStripeAlign = 4096;
 absl::StatusOr<std::unique_ptr<TcpEndpoint>> TcpEndpoint::Connect(const std::string& address,
                                                                   uint32_t connections,
                                                                   uint64_t stripe_min_bytes,
-                                                                  EventLoopPool* loops) {
+                                                                  EventLoopPool* loops,
+                                                                  const std::string& source_host) {
   std::vector<std::shared_ptr<TcpConnection>> conns;
   // Connections made before a failure are closed: the caller sees the error, not an endpoint.
   auto close_made = [&conns, &address](const absl::Status& why) {
@@ -33,7 +34,7 @@ absl::StatusOr<std::unique_ptr<TcpEndpoint>> TcpEndpoint::Connect(const std::str
     return why;
   };
   for (uint32_t i = 0; i < connections; ++i) {
-    auto fd = ConnectTcp(address);
+    auto fd = ConnectTcp(address, source_host);
     if (!fd.ok()) return close_made(fd.status());
     const RequestHeader hello = {kRequestMagic, WireOp::kHello, 0, 0, 0, 0, kWireVersion};
     absl::Status said = SendAll(fd->get(), &hello, sizeof(hello));

@@ -23,7 +23,8 @@ class TcpEndpoint : public fabric::Endpoint {
   static absl::StatusOr<std::unique_ptr<TcpEndpoint>> Connect(const std::string& address,
                                                               uint32_t connections,
                                                               uint64_t stripe_min_bytes,
-                                                              EventLoopPool* loops);
+                                                              EventLoopPool* loops,
+                                                              const std::string& source_host = "");
   ~TcpEndpoint() override;
 
   absl::Status PostWrite(const fabric::LocalSlice& src, const fabric::RemoteSlice& dst,

@@ -7,6 +7,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/blocking_counter.h"
+#include "base/status_macros.h"
 #include "spdlog/spdlog.h"
 #include "transport/memory/peer_memory.h"
 #include "transport/tcp/socket.h"
@@ -20,15 +21,17 @@ namespace {
 class TcpPendingConnection : public fabric::PendingConnection {
  public:
   TcpPendingConnection(std::string address, uint32_t connections, uint64_t stripe_min_bytes,
-                       EventLoopPool* loops)
+                       EventLoopPool* loops, std::string source_host)
       : address_(std::move(address)),
         connections_(connections),
         stripe_min_bytes_(stripe_min_bytes),
-        loops_(loops) {}
+        loops_(loops),
+        source_host_(std::move(source_host)) {}
 
   const std::string& request() const override { return request_; }
   absl::StatusOr<std::shared_ptr<fabric::Endpoint>> Finish(const std::string& reply) override {
-    auto endpoint = TcpEndpoint::Connect(address_, connections_, stripe_min_bytes_, loops_);
+    auto endpoint =
+        TcpEndpoint::Connect(address_, connections_, stripe_min_bytes_, loops_, source_host_);
     if (!endpoint.ok()) return endpoint.status();
     return std::shared_ptr<fabric::Endpoint>(std::move(*endpoint));
   }
@@ -38,6 +41,7 @@ class TcpPendingConnection : public fabric::PendingConnection {
   const uint32_t connections_;
   const uint64_t stripe_min_bytes_;
   EventLoopPool* const loops_;
+  const std::string source_host_;
   const std::string request_;
 };
 
@@ -52,19 +56,22 @@ absl::StatusOr<std::unique_ptr<TcpFabric>> TcpFabric::Create(const TcpOptions& o
   std::string host = hp->host.empty() || hp->host == "0.0.0.0" ? "127.0.0.1" : hp->host;
   if (host.find(':') != std::string::npos) host = absl::StrCat("[", host, "]");
   std::string address = absl::StrCat(host, ":", port);
+  std::string source_host = hp->host;
   auto outgoing = EventLoopPool::Create(options.event_loops, "ferry-tcp-out");
   if (!outgoing.ok()) return outgoing.status();
   auto incoming = EventLoopPool::Create(options.event_loops, "ferry-tcp-in");
   if (!incoming.ok()) return incoming.status();
   return std::unique_ptr<TcpFabric>(new TcpFabric(options, std::move(*listener), address,
-                                                  std::move(*outgoing), std::move(*incoming)));
+                                                  std::move(source_host), std::move(*outgoing),
+                                                  std::move(*incoming)));
 }
 
 TcpFabric::TcpFabric(TcpOptions options, UniqueFd listener, std::string address,
-                     std::unique_ptr<EventLoopPool> outgoing,
+                     std::string source_host, std::unique_ptr<EventLoopPool> outgoing,
                      std::unique_ptr<EventLoopPool> incoming)
     : options_(std::move(options)),
       address_(std::move(address)),
+      source_host_(std::move(source_host)),
       listener_(std::move(listener)),
       limits_(options_.max_connections, options_.max_connections_per_source),
       outgoing_(std::move(outgoing)),
@@ -82,6 +89,38 @@ void TcpFabric::StopServing() {
     // shutdown() wakes a thread blocked in accept().
     shutdown(listener_.get(), SHUT_RDWR);
   }
+  CloseIncoming(std::move(open));
+}
+
+absl::Status TcpFabric::health() const {
+  absl::MutexLock lock(&mu_);
+  if (suspended_.empty()) return absl::OkStatus();
+  return absl::UnavailableError(absl::StrCat("tcp ", address_, ": ", suspended_));
+}
+
+absl::Status TcpFabric::Suspend(const std::string& why) {
+  std::vector<std::shared_ptr<IncomingConnection>> open;
+  {
+    absl::MutexLock lock(&mu_);
+    suspended_ = why.empty() ? "suspended" : why;
+    for (auto& [raw, conn] : incoming_) open.push_back(conn);
+  }
+  CloseIncoming(std::move(open));
+  return absl::OkStatus();
+}
+
+void TcpFabric::Resume() {
+  absl::MutexLock lock(&mu_);
+  suspended_.clear();
+}
+
+fabric::Fabric::Served TcpFabric::served() const {
+  return {served_.written.load(std::memory_order_relaxed),
+          served_.read.load(std::memory_order_relaxed),
+          served_.ops.load(std::memory_order_relaxed)};
+}
+
+void TcpFabric::CloseIncoming(std::vector<std::shared_ptr<IncomingConnection>> open) {
   // Each connection closes on its own loop, between two of its rounds of I/O.
   EventLoop* current = EventLoop::Current();
   bool can_wait = current == nullptr || !incoming_loops_->Contains(current);
@@ -140,13 +179,14 @@ absl::StatusOr<std::unique_ptr<fabric::PendingConnection>> TcpFabric::BeginConne
     const std::string& peer_address) {
   return std::unique_ptr<fabric::PendingConnection>(
       new TcpPendingConnection(peer_address, options_.connections, options_.stripe_min_bytes,
-                               outgoing_.get()));
+                               outgoing_.get(), options_.nic.empty() ? "" : source_host_));
 }
 
 absl::StatusOr<std::string> TcpFabric::AcceptConnect(const std::string& request,
                                                      const fabric::PeerInstance&) {
   // A tcp incoming connection ends with its socket: nothing outlives a gone peer.
   if (!request.empty()) return absl::InvalidArgumentError("tcp: unexpected handshake bytes");
+  RETURN_IF_ERROR(health());
   return std::string();
 }
 
@@ -246,11 +286,17 @@ bool TcpFabric::Serve(UniqueFd fd, const std::string& source) {
   }
   IncomingConnection::Target target = {
       &regions_, [this](uint32_t imm) { Notify(imm); },
-      [this](IncomingConnection* conn) { OnIncomingClosed(conn); }};
+      [this](IncomingConnection* conn) { OnIncomingClosed(conn); }, &served_};
   auto conn = std::make_shared<IncomingConnection>(std::move(fd), source,
                                                    incoming_loops_->Next(), std::move(target));
   const absl::Duration handshake = absl::Milliseconds(options_.handshake_timeout_ms);
   absl::MutexLock lock(&mu_);
+  // A suspended fabric serves nobody: the connection closes before its hello is read.
+  if (!suspended_.empty()) {
+    limits_.Release(source);
+    ++stats_.refused;
+    return true;
+  }
   // Posted under mu_: StopServing's close of this connection is posted after its Start.
   if (stopping_ || !conn->loop()->Post([conn, handshake] { conn->Start(handshake); })) {
     limits_.Release(source);

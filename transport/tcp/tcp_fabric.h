@@ -41,6 +41,10 @@ struct TcpOptions {
   uint32_t max_connections_per_source = 64;
   // A new connection that has not sent its hello frame within this is closed.
   uint32_t handshake_timeout_ms = 5000;
+  // The NIC this fabric is the rail of ("mlx5_0", config `tcp.rails`): it names rail(),
+  // and outgoing connections leave from the listen address's host (that NIC's address).
+  // "" for the one tcp fabric of a node without rails.
+  std::string nic;
   // Event loops (threads) for outgoing connections, and as many again for incoming ones;
   // 0: one per core, at most four.
   uint32_t event_loops = 0;
@@ -68,6 +72,13 @@ class TcpFabric : public fabric::Fabric {
   uint32_t event_loops() const { return static_cast<uint32_t>(outgoing_->size()); }
 
   std::string provider() const override { return "tcp"; }
+  fabric::RailId rail() const override { return {"tcp", options_.nic}; }
+  absl::Status health() const override;
+  Served served() const override;
+  // Closes the incoming connections and refuses new ones (closed before their hello) and
+  // every AcceptConnect until Resume.
+  absl::Status Suspend(const std::string& why) override;
+  void Resume() override;
   std::string address() const override { return address_; }
   absl::StatusOr<std::unique_ptr<fabric::MemoryRegion>> Register(void* data, uint64_t length,
                                                                  uint32_t access) override;
@@ -79,8 +90,10 @@ class TcpFabric : public fabric::Fabric {
   void SetImmediateHandler(ImmediateHandler handler) override;
 
  private:
-  TcpFabric(TcpOptions options, UniqueFd listener, std::string address,
+  TcpFabric(TcpOptions options, UniqueFd listener, std::string address, std::string source_host,
             std::unique_ptr<EventLoopPool> outgoing, std::unique_ptr<EventLoopPool> incoming);
+  // Closes `open` on their loops; waits for them unless called on one of those loops.
+  void CloseIncoming(std::vector<std::shared_ptr<IncomingConnection>> open);
   void AcceptLoop();
   // Waits `backoff` after a failed accept(), or less if the fabric stops meanwhile.
   void BackOff(absl::Duration backoff);
@@ -92,12 +105,15 @@ class TcpFabric : public fabric::Fabric {
 
   const TcpOptions options_;
   const std::string address_;
+  const std::string source_host_;  // the listen host: where a rail's connections leave from
   RegionTable regions_;
+  ServedCounters served_;
   UniqueFd listener_;
   IncomingLimits limits_;
 
   mutable absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::string suspended_ ABSL_GUARDED_BY(mu_);  // why, while suspended
   ListenerStats stats_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<IncomingConnection*, std::shared_ptr<IncomingConnection>> incoming_
       ABSL_GUARDED_BY(mu_);

@@ -141,6 +141,23 @@ absl::Status DescribePort(VerbsApi& api, ibv_context* ctx, const VerbsOptions& o
 
 }  // namespace
 
+absl::StatusOr<std::vector<std::string>> DeviceNames(VerbsApi& api) {
+  int count = 0;
+  errno = 0;
+  ibv_device** list = api.GetDeviceList(&count);
+  if (list == nullptr) {
+    int err = errno;
+    return absl::UnavailableError(absl::StrCat("ibv_get_device_list: no RDMA devices (",
+                                               ErrnoName(err), ")"));
+  }
+  std::vector<std::string> names;
+  for (int i = 0; i < count; ++i) names.push_back(api.GetDeviceName(list[i]));
+  api.FreeDeviceList(list);
+  if (names.empty())
+    return absl::UnavailableError("ibv_get_device_list: no RDMA devices (0 found)");
+  return names;
+}
+
 absl::StatusOr<std::shared_ptr<VerbsDevice>> VerbsDevice::Open(std::shared_ptr<VerbsApi> api,
                                                                const VerbsOptions& options) {
   int count = 0;

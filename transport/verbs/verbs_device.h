@@ -21,6 +21,10 @@
 
 namespace ferry::verbs {
 
+// The names of the machine's RDMA devices, in ibv_get_device_list order. UNAVAILABLE when it
+// has none (as Open).
+absl::StatusOr<std::vector<std::string>> DeviceNames(VerbsApi& api);
+
 class VerbsDevice {
  public:
   // Opens options.device ("" = the first device with an active port), picks the port and,

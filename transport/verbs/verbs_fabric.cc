@@ -3,6 +3,7 @@
 #include <random>
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/status_macros.h"
 #include "transport/verbs/handshake.h"
@@ -112,7 +113,7 @@ absl::StatusOr<std::unique_ptr<fabric::PendingConnection>> VerbsFabric::BeginCon
 
 absl::StatusOr<std::string> VerbsFabric::AcceptConnect(const std::string& request,
                                                        const fabric::PeerInstance& from) {
-  RETURN_IF_ERROR(device_->health());
+  RETURN_IF_ERROR(health());
   ASSIGN_OR_RETURN(QpAddress remote, ParseQpAddress(request));
   // Before adding a QP, free those nobody can use any more: the ones this initiator says it
   // gave up, those that died, and every one an earlier incarnation of the same agent left
@@ -149,6 +150,29 @@ absl::StatusOr<std::string> VerbsFabric::AcceptConnect(const std::string& reques
     targets_.push_back(target);
   }
   return SerializeQpAddress(local);
+}
+
+absl::Status VerbsFabric::health() const {
+  RETURN_IF_ERROR(device_->health());
+  absl::MutexLock lock(&mu_);
+  if (suspended_.empty()) return absl::OkStatus();
+  return absl::UnavailableError(absl::StrCat("verbs ", port().device, ": ", suspended_));
+}
+
+absl::Status VerbsFabric::Suspend(const std::string& why) {
+  std::vector<std::shared_ptr<TargetQp>> targets;
+  {
+    absl::MutexLock lock(&mu_);
+    suspended_ = why.empty() ? "suspended" : why;
+    targets.swap(targets_);
+  }
+  for (auto& t : targets) t->Close();
+  return absl::OkStatus();
+}
+
+void VerbsFabric::Resume() {
+  absl::MutexLock lock(&mu_);
+  suspended_.clear();
 }
 
 void VerbsFabric::SetImmediateHandler(ImmediateHandler handler) {

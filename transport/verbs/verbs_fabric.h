@@ -35,7 +35,14 @@ class VerbsFabric : public fabric::Fabric {
   fabric::RailId rail() const override { return {provider(), port().device}; }
   // "mlx5_0:1/ib/lid=0x12" or "mlx5_0:1/roce/::ffff:10.0.0.1": what peers see in Hello.
   std::string address() const override { return address_; }
-  absl::Status health() const override { return device_->health(); }
+  // The device's health (port down, device lost), or why the operator suspended it.
+  absl::Status health() const override;
+  uint32_t endpoints_per_peer() const override { return options_.qps_per_peer; }
+  // Closes the target QPs (their initiators' ops fail with transport errors) and refuses
+  // AcceptConnect until Resume. Incoming bytes are the NIC's work, counted by its port
+  // counters (sysfs), not here: served() stays zero.
+  absl::Status Suspend(const std::string& why) override;
+  void Resume() override;
   absl::StatusOr<std::unique_ptr<fabric::MemoryRegion>> Register(void* data, uint64_t length,
                                                                  uint32_t access) override;
   absl::StatusOr<std::unique_ptr<fabric::MemoryRegion>> RegisterDmabuf(
@@ -64,6 +71,7 @@ class VerbsFabric : public fabric::Fabric {
 
   mutable absl::Mutex mu_;
   std::vector<std::shared_ptr<TargetQp>> targets_ ABSL_GUARDED_BY(mu_);
+  std::string suspended_ ABSL_GUARDED_BY(mu_);  // why, while suspended
 };
 
 }  // namespace ferry::verbs

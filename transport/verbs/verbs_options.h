@@ -41,6 +41,9 @@ struct VerbsOptions {
   uint8_t traffic_class = 0;
   uint8_t sl = 0;
   uint16_t pkey_index = 0;
+  // RC QPs an initiator opens to each peer NIC; a direct op's slices are spread over them
+  // (Fabric::endpoints_per_peer).
+  uint32_t qps_per_peer = 2;
 };
 
 }  // namespace ferry::verbs

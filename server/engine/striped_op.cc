@@ -1,0 +1,98 @@
+#include "server/engine/striped_op.h"
+
+#include "absl/strings/str_cat.h"
+#include "base/byte_size.h"
+
+namespace ferry::server {
+
+StripedOp::StripedOp(Spec spec, std::vector<Lane> lanes, RailLedger* ledger,
+                     std::shared_ptr<FairQueue> queue, std::function<bool()> wanted, Done done)
+    : spec_(std::move(spec)),
+      lanes_(std::move(lanes)),
+      ledger_(ledger),
+      queue_(std::move(queue)),
+      wanted_(std::move(wanted)),
+      done_(std::move(done)) {}
+
+std::vector<SliceWork> StripedOp::Slices() {
+  std::vector<SliceRange> slices = PlanSlices(spec_.length, spec_.slice_bytes);
+  {
+    absl::MutexLock lock(&mu_);
+    open_ = slices.size();
+  }
+  std::vector<SliceWork> out;
+  out.reserve(slices.size());
+  for (size_t k = 0; k < slices.size(); ++k) {
+    out.push_back(Work(slices[k], (spec_.first_lane + k) % lanes_.size()));
+  }
+  return out;
+}
+
+SliceWork StripedOp::Work(const SliceRange& slice, size_t lane) {
+  const Lane& l = lanes_[lane];
+  return {l.endpoint, spec_.read,
+          {l.region, spec_.local_offset + slice.offset, slice.length},
+          {l.base.address + spec_.remote_offset + slice.offset, l.base.key},
+          [self = shared_from_this(), slice, lane](absl::Status s) {
+            self->OnSlice(slice, lane, std::move(s));
+          }};
+}
+
+int StripedOp::OtherLane(size_t failed) const {
+  const absl::Time now = absl::Now();
+  for (size_t step = 1; step < lanes_.size(); ++step) {
+    size_t candidate = (failed + step) % lanes_.size();
+    const Route& route = lanes_[candidate].route;
+    if (failed_.contains(route) || !ledger_->Usable(route.ours, spec_.peer, now)) continue;
+    if (lanes_[candidate].endpoint->broken()) continue;
+    return static_cast<int>(candidate);
+  }
+  return -1;
+}
+
+void StripedOp::OnSlice(const SliceRange& slice, size_t lane, absl::Status status) {
+  const Route& route = lanes_[lane].route;
+  if (status.ok()) {
+    ledger_->Carried(route.ours, spec_.peer, slice.length);
+  }
+  std::optional<SliceWork> again;
+  Done finished;
+  StripedOutcome outcome;
+  {
+    absl::MutexLock lock(&mu_);
+    if (status.ok()) {
+      ours_.insert(route.ours.ToString());
+      theirs_.insert(route.theirs.ToString());
+    } else if (status.code() == absl::StatusCode::kUnavailable && wanted_ && wanted_()) {
+      failed_.insert(route);
+      int other = OtherLane(lane);
+      ledger_->Failed(route.ours, spec_.peer, status, other >= 0, absl::Now());
+      if (other >= 0) {
+        retries_.push_back(absl::StrCat(
+            FormatByteSize(slice.length), " at +", slice.offset, " on ", route.ToString(),
+            " failed (", status.message(), "); carried by ", lanes_[other].route.ToString()));
+        again = Work(slice, static_cast<size_t>(other));
+      } else if (error_.ok()) {
+        error_ = absl::UnavailableError(absl::StrCat(
+            status.message(), " (", route.ToString(), "; no other route to ", spec_.peer,
+            " left for this op)"));
+      }
+    } else if (error_.ok()) {
+      error_ = status;
+    }
+    if (!again && --open_ == 0) {
+      finished = std::move(done_);
+      outcome = {error_, {ours_.begin(), ours_.end()}, {theirs_.begin(), theirs_.end()},
+                 retries_};
+    }
+  }
+  // Outside the lock: the queue may post (and a refused post complete) on this thread.
+  if (again) {
+    std::vector<SliceWork> one;
+    one.push_back(std::move(*again));
+    queue_->Enqueue(spec_.transfer_id, std::move(one), wanted_);
+  }
+  if (finished) std::move(finished)(std::move(outcome));
+}
+
+}  // namespace ferry::server

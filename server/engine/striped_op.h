@@ -1,0 +1,92 @@
+#pragma once
+// One direct op on the wire: cut into slices (slice_planner.h) and spread over lanes, the
+// endpoints of the routes the op may take, one NIC after the other; each slice goes through
+// the peer's fair queue. A slice that fails with a transport error (UNAVAILABLE: its
+// connection or NIC broke) pauses its rail in the ledger and is posted again on a lane of a
+// route that has not failed this op; the op fails only when no such lane is left, or on any
+// other error (a refused key is not the wire's fault: another NIC would be refused too).
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/functional/any_invocable.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "server/engine/fair_queue.h"
+#include "server/engine/rail_ledger.h"
+#include "server/engine/slice_planner.h"
+#include "server/peers/peer_directory.h"
+#include "transport/fabric.h"
+
+namespace ferry::server {
+
+// One endpoint of one route, with what an op needs to post on it.
+struct Lane {
+  std::shared_ptr<fabric::Endpoint> endpoint;
+  Route route;
+  const fabric::MemoryRegion* region = nullptr;  // the local buffer's, with route.ours
+  fabric::RemoteSlice base;                      // the remote buffer's byte 0, via route.theirs
+};
+
+// How an op went: its status, the rails that carried its bytes on each side, and one line
+// per slice that moved to another route.
+struct StripedOutcome {
+  absl::Status status;
+  std::vector<std::string> ours;
+  std::vector<std::string> theirs;
+  std::vector<std::string> retries;
+};
+
+class StripedOp : public std::enable_shared_from_this<StripedOp> {
+ public:
+  struct Spec {
+    bool read = false;
+    uint64_t local_offset = 0;
+    uint64_t remote_offset = 0;
+    uint64_t length = 0;
+    uint64_t slice_bytes = 0;
+    std::string peer;
+    uint64_t transfer_id = 0;
+    // Slice k starts on lane (first_lane + k) % lanes: small ops of a batch take turns on
+    // the NICs rather than all starting on the first.
+    size_t first_lane = 0;
+  };
+  using Done = absl::AnyInvocable<void(StripedOutcome) &&>;
+
+  // `lanes` is not empty and stays valid (regions registered) until `done` ran; `queue`
+  // is the peer's; `wanted` as FairQueue::Enqueue's.
+  StripedOp(Spec spec, std::vector<Lane> lanes, RailLedger* ledger,
+            std::shared_ptr<FairQueue> queue, std::function<bool()> wanted, Done done);
+
+  // The op's slices, for the caller to enqueue on the peer's queue with the rest of its
+  // batch (FairQueue::Enqueue). Call once, on an op held by a shared_ptr.
+  std::vector<SliceWork> Slices();
+
+ private:
+  SliceWork Work(const SliceRange& slice, size_t lane);
+  void OnSlice(const SliceRange& slice, size_t lane, absl::Status status);
+  // A lane of a route that has not failed this op and that the ledger lets us use, or -1.
+  int OtherLane(size_t failed) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const Spec spec_;
+  const std::vector<Lane> lanes_;
+  RailLedger* const ledger_;
+  const std::shared_ptr<FairQueue> queue_;
+  const std::function<bool()> wanted_;
+
+  absl::Mutex mu_;
+  Done done_ ABSL_GUARDED_BY(mu_);
+  size_t open_ ABSL_GUARDED_BY(mu_) = 0;  // slices not yet settled
+  absl::Status error_ ABSL_GUARDED_BY(mu_);
+  std::set<Route> failed_ ABSL_GUARDED_BY(mu_);
+  std::set<std::string> ours_ ABSL_GUARDED_BY(mu_);
+  std::set<std::string> theirs_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> retries_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace ferry::server
