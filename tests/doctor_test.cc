@@ -70,26 +70,40 @@ struct DoctorRun {
   }
 };
 
-DoctorRun Doctor(const std::string& machine_name, const std::string& tree,
-                 const config::Policy& policy = config::Policy(),
-                 DoctorProbes probes = FakeProbes(SupportProbe::State::kUnknown,
-                                                  SupportProbe::State::kUnknown),
-                 config::Config config = config::Config()) {
-  DoctorRun run;
+DoctorProbes UnknownProbes() {
+  return FakeProbes(SupportProbe::State::kUnknown, SupportProbe::State::kUnknown);
+}
+
+// The fixture machine `machine_name`, with NIC port state from the sysfs tree `tree`, or
+// from the file alone when `tree` is "".
+Machine LoadMachine(const std::string& machine_name, const std::string& tree = "") {
   DiscoveryOptions options;
   options.xml_path = std::string(FERRY_FIXTURES) + "/topology/" + machine_name + ".xml";
-  options.sys_root = SysFixture(tree);
+  if (!tree.empty()) options.sys_root = SysFixture(tree);
   absl::StatusOr<Machine> machine = DiscoverMachine(options);
   EXPECT_TRUE(machine.ok()) << machine.status();
-  if (!machine.ok()) return run;
-  run.machine = *machine;
-  config.policy = policy;
+  return machine.ok() ? *machine : Machine();
+}
+
+// The doctor on `machine` planned from `config` (nics filter, policy), against `tree`.
+DoctorRun DoctorOn(Machine machine, const std::string& tree,
+                   config::Config config = config::Config(),
+                   DoctorProbes probes = UnknownProbes()) {
+  DoctorRun run;
+  run.machine = std::move(machine);
   absl::StatusOr<TopologyPlan> plan = BuildPlan(run.machine, config.nics, config.policy);
   EXPECT_TRUE(plan.ok()) << plan.status();
   if (!plan.ok()) return run;
   run.plan = *plan;
   run.report = RunDoctor(run.machine, run.plan, SysRoot(SysFixture(tree)), probes, config);
   return run;
+}
+
+DoctorRun Doctor(const std::string& machine_name, const std::string& tree,
+                 const config::Policy& policy = config::Policy(),
+                 DoctorProbes probes = UnknownProbes(), config::Config config = config::Config()) {
+  config.policy = policy;
+  return DoctorOn(LoadMachine(machine_name, tree), tree, config, probes);
 }
 
 TEST(DoctorTest, HealthyNodeHasNoWarningsOnItsGpuPaths) {
@@ -458,6 +472,112 @@ TEST(DoctorTest, PcieLinkBelowWhatBothEndsSupportWarns) {
   EXPECT_THAT(summary.fact, HasSubstr("1 PCIe link(s) on the GPU-NIC paths run at the speed"));
   EXPECT_THAT(summary.fact, HasSubstr("GPU0 (0000:19:00.0) - bridge 0000:18:00.0 at 2.5 GT/s "
                                       "x16 of 32.0 GT/s x16"));
+}
+
+// --- rails: the chosen NIC carries the traffic; no NIC is shared while one as near idles ---
+
+constexpr char kDgx8[] = "dgx8_switches";
+
+config::Config Filter(std::vector<std::string> allow, std::vector<std::string> deny) {
+  config::Config config;
+  config.nics.allow = std::move(allow);
+  config.nics.deny = std::move(deny);
+  return config;
+}
+
+// The findings "rails <something>": the warnings of the rail check.
+std::vector<Finding> RailWarnings(const DoctorRun& run) {
+  std::vector<Finding> out;
+  for (const Finding& f : run.report.findings) {
+    if (f.check.rfind("rails ", 0) == 0) out.push_back(f);
+  }
+  return out;
+}
+
+TEST(DoctorTest, RailsOfHealthyNodesWarnNothing) {
+  // Port state from the XML: the healthy tree's port rates are another machine's.
+  DoctorRun dgx = DoctorOn(LoadMachine(kDgx8), "healthy");
+  EXPECT_THAT(RailWarnings(dgx), IsEmpty());
+  dgx.Expect("rails", Severity::kOk,
+             "GPU rails, chosen NIC first: GPU0 mlx5_0, GPU1 mlx5_1, GPU2 mlx5_2, GPU3 mlx5_3, "
+             "GPU4 mlx5_4, GPU5 mlx5_5, GPU6 mlx5_6, GPU7 mlx5_7; no NIC is shared while one "
+             "as near is idle");
+  // One GPU behind a switch with two NICs of its own stripes over both.
+  Machine one = LoadMachine(kSwitchPair, "healthy");
+  one.gpus.pop_back();
+  EXPECT_THAT(DoctorOn(one, "healthy").One("rails").fact,
+              HasSubstr("first: GPU0 mlx5_0+mlx5_1; no NIC"));
+  EXPECT_THAT(RailWarnings(Doctor(kSwitchPair, "healthy")), IsEmpty());
+  // No GPU: no rails to speak of.
+  EXPECT_THAT(Doctor("nic_no_gpu", "no_gpu").All("rails"), IsEmpty());
+}
+
+TEST(DoctorTest, SharingForcedByTheNicFilterIsNoRailWarning) {
+  // mlx5_0 denied: GPU0 and GPU1 share mlx5_1, and the only nearer NIC is the denied one.
+  DoctorRun deny = DoctorOn(LoadMachine(kDgx8), "healthy", Filter({}, {"mlx5_0"}));
+  ASSERT_THAT(deny.plan.nics[1].gpus, ::testing::ElementsAre(0, 1));
+  EXPECT_THAT(RailWarnings(deny), IsEmpty());
+  EXPECT_EQ(deny.One("rails").severity, Severity::kOk);
+  EXPECT_EQ(deny.One("nic mlx5_1").fact, "mlx5_1 serves GPU0, GPU1: they share its bandwidth");
+  // Only mlx5_4 allowed: every GPU on it, every other NIC excluded.
+  DoctorRun allow = DoctorOn(LoadMachine(kDgx8), "healthy", Filter({"mlx5_4"}, {}));
+  EXPECT_THAT(RailWarnings(allow), IsEmpty());
+}
+
+TEST(DoctorTest, SharedNicWhileAnEqualOneIdlesWarns) {
+  // A DGX missing GPUs 0000:99:00.0 and 0000:b9:00.0, with GPU4's own NICs denied: GPU4
+  // takes mlx5_6 of the two NODE NICs (by name), then the GPU under mlx5_6 (0000:b5:00.0,
+  // now GPU5) has only mlx5_6 near it, and mlx5_7 serves no GPU. (With all 8 GPUs no
+  // allow/deny set gets here: each GPU then has an equal NIC nobody else prefers.)
+  Machine m = LoadMachine(kDgx8);
+  ASSERT_EQ(m.gpus.size(), 8u);
+  m.gpus.erase(m.gpus.begin() + 7);
+  m.gpus.erase(m.gpus.begin() + 5);
+  DoctorRun run = DoctorOn(m, "healthy", Filter({}, {"mlx5_4", "mlx5_5"}));
+  Finding shared = run.Expect("rails mlx5_6", Severity::kWarn,
+                              "mlx5_6 is shared by GPU4 (0000:95:00.0), GPU5 (0000:b5:00.0) "
+                              "while mlx5_7 (NODE to GPU4, like mlx5_6) serves no GPU");
+  EXPECT_EQ(shared.remedy,
+            "check nics.allow / nics.deny: GPU4 could use mlx5_4 (PIX, excluded by nics.deny), "
+            "mlx5_5 (PXB, excluded by nics.deny); the planner should have used mlx5_7: report "
+            "it with `ferryctl topo --json`");
+  EXPECT_THAT(RailWarnings(run), ::testing::SizeIs(1));
+  EXPECT_THAT(run.All("rails"), IsEmpty());  // no all-clear beside a warning
+}
+
+TEST(DoctorTest, HandMadeWrongPlansWarn) {
+  const Machine m = LoadMachine(kDgx8);
+  // A plan that puts GPU0 on the NIC nics.deny excluded: no fabric, so not where its bytes go.
+  config::Config deny = Filter({}, {"mlx5_0"});
+  absl::StatusOr<TopologyPlan> excluded = BuildPlan(m, deny.nics, deny.policy);
+  ASSERT_TRUE(excluded.ok()) << excluded.status();
+  excluded->gpus[0].nic = 0;
+  excluded->gpus[0].path = config::PathClass::kPix;
+  excluded->nics[0].gpus = {0};
+  excluded->nics[1].gpus = {1};
+  DoctorRun run{m, *excluded,
+                RunDoctor(m, *excluded, SysRoot(SysFixture("healthy")), UnknownProbes(), deny)};
+  Finding gpu0 = run.Expect("rails gpu0", Severity::kWarn,
+                            "GPU0 (0000:15:00.0) is planned on mlx5_0 (excluded by nics.deny), "
+                            "but its traffic has no NIC to leave through");
+  EXPECT_THAT(gpu0.remedy, HasSubstr("a ferry bug"));
+  EXPECT_THAT(RailWarnings(run), ::testing::SizeIs(1));
+
+  // GPU1 moved from its PIX mlx5_1 onto GPU0's mlx5_0 (PXB), leaving mlx5_1 idle.
+  absl::StatusOr<TopologyPlan> moved = BuildPlan(m, config::NicFilter(), config::Policy());
+  ASSERT_TRUE(moved.ok()) << moved.status();
+  moved->gpus[1].nic = 0;
+  moved->gpus[1].path = config::PathClass::kPxb;
+  moved->nics[0].gpus = {0, 1};
+  moved->nics[1].gpus = {};
+  run = DoctorRun{m, *moved, RunDoctor(m, *moved, SysRoot(SysFixture("healthy")), UnknownProbes())};
+  Finding shared = run.Expect("rails mlx5_0", Severity::kWarn,
+                              "mlx5_0 is shared by GPU0 (0000:15:00.0), GPU1 (0000:19:00.0) "
+                              "while mlx5_1 (PIX to GPU1, nearer than mlx5_0's PXB) serves no "
+                              "GPU");
+  EXPECT_EQ(shared.remedy,
+            "the planner should have used mlx5_1: report it with `ferryctl topo --json`");
+  EXPECT_THAT(run.All("rails gpu1"), IsEmpty());  // mlx5_0 does carry GPU1's traffic
 }
 
 TEST(AcsTest, ParsesTheExtendedCapabilityList) {

@@ -351,6 +351,7 @@ DoctorReport RunDoctor(const Machine& machine, const TopologyPlan& plan, const S
   CheckInventory(machine, plan, root, report);
   CheckGpus(machine, plan, report);
   CheckNics(machine, plan, report);
+  CheckRails(machine, plan, report);
   CheckGdrSupport(machine, plan, root, probes, report);
   CheckBar1(machine, root, config.gpu_pool_bytes, report);
   CheckAcs(machine, plan, root, report);

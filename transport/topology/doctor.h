@@ -21,7 +21,8 @@ const char* SeverityName(Severity severity);  // "OK", "WARN", "FAIL"
 struct Finding {
   Severity severity = Severity::kOk;
   // Stable id: "gpu0", "peer-memory", "acs", "iommu", "nic mlx5_0", "dmabuf-nic mlx5_0",
-  // "memlock", "bar1 gpu0", "pcie-link 0000:18:00.0", ...
+  // "memlock", "bar1 gpu0", "pcie-link 0000:18:00.0", "rails", "rails gpu0",
+  // "rails mlx5_0", ...
   std::string check;
   std::string fact;    // what was seen
   std::string remedy;  // what to do; "" when nothing is needed

@@ -31,4 +31,8 @@ void CheckBar1(const Machine& machine, const SysRoot& root, uint64_t gpu_pool_by
 void CheckPcieLinks(const Machine& machine, const TopologyPlan& plan, const SysRoot& root,
                     DoctorReport& report);
 
+// rail_check.cc: each GPU's chosen NIC against the NICs its traffic takes (rails.h), and NICs
+// shared by GPUs while a selectable NIC as near to one of them serves none.
+void CheckRails(const Machine& machine, const TopologyPlan& plan, DoctorReport& report);
+
 }  // namespace ferry::topology
