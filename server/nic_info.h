@@ -18,7 +18,7 @@ void DescribeNics(AgentCore& core, ferry::v1::GetInfoResponse* info);
 // Suspends (up = false, with `reason`) or resumes every fabric whose rail ("tcp:mlx5_0") or
 // NIC ("mlx5_0") is `nic`, and describes them after the change. NOT_FOUND naming the rails
 // there are for a name that matches none.
-absl::StatusOr<ferry::v1::SetNicStateResponse> SetNicState(AgentCore& core,
-                                                           const ferry::v1::SetNicStateRequest& req);
+absl::StatusOr<ferry::v1::SetNicStateResponse> SetNicState(
+    AgentCore& core, const ferry::v1::SetNicStateRequest& req);
 
 }  // namespace ferry::server

@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 
@@ -34,7 +35,9 @@ struct Pair {
   uint16_t port_a = 0, port_b = 0;
   uint64_t b_open_files = 0;  // node-b's RLIMIT_NOFILE (0: inherited)
 
-  absl::Status Start(const std::string& extra_yaml = "") {
+  // `extra_b`: node-b's own YAML, when it differs from node-a's.
+  absl::Status Start(const std::string& extra_yaml = "",
+                     const std::optional<std::string>& extra_b = std::nullopt) {
     dir = MakeTempDir();
     auto pa = PickFreePort();
     auto pb = PickFreePort();
@@ -44,7 +47,7 @@ struct Pair {
     auto sa = AgentProcess::Start(SpecA(extra_yaml));
     if (!sa.ok()) return sa.status();
     a = std::move(*sa);
-    absl::Status s = StartB(extra_yaml);
+    absl::Status s = StartB(extra_b.value_or(extra_yaml));
     if (!s.ok()) return s;
     auto c = Client::Connect(a->socket());
     if (!c.ok()) return c.status();

@@ -189,8 +189,9 @@ absl::StatusOr<PeerRails> PeerDirectory::RailsLocked(const std::string& node,
   {
     absl::MutexLock lock(&mu_);
     ASSIGN_OR_RETURN(Link * link, FindLink(node));
-    const bool fresh = incarnation == 0 || incarnation == link->incarnation;
-    if (link->welcome && fresh) welcome = link->welcome;
+    const bool fresh = (incarnation == 0 || incarnation == link->incarnation) && link->welcome &&
+                       absl::Now() - link->welcome->said_at < kHelloTtl;
+    if (fresh) welcome = link->welcome;
     stub = link->stub;
   }
   if (!welcome) {
@@ -363,6 +364,7 @@ absl::StatusOr<PeerDirectory::Welcome> PeerDirectory::Hello(const std::string& n
                                                       kPeerProtocolVersion));
   }
   Welcome out;
+  out.said_at = absl::Now();
   out.incarnation = welcome.incarnation();
   for (const auto& e : welcome.endpoints()) {
     out.rails.push_back({{e.provider(), e.nic()}, e.address()});

@@ -94,6 +94,8 @@ struct PeerRails {
 
 class PeerDirectory {
  public:
+  static constexpr absl::Duration kHelloTtl = absl::Seconds(2);
+
   // `self` is this agent's node name and `incarnation` its AgentCore::incarnation() (what
   // targets are told on Connect); naming itself as a peer reaches this agent's own Peer
   // service at `self_address`, so local targets need no special case. `fabrics` are in
@@ -108,8 +110,9 @@ class PeerDirectory {
   // when the peer does not answer.
   absl::StatusOr<RemoteBuffer> Resolve(const std::string& node, const std::string& name,
                                        absl::Time deadline);
-  // The rails to `node` (a Hello when there is no answer yet, the peer restarted since
-  // `incarnation` (0: any), or Refresh asked for one). FAILED_PRECONDITION when the two
+  // The rails to `node` (a Hello when there is no answer yet, the last is older than
+  // kHelloTtl (rails come back after maintenance), the peer restarted since `incarnation`
+  // (0: any), or Refresh asked for one). FAILED_PRECONDITION when the two
   // share no provider; UNAVAILABLE when the peer does not answer.
   absl::StatusOr<PeerRails> Rails(const std::string& node, uint64_t incarnation,
                                   absl::Time deadline);
@@ -145,6 +148,7 @@ class PeerDirectory {
  private:
   // What a peer's Hello said.
   struct Welcome {
+    absl::Time said_at;
     uint64_t incarnation = 0;
     std::vector<std::pair<fabric::RailId, std::string>> rails;  // rail, its address
   };
