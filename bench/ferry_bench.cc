@@ -4,7 +4,7 @@
 //   [--max-size 1GiB]
 //               [--seconds S] [--clients C] [--outstanding K] [--streams N]
 //               [--kv BLOCKS:SIZE] [--long BYTES] [--agents SOCKET_A,SOCKET_B]
-//               [--no-baselines] [--out DIR]
+//               [--no-baselines] [--out DIR] [--rails N]
 //
 // Without --agents it starts node-a and node-b itself on loopback (and stops them).
 // Results: a table on stdout; with --out, DIR/<date>.json, .txt and .png.
@@ -27,6 +27,7 @@
 #include "bench/fairness_suite.h"
 #include "bench/ferry_runner.h"
 #include "bench/report.h"
+#include "bench/rails_suite.h"
 #include "bench/staging_suite.h"
 #include "client/agent_process.h"
 
@@ -46,6 +47,7 @@ struct Options {
   uint64_t kv_block = 64 << 10;
   uint64_t long_bytes = 16ull << 30;
   std::string agents;
+  uint32_t rails = 0;  // --rails N: the rails suite up to N rails
   bool baselines = true;
   std::string out;
 };
@@ -107,6 +109,9 @@ absl::StatusOr<Options> Parse(int argc, char** argv) {
       } else {
         o.kv_block = *block;
       }
+    } else if (f == "--rails") {
+      if (!absl::SimpleAtoi(v, &o.rails) || o.rails < 1 || o.rails > 64)
+        s = absl::InvalidArgumentError("--rails: 1..64");
     } else if (f == "--agents") {
       o.agents = v;
     } else if (f == "--out") {
@@ -193,8 +198,14 @@ int Run(int argc, char** argv) {
   report.date = absl::FormatTime("%Y-%m-%d", absl::Now(), absl::UTCTimeZone());
   report.machine = DescribeMachine();
   std::printf("ferry-bench on %s\n", report.machine.c_str());
-  if (o.suite == "staging" || o.suite == "fairness") {
-    if (o.suite == "staging") {
+  if (o.rails > 0) o.suite = "rails";
+  if (o.suite == "staging" || o.suite == "fairness" || o.suite == "rails") {
+    if (o.suite == "rails") {
+      RailsOptions ro;
+      ro.max_rails = o.rails;
+      ro.seconds = std::max(o.seconds, 1.0);
+      if (!RunRailsSuite(ro, report)) return 1;
+    } else if (o.suite == "staging") {
       StagingOptions so;
       so.fixtures = FERRY_FIXTURES;
       so.seconds = std::max(o.seconds, 1.0);

@@ -28,6 +28,7 @@
 #include "base/byte_size.h"
 #include "base/unique_fd.h"
 #include "client/ferry_client.h"
+#include "client/nics_view.h"
 #include "client/proto_json.h"
 #include "client/topo_command.h"
 #include "grpcpp/grpcpp.h"
@@ -44,7 +45,12 @@ Options may come before or after COMMAND; "--" ends them.
 
 Agent commands (the local ferryd, at --socket, $FERRY_SOCKET or /tmp/ferryd-<host>.sock;
 PATH may be relative, or HOST:PORT for the agent's TCP listener):
-  info [--json]                         node, version, providers, pool use, peers
+  info [--json]                         node, version, providers, pool use, peers, NICs
+  nics [--json]                         each rail (provider:NIC): health, the memory it
+                                        carries, bytes by peer, paused rails and why
+  nics down NIC [--reason TEXT] | nics up NIC
+                                        take a NIC (or one rail, tcp:mlx5_0) out of
+                                        service and back: peers move to their other rails
   buffers [--json]                      the agent's buffers and their owners ("persist":
                                         until freed)
   alloc SIZE [--name NAME] [--device D] [--json]
@@ -79,7 +85,8 @@ constexpr absl::Duration kTransferTimeout = absl::Seconds(60);
 // options must skip their values ("--name info" names a buffer "info").
 constexpr absl::string_view kValueOptions[] = {"--socket",   "--name",   "--device",
                                                "--to",       "--offset", "--length",
-                                               "--topology", "--config", "--sysfs-root"};
+                                               "--topology", "--config", "--sysfs-root",
+                                               "--reason"};
 
 // The command line before the command's own options are read.
 struct CommandLine {
@@ -94,7 +101,7 @@ struct CommandLine {
 struct Args {
   std::vector<std::string> words;   // positional
   bool json = false;
-  std::string name, to, device = "host";
+  std::string name, to, device = "host", reason;
   std::optional<uint64_t> offset, length;
 };
 
@@ -187,6 +194,8 @@ std::string ParseArgs(const std::vector<std::string>& rest, Args& a) {
       text = &a.device, what = "host or cuda:N";
     } else if (name == "--to") {
       text = &a.to, what = "NODE:BUFFER";
+    } else if (name == "--reason") {
+      text = &a.reason, what = "REASON";
     } else if (name == "--offset") {
       size = &a.offset;
     } else if (name == "--length") {
@@ -347,6 +356,44 @@ int Info(Client& c, const Args& a) {
     std::printf("bounce %-4s %u x %s, %u in use (peak %u), %s\n", b.name().c_str(), b.chunks(),
                 FormatByteSize(b.chunk_bytes()).c_str(), b.chunks_in_use(), b.peak_chunks_in_use(),
                 b.placement().c_str());
+  }
+  for (const auto& n : info->nics()) {
+    std::printf("nic         %s\n", client::FormatNicSummary(n).c_str());
+  }
+  return kOk;
+}
+
+int Nics(Client& c, const Args& a) {
+  if (a.words.empty()) {
+    auto info = c.GetInfo();
+    if (!info.ok()) return Fail(info.status());
+    if (a.json) {
+      ferry::v1::SetNicStateResponse only;  // the nics, without the rest of GetInfo
+      *only.mutable_nics() = info->nics();
+      std::cout << client::ProtoToJson(only) << "\n";
+    } else {
+      std::cout << client::FormatNics(info->nics());
+    }
+    return kOk;
+  }
+  if (a.words.size() != 2 || (a.words[0] != "down" && a.words[0] != "up")) {
+    return Usage("nics | nics down NIC [--reason TEXT] | nics up NIC");
+  }
+  ferry::v1::SetNicStateRequest req;
+  req.set_nic(a.words[1]);
+  req.set_up(a.words[0] == "up");
+  req.set_reason(a.reason);
+  ferry::v1::SetNicStateResponse resp;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  grpc::Status s = c.stub().SetNicState(&ctx, req, &resp);
+  if (!s.ok()) {
+    return Fail(absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message()));
+  }
+  if (a.json) {
+    std::cout << client::ProtoToJson(resp) << "\n";
+  } else {
+    std::cout << client::FormatNics(resp.nics());
   }
   return kOk;
 }
@@ -580,7 +627,8 @@ int Main(int argc, char** argv) {
   using Handler = int (*)(Client&, const Args&);
   const std::pair<const char*, Handler> kCommands[] = {
       {"info", Info}, {"buffers", Buffers}, {"alloc", Alloc},   {"free", Free},
-      {"put", Put},   {"get", Get},         {"cancel", Cancel}, {"policy", Policy}};
+      {"put", Put},   {"get", Get},         {"cancel", Cancel}, {"policy", Policy},
+      {"nics", Nics}};
   for (const auto& [name, handler] : kCommands) {
     if (cl.command != name) continue;
     Args a;

@@ -123,6 +123,32 @@ verbs: {device: mlx5_1, port: 2, gid_index: 3, timeout: 18, retry_cnt: 6, rnr_re
   EXPECT_EQ(qos->verbs.pkey_index, 7u);
 }
 
+TEST(ConfigTest, RailsAndTheirMemoryAreParsedAndChecked) {
+  auto c = ParseConfig(
+      "tcp:\n  rails:\n    mlx5_0: 10.0.0.1\n    mlx5_1: 10.0.1.1:7500\n"
+      "host_pool:\n  numa: 1\nverbs:\n  qps_per_peer: 4\n",
+      "test.yaml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->tcp_rails.size(), 2u);
+  EXPECT_EQ(c->tcp_rails.at("mlx5_0"), "10.0.0.1:0");  // a bare host: any free port
+  EXPECT_EQ(c->tcp_rails.at("mlx5_1"), "10.0.1.1:7500");
+  EXPECT_EQ(c->host_pool_numa, 1);
+  EXPECT_EQ(c->verbs.qps_per_peer, 4u);
+  auto d = ParseConfig("", "test.yaml");
+  ASSERT_TRUE(d.ok());
+  EXPECT_TRUE(d->tcp_rails.empty());
+  EXPECT_EQ(d->host_pool_numa, -1);
+  EXPECT_EQ(d->verbs.qps_per_peer, 2u);
+
+  EXPECT_THAT(ErrorOf("tcp:\n  rails: [10.0.0.1]\n"),
+              HasSubstr("test.yaml:2: key 'tcp.rails': expected nic: address pairs"));
+  EXPECT_THAT(ErrorOf("tcp:\n  rails:\n    mlx5_0: 10.0.0.1:port\n"),
+              HasSubstr("test.yaml:3: key 'tcp.rails.mlx5_0'"));
+  EXPECT_THAT(ErrorOf("host_pool:\n  numa: -1\n"), HasSubstr("key 'host_pool.numa'"));
+  EXPECT_THAT(ErrorOf("verbs:\n  qps_per_peer: 0\n"),
+              HasSubstr("key 'verbs.qps_per_peer': 0 is outside 1..16"));
+}
+
 TEST(ConfigTest, ExampleFileDocumentsValidKeys) {
   auto c = LoadConfigFile(FERRY_SOURCE_DIR "/config/ferry.example.yaml");
   ASSERT_TRUE(c.ok()) << c.status();

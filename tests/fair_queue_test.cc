@@ -7,9 +7,12 @@
 #include "gtest/gtest.h"
 #include "server/engine/fair_queue.h"
 #include "server/engine/slice_planner.h"
+#include "tests/fakes/held_endpoint.h"
 
 namespace ferry::server {
 namespace {
+
+using fake::HeldEndpoint;
 
 TEST(SlicePlannerTest, SmallOpsStayWholeLargeOnesAreCutIntoAlignedEqualSlices) {
   auto one = PlanSlices(4096, 1 << 20);
@@ -32,63 +35,6 @@ TEST(SlicePlannerTest, SmallOpsStayWholeLargeOnesAreCutIntoAlignedEqualSlices) {
   // A slice size below the alignment is the alignment.
   EXPECT_EQ(PlanSlices(16384, 100).size(), 4u);
 }
-
-// Records every post; the test completes them in order.
-class HeldEndpoint : public fabric::Endpoint {
- public:
-  absl::Status PostWrite(const fabric::LocalSlice& src, const fabric::RemoteSlice& dst,
-                         fabric::Completion done) override {
-    absl::MutexLock lock(&mu_);
-    if (refuse_) return absl::UnavailableError("refused");
-    posted_.push_back({src.length, dst.address, std::move(done)});
-    return absl::OkStatus();
-  }
-  absl::Status PostWriteWithImmediate(const fabric::LocalSlice& src, const fabric::RemoteSlice& dst,
-                                      uint32_t, fabric::Completion done) override {
-    return PostWrite(src, dst, std::move(done));
-  }
-  absl::Status PostRead(const fabric::LocalSlice& dst, const fabric::RemoteSlice& src,
-                        fabric::Completion done) override {
-    return PostWrite(dst, src, std::move(done));
-  }
-  bool broken() const override { return false; }
-  void Close() override {}
-
-  // Completes the oldest posted op with OK; false if none is posted.
-  bool CompleteOne() {
-    fabric::Completion done;
-    {
-      absl::MutexLock lock(&mu_);
-      if (posted_.empty()) return false;
-      done = std::move(posted_.front().done);
-      posted_.pop_front();
-    }
-    std::move(done)(absl::OkStatus());
-    return true;
-  }
-  size_t posted() const {
-    absl::MutexLock lock(&mu_);
-    return posted_.size();
-  }
-  uint64_t address(size_t i) const {
-    absl::MutexLock lock(&mu_);
-    return posted_[i].address;
-  }
-  void Refuse() {
-    absl::MutexLock lock(&mu_);
-    refuse_ = true;
-  }
-
- private:
-  struct Posted {
-    uint64_t length;
-    uint64_t address;
-    fabric::Completion done;
-  };
-  mutable absl::Mutex mu_;
-  std::deque<Posted> posted_;
-  bool refuse_ = false;
-};
 
 std::vector<SliceWork> Slices(const std::shared_ptr<HeldEndpoint>& ep, int count, uint64_t length,
                               uint64_t base, int* done, int* cancelled = nullptr,

@@ -1,0 +1,209 @@
+// Rails in the engine, unit by unit: rail pairing and the staged route (route_choice.h), the
+// ledger's pauses and back-off (rail_ledger.h), and a striped op's slices over lanes with
+// retry on another route (striped_op.h), against endpoints the test completes by hand.
+
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/engine/fair_queue.h"
+#include "server/engine/rail_ledger.h"
+#include "server/engine/route_choice.h"
+#include "server/engine/striped_op.h"
+#include "tests/fakes/held_endpoint.h"
+
+namespace ferry::server {
+namespace {
+
+using fake::HeldEndpoint;
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+using ::testing::IsEmpty;
+using ::testing::SizeIs;
+
+fabric::RailId Tcp(const std::string& nic) { return {"tcp", nic}; }
+
+std::vector<std::string> Names(const std::vector<Route>& routes) {
+  std::vector<std::string> out;
+  for (const Route& r : routes) out.push_back(r.ToString());
+  return out;
+}
+
+TEST(PairRailsTest, NicIPairsWithThePeersNicIElseByPosition) {
+  EXPECT_THAT(Names(PairRails({Tcp("mlx5_0"), Tcp("mlx5_1")}, {Tcp("mlx5_1"), Tcp("mlx5_0")})),
+              ElementsAre("tcp:mlx5_0->tcp:mlx5_0", "tcp:mlx5_1->tcp:mlx5_1"));
+  // A GPU's one NIC to a peer host buffer on four: its namesake.
+  EXPECT_THAT(Names(PairRails({Tcp("mlx5_2")},
+                              {Tcp("mlx5_0"), Tcp("mlx5_1"), Tcp("mlx5_2"), Tcp("mlx5_3")})),
+              ElementsAre("tcp:mlx5_2->tcp:mlx5_2"));
+  // The peer took mlx5_1 down: our mlx5_1 goes to the rail at its position, modulo.
+  EXPECT_THAT(Names(PairRails({Tcp("mlx5_0"), Tcp("mlx5_1"), Tcp("mlx5_2")},
+                              {Tcp("mlx5_0"), Tcp("mlx5_2")})),
+              ElementsAre("tcp:mlx5_0->tcp:mlx5_0", "tcp:mlx5_1->tcp:mlx5_2",
+                          "tcp:mlx5_2->tcp:mlx5_2"));
+  EXPECT_THAT(PairRails({Tcp("mlx5_0")}, {}), IsEmpty());
+  EXPECT_THAT(PairRails({}, {Tcp("mlx5_0")}), IsEmpty());
+}
+
+TEST(StagedRouteTest, LeavesFromThePlannedNicToThePeersNamedNic) {
+  ProviderRails rails{"tcp", {Tcp("mlx5_0"), Tcp("mlx5_1")}, {Tcp("mlx5_0"), Tcp("mlx5_1")}};
+  EXPECT_EQ(StagedRoute(rails, {}, "mlx5_1", "mlx5_0")->ToString(), "tcp:mlx5_1->tcp:mlx5_0");
+  // No NIC named: our first, paired.
+  EXPECT_EQ(StagedRoute(rails, {}, "", "")->ToString(), "tcp:mlx5_0->tcp:mlx5_0");
+  // Our side direct: only a rail that holds the buffer.
+  EXPECT_EQ(StagedRoute(rails, {Tcp("mlx5_1")}, "mlx5_0", "")->ToString(),
+            "tcp:mlx5_1->tcp:mlx5_1");
+  EXPECT_FALSE(StagedRoute(rails, {Tcp("mlx5_7")}, "", "").has_value());
+  EXPECT_FALSE(StagedRoute({"tcp", {Tcp("mlx5_0")}, {}}, {}, "", "").has_value());
+}
+
+TEST(RailLedgerTest, AFailurePausesOnlyThatRailToThatPeerAndBackOffGrowsOnFailedProbes) {
+  RailLedger ledger(absl::Seconds(1), absl::Seconds(4));
+  const absl::Time t0 = absl::Now();
+  const absl::Status gone = absl::UnavailableError("connection reset");
+  ledger.Failed(Tcp("mlx5_1"), "node-b", gone, true, t0);
+  EXPECT_FALSE(ledger.Usable(Tcp("mlx5_1"), "node-b", t0));
+  EXPECT_TRUE(ledger.Usable(Tcp("mlx5_1"), "node-c", t0));  // another peer
+  EXPECT_TRUE(ledger.Usable(Tcp("mlx5_0"), "node-b", t0));  // another rail
+  // The rest of the slices in flight fail too: still the one pause.
+  ledger.Failed(Tcp("mlx5_1"), "node-b", gone, true, t0 + absl::Milliseconds(10));
+  EXPECT_TRUE(ledger.Usable(Tcp("mlx5_1"), "node-b", t0 + absl::Seconds(1)));  // probe
+  auto snap = ledger.Snapshot(t0 + absl::Seconds(1));
+  ASSERT_THAT(snap, SizeIs(1));
+  EXPECT_EQ(snap[0].state, "probing");
+  EXPECT_EQ(snap[0].errors, 2u);
+  EXPECT_EQ(snap[0].retries, 2u);
+  EXPECT_EQ(snap[0].last_error, "connection reset");
+  // The probe fails: twice as long, then four times, capped at 4 s.
+  ledger.Failed(Tcp("mlx5_1"), "node-b", gone, false, t0 + absl::Seconds(1));
+  EXPECT_FALSE(ledger.Usable(Tcp("mlx5_1"), "node-b", t0 + absl::Milliseconds(2900)));
+  EXPECT_TRUE(ledger.Usable(Tcp("mlx5_1"), "node-b", t0 + absl::Seconds(3)));
+  ledger.Failed(Tcp("mlx5_1"), "node-b", gone, false, t0 + absl::Seconds(3));
+  EXPECT_FALSE(ledger.Usable(Tcp("mlx5_1"), "node-b", t0 + absl::Milliseconds(6900)));
+  ledger.Failed(Tcp("mlx5_1"), "node-b", gone, false, t0 + absl::Seconds(7));
+  EXPECT_TRUE(ledger.Usable(Tcp("mlx5_1"), "node-b", t0 + absl::Seconds(11)));
+  // A slice that goes through makes it healthy, and the next failure pauses 1 s again.
+  ledger.Carried(Tcp("mlx5_1"), "node-b", 4096);
+  EXPECT_EQ(ledger.Snapshot(t0 + absl::Seconds(11))[0].state, "ok");
+  ledger.Failed(Tcp("mlx5_1"), "node-b", gone, true, t0 + absl::Seconds(12));
+  EXPECT_TRUE(ledger.Usable(Tcp("mlx5_1"), "node-b", t0 + absl::Seconds(13)));
+}
+
+// Two routes, one lane each, and an op of four 1 MiB slices.
+class StripedOpTest : public ::testing::Test {
+ protected:
+  static constexpr uint64_t kSlice = 1 << 20;
+
+  void SetUp() override {
+    for (int i = 0; i < 2; ++i) {
+      auto ep = std::make_shared<HeldEndpoint>();
+      endpoints_.push_back(ep);
+      Route route{Tcp(absl::StrCat("mlx5_", i)), Tcp(absl::StrCat("mlx5_", i))};
+      lanes_.push_back({ep, route, nullptr, {0x1000u * (i + 1), 7u}});
+    }
+  }
+
+  std::shared_ptr<StripedOp> Start(uint64_t length) {
+    StripedOp::Spec spec{false, 0, 0, length, kSlice, "node-b", 1, 0};
+    auto op = std::make_shared<StripedOp>(spec, lanes_, &ledger_, queue_, [this] { return wanted_; },
+                                          [this](StripedOutcome o) { outcome_ = std::move(o); });
+    queue_->Enqueue(1, op->Slices(), [this] { return wanted_; });
+    return op;
+  }
+
+  std::vector<std::shared_ptr<HeldEndpoint>> endpoints_;
+  std::vector<Lane> lanes_;
+  RailLedger ledger_{absl::Seconds(1), absl::Seconds(30)};
+  std::shared_ptr<FairQueue> queue_ = std::make_shared<FairQueue>(64 << 20);
+  bool wanted_ = true;
+  std::optional<StripedOutcome> outcome_;
+};
+
+TEST_F(StripedOpTest, SlicesAlternateBetweenTheRoutesAndTheOutcomeNamesThem) {
+  Start(4 * kSlice);
+  ASSERT_EQ(endpoints_[0]->posted(), 2u);
+  ASSERT_EQ(endpoints_[1]->posted(), 2u);
+  // Each lane's base address plus the slice's offset.
+  EXPECT_EQ(endpoints_[0]->address(0), 0x1000u);
+  EXPECT_EQ(endpoints_[1]->address(0), 0x2000u + kSlice);
+  EXPECT_EQ(endpoints_[0]->address(1), 0x1000u + 2 * kSlice);
+  while (endpoints_[0]->CompleteOne() || endpoints_[1]->CompleteOne()) {
+  }
+  ASSERT_TRUE(outcome_.has_value());
+  EXPECT_TRUE(outcome_->status.ok()) << outcome_->status;
+  EXPECT_THAT(outcome_->ours, ElementsAre("tcp:mlx5_0", "tcp:mlx5_1"));
+  EXPECT_THAT(outcome_->theirs, ElementsAre("tcp:mlx5_0", "tcp:mlx5_1"));
+  EXPECT_THAT(outcome_->retries, IsEmpty());
+  auto snap = ledger_.Snapshot(absl::Now());
+  ASSERT_THAT(snap, SizeIs(2));
+  EXPECT_EQ(snap[0].bytes, 2 * kSlice);
+  EXPECT_EQ(snap[1].bytes, 2 * kSlice);
+}
+
+TEST_F(StripedOpTest, ATransportErrorMovesTheSliceToTheOtherRouteAndPausesItsRail) {
+  Start(4 * kSlice);
+  // mlx5_1's connection breaks under its two slices.
+  endpoints_[1]->Refuse();
+  ASSERT_TRUE(endpoints_[1]->CompleteOne(absl::UnavailableError("connection reset by peer")));
+  ASSERT_TRUE(endpoints_[1]->CompleteOne(absl::UnavailableError("connection reset by peer")));
+  EXPECT_EQ(endpoints_[0]->posted(), 4u) << "both slices should have moved to mlx5_0";
+  EXPECT_FALSE(outcome_.has_value());
+  while (endpoints_[0]->CompleteOne()) {
+  }
+  ASSERT_TRUE(outcome_.has_value());
+  EXPECT_TRUE(outcome_->status.ok()) << outcome_->status;
+  EXPECT_THAT(outcome_->ours, ElementsAre("tcp:mlx5_0"));
+  ASSERT_THAT(outcome_->retries, SizeIs(2));
+  EXPECT_THAT(outcome_->retries[0], HasSubstr("1 MiB at +1048576 on tcp:mlx5_1->tcp:mlx5_1 "
+                                              "failed (connection reset by peer); carried by "
+                                              "tcp:mlx5_0->tcp:mlx5_0"));
+  EXPECT_FALSE(ledger_.Usable(Tcp("mlx5_1"), "node-b", absl::Now()));
+  for (const auto& c : ledger_.Snapshot(absl::Now())) {
+    if (c.rail == Tcp("mlx5_1")) {
+      EXPECT_EQ(c.state, "paused");
+      EXPECT_EQ(c.errors, 2u);
+      EXPECT_EQ(c.retries, 2u);
+    } else {
+      EXPECT_EQ(c.bytes, 4 * kSlice);
+    }
+  }
+}
+
+TEST_F(StripedOpTest, WhenEveryRouteFailedTheOpFailsUnavailableNamingTheLastRoute) {
+  Start(2 * kSlice);
+  endpoints_[0]->Refuse();
+  endpoints_[1]->Refuse();
+  ASSERT_TRUE(endpoints_[0]->CompleteOne(absl::UnavailableError("reset")));
+  ASSERT_TRUE(endpoints_[1]->CompleteOne(absl::UnavailableError("reset")));
+  ASSERT_TRUE(outcome_.has_value());
+  EXPECT_EQ(outcome_->status.code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(outcome_->status.message(), HasSubstr("no other route to node-b left"));
+}
+
+TEST_F(StripedOpTest, ARefusedKeyIsNotRetriedElsewhere) {
+  Start(2 * kSlice);
+  ASSERT_TRUE(endpoints_[0]->CompleteOne(absl::PermissionDeniedError("bad key")));
+  ASSERT_TRUE(endpoints_[1]->CompleteOne());
+  ASSERT_TRUE(outcome_.has_value());
+  EXPECT_EQ(outcome_->status.code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_THAT(outcome_->retries, IsEmpty());
+  EXPECT_EQ(endpoints_[1]->posted(), 0u);
+  EXPECT_TRUE(ledger_.Usable(Tcp("mlx5_0"), "node-b", absl::Now()));  // not the wire's fault
+}
+
+TEST_F(StripedOpTest, AnEndedTransferRetriesNothing) {
+  Start(2 * kSlice);
+  wanted_ = false;
+  ASSERT_TRUE(endpoints_[0]->CompleteOne(absl::UnavailableError("reset")));
+  ASSERT_TRUE(endpoints_[1]->CompleteOne());
+  ASSERT_TRUE(outcome_.has_value());
+  EXPECT_EQ(outcome_->status.code(), absl::StatusCode::kUnavailable);
+  EXPECT_EQ(endpoints_[1]->posted(), 0u);
+}
+
+}  // namespace
+}  // namespace ferry::server
