@@ -61,6 +61,78 @@ TEST(StagedRouteTest, LeavesFromThePlannedNicToThePeersNamedNic) {
   EXPECT_FALSE(StagedRoute({"tcp", {Tcp("mlx5_0")}, {}}, {}, "", "").has_value());
 }
 
+// A buffer registered with `rails` (nothing behind the regions: only which rails hold it).
+class NoMemory : public BufferMemory {
+ public:
+  char* data() const override { return nullptr; }
+  uint64_t size() const override { return 1 << 20; }
+  std::string device() const override { return "host"; }
+  int gpu() const override { return -1; }
+  std::string backend() const override { return "host"; }
+  absl::StatusOr<BufferMapping> mapping() const override {
+    return absl::UnimplementedError("no memory");
+  }
+};
+class NoRegion : public fabric::MemoryRegion {
+ public:
+  void* data() const override { return nullptr; }
+  uint64_t length() const override { return 1 << 20; }
+  uint64_t remote_address() const override { return 0; }
+  uint32_t key() const override { return 1; }
+  std::string registration() const override { return "none"; }
+};
+Buffer On(const std::vector<fabric::RailId>& rails) {
+  BufferRegistrations regs;
+  for (const auto& r : rails) regs.regions.emplace_back(r, std::make_unique<NoRegion>());
+  return Buffer(1, "b", std::make_unique<NoMemory>(), std::move(regs), {});
+}
+RemoteBuffer RemoteOn(const std::vector<fabric::RailId>& rails) {
+  RemoteBuffer b;
+  b.node = "node-b";
+  for (const auto& r : rails) b.keys.push_back({r, {0, 1}});
+  return b;
+}
+fabric::RailId Verbs(const std::string& nic) { return {"verbs", nic}; }
+
+TEST(DirectRoutesTest, PausedNicsYieldToTheNextProviderWhichIsAlsoTheReserve) {
+  const std::vector<fabric::RailId> all = {Verbs("mlx5_0"), Verbs("mlx5_1"), {"tcp", ""}};
+  Buffer local = On(all);
+  RemoteBuffer remote = RemoteOn(all);
+  PeerRails rails{7, {{"verbs", {Verbs("mlx5_0"), Verbs("mlx5_1")}, {Verbs("mlx5_0"),
+                                                                      Verbs("mlx5_1")}},
+                      {"tcp", {{"tcp", ""}}, {{"tcp", ""}}}}};
+  RailLedger ledger;
+  const absl::Time now = absl::Now();
+  RouteChoice healthy = DirectRoutes(local, remote, rails, ledger, now);
+  EXPECT_EQ(healthy.provider, "verbs");
+  EXPECT_THAT(Names(healthy.routes),
+              ElementsAre("verbs:mlx5_0->verbs:mlx5_0", "verbs:mlx5_1->verbs:mlx5_1"));
+  EXPECT_EQ(healthy.reserve_provider, "tcp");
+  EXPECT_THAT(Names(healthy.reserve), ElementsAre("tcp->tcp"));
+
+  ledger.Failed(Verbs("mlx5_0"), "node-b", absl::UnavailableError("x"), true, now);
+  RouteChoice one = DirectRoutes(local, remote, rails, ledger, now);
+  EXPECT_THAT(Names(one.routes), ElementsAre("verbs:mlx5_1->verbs:mlx5_1"));
+
+  ledger.Failed(Verbs("mlx5_1"), "node-b", absl::UnavailableError("x"), true, now);
+  RouteChoice none = DirectRoutes(local, remote, rails, ledger, now);
+  EXPECT_EQ(none.provider, "tcp");  // no RDMA NIC left: tcp carries it
+  EXPECT_THAT(Names(none.routes), ElementsAre("tcp->tcp"));
+  EXPECT_FALSE(none.probing);
+
+  ledger.Failed({"tcp", ""}, "node-b", absl::UnavailableError("x"), true, now);
+  RouteChoice probe = DirectRoutes(local, remote, rails, ledger, now);
+  EXPECT_EQ(probe.provider, "verbs");  // everything paused: probe the preferred one
+  EXPECT_TRUE(probe.probing);
+  EXPECT_EQ(probe.routes.size(), 2u);
+
+  // Memory the peer registered on mlx5_1 only (its GPU's NIC): only that pair.
+  RouteChoice gpu =
+      DirectRoutes(local, RemoteOn({Verbs("mlx5_1")}), rails, RailLedger(), now);
+  EXPECT_THAT(Names(gpu.routes),
+              ElementsAre("verbs:mlx5_0->verbs:mlx5_1", "verbs:mlx5_1->verbs:mlx5_1"));
+}
+
 TEST(RailLedgerTest, AFailurePausesOnlyThatRailToThatPeerAndBackOffGrowsOnFailedProbes) {
   RailLedger ledger(absl::Seconds(1), absl::Seconds(4));
   const absl::Time t0 = absl::Now();
@@ -109,7 +181,8 @@ class StripedOpTest : public ::testing::Test {
 
   std::shared_ptr<StripedOp> Start(uint64_t length) {
     StripedOp::Spec spec{false, 0, 0, length, kSlice, "node-b", 1, 0};
-    auto op = std::make_shared<StripedOp>(spec, lanes_, &ledger_, queue_, [this] { return wanted_; },
+    auto op = std::make_shared<StripedOp>(spec, lanes_, reserve_, &ledger_, queue_,
+                                          [this] { return wanted_; },
                                           [this](StripedOutcome o) { outcome_ = std::move(o); });
     queue_->Enqueue(1, op->Slices(), [this] { return wanted_; });
     return op;
@@ -117,6 +190,7 @@ class StripedOpTest : public ::testing::Test {
 
   std::vector<std::shared_ptr<HeldEndpoint>> endpoints_;
   std::vector<Lane> lanes_;
+  std::vector<Lane> reserve_;
   RailLedger ledger_{absl::Seconds(1), absl::Seconds(30)};
   std::shared_ptr<FairQueue> queue_ = std::make_shared<FairQueue>(64 << 20);
   bool wanted_ = true;
@@ -182,6 +256,28 @@ TEST_F(StripedOpTest, WhenEveryRouteFailedTheOpFailsUnavailableNamingTheLastRout
   ASSERT_TRUE(outcome_.has_value());
   EXPECT_EQ(outcome_->status.code(), absl::StatusCode::kUnavailable);
   EXPECT_THAT(outcome_->status.message(), HasSubstr("no other route to node-b left"));
+}
+
+TEST_F(StripedOpTest, WhenEveryNicFailedTheReserveProviderCarriesTheRest) {
+  auto tcp = std::make_shared<HeldEndpoint>();
+  reserve_.push_back({tcp, {{"tcp", ""}, {"tcp", ""}}, nullptr, {0x9000u, 9u}});
+  for (Lane& l : lanes_) l.route = {{"verbs", l.route.ours.nic}, {"verbs", l.route.theirs.nic}};
+  Start(2 * kSlice);
+  EXPECT_EQ(tcp->posted(), 0u) << "the reserve took a slice while the NICs were fine";
+  endpoints_[0]->Refuse();
+  endpoints_[1]->Refuse();
+  ASSERT_TRUE(endpoints_[0]->CompleteOne(absl::UnavailableError("port down")));
+  ASSERT_TRUE(endpoints_[1]->CompleteOne(absl::UnavailableError("port down")));
+  ASSERT_EQ(tcp->posted(), 2u);
+  EXPECT_EQ(tcp->address(0), 0x9000u);
+  while (tcp->CompleteOne()) {
+  }
+  ASSERT_TRUE(outcome_.has_value());
+  EXPECT_TRUE(outcome_->status.ok()) << outcome_->status;
+  EXPECT_THAT(outcome_->ours, ElementsAre("tcp"));
+  ASSERT_THAT(outcome_->retries, SizeIs(2));
+  EXPECT_THAT(outcome_->retries[1], HasSubstr("on verbs:mlx5_1->verbs:mlx5_1 failed (port down); "
+                                              "carried by tcp->tcp"));
 }
 
 TEST_F(StripedOpTest, ARefusedKeyIsNotRetriedElsewhere) {

@@ -29,6 +29,12 @@ std::vector<Route> PairRails(const std::vector<fabric::RailId>& ours,
 
 RouteChoice DirectRoutes(const Buffer& local, const RemoteBuffer& remote, const PeerRails& rails,
                          const RailLedger& ledger, absl::Time now) {
+  // Per provider that reaches both buffers: every pair, and those usable now.
+  struct Candidate {
+    std::string provider;
+    std::vector<Route> all, usable;
+  };
+  std::vector<Candidate> candidates;
   for (const ProviderRails& p : rails.providers) {
     std::vector<fabric::RailId> ours, theirs;
     for (const fabric::RailId& r : p.ours) {
@@ -37,19 +43,32 @@ RouteChoice DirectRoutes(const Buffer& local, const RemoteBuffer& remote, const 
     for (const fabric::RailId& r : p.theirs) {
       if (remote.KeyFor(r) != nullptr) theirs.push_back(r);
     }
-    std::vector<Route> all = PairRails(ours, theirs);
-    if (all.empty()) continue;
-    RouteChoice choice{p.provider, {}, false};
-    for (const Route& route : all) {
-      if (ledger.Usable(route.ours, remote.node, now)) choice.routes.push_back(route);
+    Candidate c{p.provider, PairRails(ours, theirs), {}};
+    if (c.all.empty()) continue;
+    for (const Route& route : c.all) {
+      if (ledger.Usable(route.ours, remote.node, now)) c.usable.push_back(route);
     }
-    if (choice.routes.empty()) {
-      choice.routes = std::move(all);
-      choice.probing = true;
+    candidates.push_back(std::move(c));
+  }
+  RouteChoice choice;
+  for (size_t i = 0; i < candidates.size(); ++i) {
+    if (candidates[i].usable.empty()) continue;
+    choice.provider = candidates[i].provider;
+    choice.routes = candidates[i].usable;
+    for (size_t j = i + 1; j < candidates.size(); ++j) {
+      if (candidates[j].usable.empty()) continue;
+      choice.reserve_provider = candidates[j].provider;
+      choice.reserve = candidates[j].usable;
+      break;
     }
     return choice;
   }
-  return {};
+  if (!candidates.empty()) {
+    choice.provider = candidates[0].provider;
+    choice.routes = candidates[0].all;
+    choice.probing = true;
+  }
+  return choice;
 }
 
 std::optional<Route> StagedRoute(const ProviderRails& provider,

@@ -23,12 +23,18 @@ struct RouteChoice {
   std::string provider;       // "" when no provider reaches both buffers
   std::vector<Route> routes;  // the ones to stripe over
   bool probing = false;       // every route was paused: they are used anyway, as probes
+  // The next provider's usable routes (tcp behind verbs): where slices go when every one of
+  // `routes` failed them. Empty when there is none.
+  std::string reserve_provider;
+  std::vector<Route> reserve;
 };
 
-// For a direct op: the first provider of `rails` (preference order) whose healthy rails of
-// ours hold `local` and whose rails of the peer hold a key of `remote`; its pairs that the
-// ledger lets us use for `peer` now, or all of them when it pauses every one (a probe beats
-// failing the op).
+// For a direct op: of the providers of `rails` (preference order) whose healthy rails of
+// ours hold `local` and whose rails of the peer hold a key of `remote`, the first with a
+// pair the ledger lets us use for `peer` now (a provider whose NICs are all paused yields
+// to the next: when no RDMA NIC is left, tcp carries the op), and the next such provider's
+// as the reserve; when every provider's pairs are paused, the first's, all of them (a probe
+// beats failing the op).
 RouteChoice DirectRoutes(const Buffer& local, const RemoteBuffer& remote, const PeerRails& rails,
                          const RailLedger& ledger, absl::Time now);
 

@@ -5,10 +5,21 @@
 
 namespace ferry::server {
 
-StripedOp::StripedOp(Spec spec, std::vector<Lane> lanes, RailLedger* ledger,
-                     std::shared_ptr<FairQueue> queue, std::function<bool()> wanted, Done done)
+namespace {
+
+std::vector<Lane> Joined(std::vector<Lane> lanes, std::vector<Lane> reserve) {
+  for (Lane& l : reserve) lanes.push_back(std::move(l));
+  return lanes;
+}
+
+}  // namespace
+
+StripedOp::StripedOp(Spec spec, std::vector<Lane> lanes, std::vector<Lane> reserve,
+                     RailLedger* ledger, std::shared_ptr<FairQueue> queue,
+                     std::function<bool()> wanted, Done done)
     : spec_(std::move(spec)),
-      lanes_(std::move(lanes)),
+      primary_(lanes.size()),
+      lanes_(Joined(std::move(lanes), std::move(reserve))),
       ledger_(ledger),
       queue_(std::move(queue)),
       wanted_(std::move(wanted)),
@@ -23,7 +34,7 @@ std::vector<SliceWork> StripedOp::Slices() {
   std::vector<SliceWork> out;
   out.reserve(slices.size());
   for (size_t k = 0; k < slices.size(); ++k) {
-    out.push_back(Work(slices[k], (spec_.first_lane + k) % lanes_.size()));
+    out.push_back(Work(slices[k], (spec_.first_lane + k) % primary_));
   }
   return out;
 }
@@ -40,12 +51,17 @@ SliceWork StripedOp::Work(const SliceRange& slice, size_t lane) {
 
 int StripedOp::OtherLane(size_t failed) const {
   const absl::Time now = absl::Now();
-  for (size_t step = 1; step < lanes_.size(); ++step) {
-    size_t candidate = (failed + step) % lanes_.size();
+  auto usable = [&](size_t candidate) {
     const Route& route = lanes_[candidate].route;
-    if (failed_.contains(route) || !ledger_->Usable(route.ours, spec_.peer, now)) continue;
-    if (lanes_[candidate].endpoint->broken()) continue;
-    return static_cast<int>(candidate);
+    return !failed_.contains(route) && ledger_->Usable(route.ours, spec_.peer, now) &&
+           !lanes_[candidate].endpoint->broken();
+  };
+  for (size_t step = 1; step <= primary_; ++step) {
+    size_t candidate = (failed + step) % primary_;
+    if (candidate != failed && usable(candidate)) return static_cast<int>(candidate);
+  }
+  for (size_t candidate = primary_; candidate < lanes_.size(); ++candidate) {
+    if (candidate != failed && usable(candidate)) return static_cast<int>(candidate);
   }
   return -1;
 }

@@ -3,8 +3,9 @@
 // endpoints of the routes the op may take, one NIC after the other; each slice goes through
 // the peer's fair queue. A slice that fails with a transport error (UNAVAILABLE: its
 // connection or NIC broke) pauses its rail in the ledger and is posted again on a lane of a
-// route that has not failed this op; the op fails only when no such lane is left, or on any
-// other error (a refused key is not the wire's fault: another NIC would be refused too).
+// route that has not failed this op, or when none is left on a reserve lane (the next
+// provider: tcp behind verbs); the op fails only when no such lane is left, or on any other
+// error (a refused key is not the wire's fault: another NIC would be refused too).
 
 #include <cstdint>
 #include <functional>
@@ -58,9 +59,10 @@ class StripedOp : public std::enable_shared_from_this<StripedOp> {
   };
   using Done = absl::AnyInvocable<void(StripedOutcome) &&>;
 
-  // `lanes` is not empty and stays valid (regions registered) until `done` ran; `queue`
-  // is the peer's; `wanted` as FairQueue::Enqueue's.
-  StripedOp(Spec spec, std::vector<Lane> lanes, RailLedger* ledger,
+  // `lanes` is not empty; `reserve` (maybe empty) only takes slices that `lanes` failed.
+  // Both stay valid (regions registered) until `done` ran; `queue` is the peer's; `wanted`
+  // as FairQueue::Enqueue's.
+  StripedOp(Spec spec, std::vector<Lane> lanes, std::vector<Lane> reserve, RailLedger* ledger,
             std::shared_ptr<FairQueue> queue, std::function<bool()> wanted, Done done);
 
   // The op's slices, for the caller to enqueue on the peer's queue with the rest of its
@@ -70,10 +72,12 @@ class StripedOp : public std::enable_shared_from_this<StripedOp> {
  private:
   SliceWork Work(const SliceRange& slice, size_t lane);
   void OnSlice(const SliceRange& slice, size_t lane, absl::Status status);
-  // A lane of a route that has not failed this op and that the ledger lets us use, or -1.
+  // A lane of a route that has not failed this op and that the ledger lets us use (the
+  // primary lanes after `failed` first, then the reserve ones), or -1.
   int OtherLane(size_t failed) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const Spec spec_;
+  const size_t primary_;      // lanes_[0, primary_) are the op's, the rest its reserve
   const std::vector<Lane> lanes_;
   RailLedger* const ledger_;
   const std::shared_ptr<FairQueue> queue_;

@@ -300,6 +300,17 @@ void TransferEngine::Post(const std::shared_ptr<Transfer>& transfer, absl::Time 
       Settle(transfer, i, no_lane, provider);
       continue;
     }
+    // Where slices go when every NIC of the provider failed them (tcp behind verbs), unless
+    // the policy says to fail rather than fall back.
+    std::vector<Lane> reserve;
+    if (transfer->policy().policy.fallback != config::Fallback::kFail) {
+      for (const Route& route : direct.reserve) {
+        const absl::StatusOr<PeerEndpoint>& e = endpoint(node, route, 0, op.remote->incarnation);
+        if (!e.ok()) continue;
+        reserve.push_back({e->endpoint, route, op.local->region(route.ours),
+                           *op.remote->KeyFor(route.theirs)});
+      }
+    }
     size_t& most = routes_to[node];
     most = std::max(most, direct.routes.size());
     // The completion holds the ops (and so the buffers) until the fabric is done with
@@ -313,7 +324,8 @@ void TransferEngine::Post(const std::shared_ptr<Transfer>& transfer, absl::Time 
     StripedOp::Spec spec{op.type == ferry::v1::READ, op.local_offset, op.remote_offset,
                          op.length, limits.slice_bytes, node, transfer->id(),
                          next_lane_.fetch_add(1, std::memory_order_relaxed)};
-    auto striped = std::make_shared<StripedOp>(std::move(spec), std::move(lanes), &ledger_,
+    auto striped = std::make_shared<StripedOp>(std::move(spec), std::move(lanes),
+                                               std::move(reserve), &ledger_,
                                                QueueFor(node, limits, routes_to[node]), wanted,
                                                std::move(done));
     std::vector<SliceWork>& to_peer = work[node];
