@@ -181,16 +181,21 @@ absl::Status ParseInto(const Context& ctx, const YAML::Node& root, Config& c) {
   if (auto tcp = root["tcp"]) {
     RETURN_IF_ERROR(CheckKeys(ctx, tcp, "tcp", {"connections", "listen", "rails"}));
     if (auto rails = tcp["rails"]) {
-      if (!rails.IsMap() && !rails.IsNull())
-        return ctx.Error(rails, "tcp.rails", "expected nic: address pairs (mlx5_0: 10.0.0.1)");
-      for (const auto& item : rails) {
-        std::string nic = item.first.as<std::string>();
-        std::string key = absl::StrCat("tcp.rails.", nic);
-        ASSIGN_OR_RETURN(std::string address, ReadString(ctx, item.second, key));
-        // A bare host listens on any free port of it.
-        if (address.find(':') == std::string::npos) address = absl::StrCat(address, ":0");
-        RETURN_IF_ERROR(CheckAddress(ctx, item.second, key, address));
-        c.tcp_rails[nic] = address;
+      if (rails.IsScalar() && rails.as<std::string>() == "auto") {
+        c.tcp_rails_auto = true;
+      } else if (!rails.IsMap() && !rails.IsNull()) {
+        return ctx.Error(rails, "tcp.rails",
+                         "expected auto or nic: address pairs (mlx5_0: 10.0.0.1)");
+      } else {
+        for (const auto& item : rails) {
+          std::string nic = item.first.as<std::string>();
+          std::string key = absl::StrCat("tcp.rails.", nic);
+          ASSIGN_OR_RETURN(std::string address, ReadString(ctx, item.second, key));
+          // A bare host listens on any free port of it.
+          if (address.find(':') == std::string::npos) address = absl::StrCat(address, ":0");
+          RETURN_IF_ERROR(CheckAddress(ctx, item.second, key, address));
+          c.tcp_rails[nic] = address;
+        }
       }
     }
     if (auto n = tcp["connections"]) {

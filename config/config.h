@@ -64,6 +64,8 @@ struct Config {
   // tcp rails: NIC name -> the address ("host" or "host:port") its tcp traffic uses; one
   // tcp fabric per entry instead of the one on tcp_listen.
   std::map<std::string, std::string> tcp_rails;
+  // `tcp.rails: auto`: a rail per selectable NIC, on its network interface's address.
+  bool tcp_rails_auto = false;
   VerbsSettings verbs;
   // Request limits.
   uint64_t max_op_bytes = 1ull << 30;

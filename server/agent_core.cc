@@ -10,6 +10,7 @@
 #include "spdlog/spdlog.h"
 #include "transport/providers.h"
 #include "transport/topology/discovery.h"
+#include "transport/topology/nic_address.h"
 
 namespace ferry::server {
 namespace {
@@ -35,10 +36,24 @@ absl::StatusOr<std::unique_ptr<AgentCore>> AgentCore::Create(const config::Confi
   std::string clamped;
   fabric::ProviderOptions providers =
       ProviderOptionsFromConfig(config, ConnectionFdBudget(RaiseOpenFileLimit()), &clamped);
-  // One verbs fabric per NIC the plan may choose (nics.allow / deny, ports up).
+  // One verbs fabric per NIC the plan may choose (nics.allow / deny, ports up); with
+  // `tcp.rails: auto` a tcp rail on each of those NICs' interface addresses too.
   const topology::TopologyPlan plan = core->plan();
   for (size_t n = 0; n < plan.nics.size(); ++n) {
-    if (plan.nics[n].selectable) providers.verbs_devices.push_back(core->machine_.nics[n].name);
+    if (!plan.nics[n].selectable) continue;
+    const std::string& nic = core->machine_.nics[n].name;
+    providers.verbs_devices.push_back(nic);
+    if (!config.tcp_rails_auto) continue;
+    absl::StatusOr<std::string> address = topology::NicAddress(topology::SysRoot(), nic);
+    if (!address.ok()) {
+      spdlog::info("tcp rail {} not used: {}", nic, std::string(address.status().message()));
+      continue;
+    }
+    tcp::TcpOptions rail = providers.tcp;
+    rail.listen_address = absl::StrCat(*address, ":0");
+    rail.nic = nic;
+    rail.event_loops = 1;
+    providers.tcp_rails.push_back(std::move(rail));
   }
   if (!clamped.empty()) spdlog::info("{}", clamped);
   std::vector<std::string> skipped;

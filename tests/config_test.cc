@@ -141,7 +141,12 @@ TEST(ConfigTest, RailsAndTheirMemoryAreParsedAndChecked) {
   EXPECT_EQ(d->verbs.qps_per_peer, 2u);
 
   EXPECT_THAT(ErrorOf("tcp:\n  rails: [10.0.0.1]\n"),
-              HasSubstr("test.yaml:2: key 'tcp.rails': expected nic: address pairs"));
+              HasSubstr("test.yaml:2: key 'tcp.rails': expected auto or nic: address pairs"));
+  EXPECT_THAT(ErrorOf("tcp:\n  rails: some\n"), HasSubstr("key 'tcp.rails'"));
+  auto derived = ParseConfig("tcp:\n  rails: auto\n", "test.yaml");
+  ASSERT_TRUE(derived.ok()) << derived.status();
+  EXPECT_TRUE(derived->tcp_rails_auto);
+  EXPECT_TRUE(derived->tcp_rails.empty());
   EXPECT_THAT(ErrorOf("tcp:\n  rails:\n    mlx5_0: 10.0.0.1:port\n"),
               HasSubstr("test.yaml:3: key 'tcp.rails.mlx5_0'"));
   EXPECT_THAT(ErrorOf("host_pool:\n  numa: -1\n"), HasSubstr("key 'host_pool.numa'"));

@@ -1,4 +1,5 @@
 // Discovery from hwloc XML fixtures and the path class of every GPU-NIC pair.
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -9,6 +10,7 @@
 #include "config/policy.h"
 #include "transport/topology/acs.h"
 #include "transport/topology/discovery.h"
+#include "transport/topology/nic_address.h"
 #include "transport/topology/machine.h"
 #include "transport/topology/path_class.h"
 #include "transport/topology/sys_root.h"
@@ -259,6 +261,30 @@ TEST(SysRootTest, ReadsUnderThePrefix) {
   EXPECT_TRUE(root.List("/nope").empty());
   EXPECT_TRUE(SysRoot("").is_live());
   EXPECT_EQ(SysRoot("/").Path("/proc/cmdline"), "/proc/cmdline");
+}
+
+// tcp rails derived from the NICs (`tcp.rails: auto`): a fake sysfs names each NIC's
+// interface; the address is the live machine's (lo is 127.0.0.1 everywhere).
+TEST(NicAddressTest, TheNicsInterfaceGivesTheRailItsAddress) {
+  char tmpl[] = "/tmp/ferry-nic-address-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string root = tmpl;
+  std::filesystem::create_directories(root + "/sys/class/infiniband/mlx5_9/device/net/lo");
+  std::filesystem::create_directories(root + "/sys/class/infiniband/mlx5_8/device");
+  std::filesystem::create_directories(
+      root + "/sys/class/infiniband/mlx5_7/device/net/ferry-no-such-if0");
+  SysRoot sys(root);
+  auto lo = NicAddress(sys, "mlx5_9");
+  ASSERT_TRUE(lo.ok()) << lo.status();
+  EXPECT_EQ(*lo, "127.0.0.1");
+  auto none = NicAddress(sys, "mlx5_8");
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(none.status().message(), HasSubstr("mlx5_8 has no network interface"));
+  auto gone = NicAddress(sys, "mlx5_7");
+  EXPECT_EQ(gone.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(gone.status().message(),
+              HasSubstr("mlx5_7's interface ferry-no-such-if0 has no IPv4 address"));
+  std::filesystem::remove_all(root);
 }
 
 }  // namespace
