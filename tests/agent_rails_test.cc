@@ -162,6 +162,33 @@ TEST_F(AgentRailsTest, GpuToSameGpuIsCarriedOnlyByThatGpusNicOnBothSides) {
   }
 }
 
+TEST_F(AgentRailsTest, AStagedGpuLegLeavesThroughItsGpusNicToThePeersGpuNic) {
+  // GDR off on both: the bytes go through bounce chunks, still on GPU 2's NIC at both ends.
+  ASSERT_TRUE(pair_.ca->SetPolicy({{"gdr", "never"}}).ok());
+  ASSERT_TRUE(pair_.cb->SetPolicy({{"gdr", "never"}}).ok());
+  constexpr uint64_t kSize = 8 * kMiB;
+  auto target = pair_.cb->Alloc(kSize, "g2", "cuda:2");
+  ASSERT_TRUE(target.ok()) << target.status();
+  auto src = pair_.ca->Alloc(kSize, "", "cuda:2");
+  ASSERT_TRUE(src.ok()) << src.status();
+  Fill(**src, 21);
+  NicCounts a0 = Counts(*pair_.ca, "node-b"), b0 = Counts(*pair_.cb, "node-a");
+  auto r = pair_.ca->Run({{ferry::v1::WRITE, (*src)->id(), 0, "node-b", "g2", 0, kSize}},
+                         absl::Seconds(30), true);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->ops(0).legs(0).mode(), "staged");
+  EXPECT_EQ(r->ops(0).legs(1).mode(), "staged");
+  EXPECT_THAT(Rails(r->ops(0).legs(0)), ElementsAre(Rail(2)));
+  EXPECT_THAT(Rails(r->ops(0).legs(1)), ElementsAre(Rail(2)));
+  EXPECT_EQ(std::memcmp((*src)->data(), (*target)->data(), kSize), 0);
+  auto sent = Delta(a0.sent, Counts(*pair_.ca, "node-b").sent);
+  auto served = Delta(b0.served, Counts(*pair_.cb, "node-a").served);
+  for (int n = 0; n < kNics; ++n) {
+    EXPECT_EQ(sent[Rail(n)], n == 2 ? kSize : 0) << "node-a " << Rail(n);
+    EXPECT_EQ(served[Rail(n)], n == 2 ? kSize : 0) << "node-b " << Rail(n);
+  }
+}
+
 TEST_F(AgentRailsTest, AHostTransferIsSplitEvenlyOverTheNicsOfItsNumaNode) {
   constexpr uint64_t kSize = 256 * kMiB;
   auto target = pair_.cb->Alloc(kSize, "landing");

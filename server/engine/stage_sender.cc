@@ -218,6 +218,13 @@ void StageSender::ChunkEnded(size_t slot, uint64_t bytes, const absl::Status& st
                              bool launched) {
   const StagedOp& staged = ops_[slot];
   const PlannedOp& op = (*planned_)[staged.index];
+  if (deps_.ledger != nullptr && launched) {
+    if (status.ok()) {
+      deps_.ledger->Carried(staged.peer.rail, op.remote->node, bytes);
+    } else if (status.code() == absl::StatusCode::kUnavailable) {
+      deps_.ledger->Failed(staged.peer.rail, op.remote->node, status, false, absl::Now());
+    }
+  }
   bool settle = false;
   uint32_t chunks = 0;
   {

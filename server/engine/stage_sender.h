@@ -16,6 +16,7 @@
 #include "server/buffers/bounce_pools.h"
 #include "server/buffers/gpu_pools.h"
 #include "server/engine/leg_planner.h"
+#include "server/engine/rail_ledger.h"
 #include "server/engine/transfer.h"
 #include "server/peers/peer_directory.h"
 #include "server/peers/stage_call.h"
@@ -37,6 +38,8 @@ class StageSender : public std::enable_shared_from_this<StageSender>, public Sta
     // Settles op `index` of the transfer (the engine's bookkeeping).
     std::function<void(size_t index, const absl::Status& status, const std::string& provider)>
         settle;
+    // Counts each chunk against its rail (per-NIC counters); may be null.
+    RailLedger* ledger = nullptr;
   };
 
   // `planned`: the transfer's ops, held while the pipeline may touch their buffers.

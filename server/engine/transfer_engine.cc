@@ -360,6 +360,7 @@ void TransferEngine::StartStaging(const std::shared_ptr<Transfer>& transfer, Pla
   deps.settle = [this, transfer](size_t index, const absl::Status& s, const std::string& provider) {
     Settle(transfer, index, s, provider);
   };
+  deps.ledger = &ledger_;
   auto sender = std::make_shared<StageSender>(transfer, std::move(planned), std::move(ops),
                                               std::move(deps));
   auto done = std::make_shared<std::atomic<bool>>(false);
