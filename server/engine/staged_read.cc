@@ -1,5 +1,7 @@
 #include "server/engine/staged_read.h"
 
+#include <utility>
+
 namespace ferry::server {
 
 void StagedRead::Start(StagedChunk chunk, ChunkDone done) {
@@ -46,10 +48,14 @@ void StagedRead::CopyIn() {
 }
 
 void StagedRead::Finish(uint64_t bytes, absl::Status status) {
-  // Give back what the chunk holds before the op may settle (and accounting be read).
+  // Give back what the chunk holds before the op may settle (and accounting be read), `done_`
+  // too: it holds the sender (and so the buffers), and this object may outlive the chunk in
+  // a closure another thread has yet to drop (StagedWrite::Finish says why that matters).
+  // The call stays: dropping it here could destroy it on its own reader thread (Fetch).
   grant_ = GrantLease();
   c_.bounce = ChunkLease();
-  std::move(done_)(bytes, std::move(status));
+  ChunkDone done = std::exchange(done_, nullptr);
+  std::move(done)(bytes, std::move(status));
 }
 
 }  // namespace ferry::server

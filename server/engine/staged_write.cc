@@ -1,5 +1,7 @@
 #include "server/engine/staged_write.h"
 
+#include <utility>
+
 namespace ferry::server {
 
 void StagedWrite::Start(StagedChunk chunk, ChunkDone done) {
@@ -66,13 +68,24 @@ void StagedWrite::WireDone(absl::Status status) {
 void StagedWrite::ReportToPeer() {
   // The bytes are in the peer's chunk; it copies them in and reports (OnCopied).
   if (!c_.call->Report(grant_->grant, c_.op->remote_offset + c_.offset, c_.length, c_.token)) {
-    Finish(0, absl::UnavailableError("Stage: the peer closed the call"));
+    return Finish(0, absl::UnavailableError("Stage: the peer closed the call"));
   }
+  // The chunk ends here (OnCopied settles it, `done_` never runs): let go now, see Finish.
+  c_.call.reset();
+  done_ = nullptr;
 }
 
 void StagedWrite::Finish(uint64_t bytes, absl::Status status) {
+  // Everything the chunk was given goes before `done` hands its window slot back, not when
+  // this object dies: a closure on another thread may still hold it after the chunk ended
+  // (the copy engine's CopyOut callback when the other step arrived last), and `done_` holds
+  // the sender, so the transfer's ops, buffers and registrations; the call holds the peer's
+  // pool. Run returns once every slot is back, and the engine then drops the sender to free
+  // them: a stale closure must not keep them past that (stage_sender_test's TearDown).
   c_.bounce = ChunkLease();
-  std::move(done_)(bytes, std::move(status));
+  c_.call.reset();
+  ChunkDone done = std::exchange(done_, nullptr);
+  std::move(done)(bytes, std::move(status));
 }
 
 }  // namespace ferry::server
