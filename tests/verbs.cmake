@@ -9,3 +9,6 @@ ferry_test(verbs_model_test LABELS unit LIBS ferry_verbs_model ferry_memory)
 ferry_test(verbs_provider_test LABELS unit LIBS ferry_verbs_model ferry_providers ferry_memory)
 ferry_test(verbs_events_test LABELS unit LIBS ferry_verbs_model)
 ferry_test(verbs_hardware_test LABELS rdma LIBS ferry_verbs ferry_memory)
+# Rails on the model: four devices a node, one op striped over them, a link lost mid-transfer
+# (StripedOp, FairQueue and RailLedger from the engine).
+ferry_test(verbs_rails_test LABELS unit LIBS ferry_verbs_model ferry_server)

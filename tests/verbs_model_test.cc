@@ -301,6 +301,83 @@ TEST_F(VerbsModelTest, WriteReadAndWriteWithImmediateMoveBytes) {
   EXPECT_EQ(Poll(cq_a_, 1).size(), 1u);
 }
 
+// The port counters (sysfs port_xmit_data / port_rcv_data) count payload where it leaves
+// and where it enters: a WRITE leaves the requester, a READ's response leaves the responder.
+// A refused access moves nothing.
+TEST_F(VerbsModelTest, PortCountersCountPayloadWhereItLeavesAndWhereItEnters) {
+  ibv_qp *a, *b;
+  Pair(&a, &b);
+  std::vector<char> src(4096, 'w'), back(4096, 0), dst(4096, 0);
+  ibv_mr* src_mr = Mr(pd_a_, src, IBV_ACCESS_LOCAL_WRITE);
+  ibv_mr* back_mr = Mr(pd_a_, back, IBV_ACCESS_LOCAL_WRITE);
+  ibv_mr* dst_mr = Mr(pd_b_, dst, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+                                      IBV_ACCESS_REMOTE_READ);
+  uint64_t base = reinterpret_cast<uint64_t>(dst.data());
+  ASSERT_EQ(Post(a, IBV_WR_RDMA_WRITE, src.data(), 4096, src_mr->lkey, base, dst_mr->rkey, 1), 0);
+  ASSERT_EQ(Post(a, IBV_WR_RDMA_READ, back.data(), 100, back_mr->lkey, base, dst_mr->rkey, 2), 0);
+  ASSERT_EQ(Poll(cq_a_, 2).size(), 2u);
+  VerbsModel::PortCounters ours = model_.Counters("mlx5_0");
+  VerbsModel::PortCounters theirs = model_.Counters("mlx5_1");
+  EXPECT_EQ(ours.xmit_data, 4096u);
+  EXPECT_EQ(ours.rcv_data, 100u);
+  EXPECT_EQ(ours.requests, 2u);
+  EXPECT_EQ(theirs.xmit_data, 100u);
+  EXPECT_EQ(theirs.rcv_data, 4096u);
+  EXPECT_EQ(theirs.requests, 0u);
+  // A bad rkey: nothing is moved, nothing counted; the QP goes to ERR.
+  ASSERT_EQ(Post(a, IBV_WR_RDMA_WRITE, src.data(), 4096, src_mr->lkey, base, dst_mr->rkey + 1, 3),
+            0);
+  auto wcs = Poll(cq_a_, 1);
+  ASSERT_EQ(wcs.size(), 1u);
+  EXPECT_EQ(wcs[0].status, IBV_WC_REM_ACCESS_ERR);
+  EXPECT_EQ(model_.Counters("mlx5_0").xmit_data, 4096u);
+  EXPECT_EQ(model_.Counters("mlx5_1").rcv_data, 4096u);
+  EXPECT_EQ(model_.Counters("mlx5_9").xmit_data, 0u);  // no such device
+  EXPECT_EQ(model_.WorkOutstanding(), 0u);
+}
+
+// A link that fails mid-transfer: the work requests up to the mark complete, the next one
+// finds no ACK and fails after its retries, the rest flush; PORT_ERR is raised.
+TEST_F(VerbsModelTest, APortSetToFailAfterSomeBytesGoesDownBetweenWorkRequests) {
+  ibv_qp* a = Qp(pd_a_, cq_a_);
+  ibv_qp* b = Qp(pd_b_, cq_b_);
+  ASSERT_EQ(Connect(a, b->qp_num, 2, 100, 200, 7, /*timeout=*/8), 0);
+  ASSERT_EQ(Connect(b, a->qp_num, 1, 200, 100, 7, /*timeout=*/8), 0);
+  std::vector<char> src(4 * 4096, 'w'), dst(4 * 4096, 0);
+  ibv_mr* src_mr = Mr(pd_a_, src, IBV_ACCESS_LOCAL_WRITE);
+  ibv_mr* dst_mr = Mr(pd_b_, dst, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  model_.SetPortDownAfter("mlx5_1", 1, 2 * 4096);  // the responder's link
+  model_.SetPaused(true);
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_EQ(Post(a, IBV_WR_RDMA_WRITE, src.data() + i * 4096, 4096, src_mr->lkey,
+                   reinterpret_cast<uint64_t>(dst.data()) + i * 4096, dst_mr->rkey, i),
+              0);
+  }
+  model_.SetPaused(false);
+  auto wcs = Poll(cq_a_, 4);
+  ASSERT_EQ(wcs.size(), 4u);
+  EXPECT_EQ(wcs[0].status, IBV_WC_SUCCESS);
+  EXPECT_EQ(wcs[1].status, IBV_WC_SUCCESS);
+  EXPECT_EQ(wcs[2].status, IBV_WC_RETRY_EXC_ERR);
+  EXPECT_EQ(wcs[3].status, IBV_WC_WR_FLUSH_ERR);
+  EXPECT_EQ(std::count(dst.begin(), dst.end(), 'w'), 2 * 4096);
+  EXPECT_EQ(model_.Counters("mlx5_1").rcv_data, 2u * 4096);
+  EXPECT_EQ(model_.Counters("mlx5_0").xmit_data, 2u * 4096);
+  ibv_port_attr port = {};
+  ASSERT_EQ(model_.QueryPort(ctx_b_, 1, &port), 0);
+  EXPECT_EQ(port.state, IBV_PORT_DOWN);
+  ibv_async_event event = {};
+  ASSERT_EQ(model_.GetAsyncEvent(ctx_b_, &event), 0);
+  EXPECT_EQ(event.event_type, IBV_EVENT_PORT_ERR);
+  model_.AckAsyncEvent(&event);
+  // The mark is spent: back up, the port stays up.
+  model_.SetPortState("mlx5_1", 1, IBV_PORT_ACTIVE);
+  ASSERT_EQ(model_.GetAsyncEvent(ctx_b_, &event), 0);
+  EXPECT_EQ(event.event_type, IBV_EVENT_PORT_ACTIVE);
+  model_.AckAsyncEvent(&event);
+  EXPECT_EQ(model_.WorkOutstanding(), 0u);
+}
+
 TEST_F(VerbsModelTest, BadRkeyIsRemoteAccessErrorThenEverythingFlushes) {
   ibv_qp *a, *b;
   Pair(&a, &b);

@@ -79,7 +79,8 @@ void StripedOp::OnSlice(const SliceRange& slice, size_t lane, absl::Status statu
     if (status.ok()) {
       ours_.insert(route.ours.ToString());
       theirs_.insert(route.theirs.ToString());
-    } else if (status.code() == absl::StatusCode::kUnavailable && wanted_ && wanted_()) {
+    } else if (status.code() == absl::StatusCode::kUnavailable && (!wanted_ || wanted_())) {
+      // No `wanted` means nothing cancels the op (as FairQueue::Enqueue reads it): retry.
       failed_.insert(route);
       int other = OtherLane(lane);
       ledger_->Failed(route.ours, spec_.peer, status, other >= 0, absl::Now());

@@ -97,6 +97,10 @@ struct VerbsModel::Device {
   DeviceConfig config;
   ibv_device dev = {};
   bool lost = false;  // LoseDevice(): nothing it had or gets completes
+  // Per port (index port - 1): what it moved, and the sent + received total at which
+  // SetPortDownAfter takes it down (none: UINT64_MAX).
+  std::vector<PortCounters> counters;
+  std::vector<uint64_t> down_at;
 };
 struct VerbsModel::Context {
   ibv_context ctx = {};
@@ -218,6 +222,8 @@ VerbsModel::VerbsModel(std::vector<DeviceConfig> devices) {
   for (auto& config : devices) {
     auto d = std::make_unique<Device>();
     d->config = std::move(config);
+    d->counters.resize(d->config.ports.size());
+    d->down_at.assign(d->config.ports.size(), UINT64_MAX);
     d->dev.node_type = IBV_NODE_CA;
     d->dev.transport_type = IBV_TRANSPORT_IB;
     std::snprintf(d->dev.name, sizeof(d->dev.name), "%s", d->config.name.c_str());
@@ -1008,6 +1014,16 @@ bool VerbsModel::Execute(Qp* q) {
       off += wr.sges[i].length;
     }
   }
+  // The port counters: a WRITE's payload leaves our port, a READ's response leaves the
+  // peer's. Counted before the completion, so a link that fails at this mark fails after
+  // this work request was delivered and acknowledged, and before the next one.
+  const bool read = wr.opcode == IBV_WR_RDMA_READ;
+  Device& our_dev = *q->pd->context->device;
+  const uint8_t our_port = static_cast<uint8_t>(std::max<int>(q->attr.port_num, 1));
+  ++our_dev.counters[our_port - 1].requests;
+  CountPort(our_dev, our_port, total, /*sent=*/!read);
+  CountPort(*peer->pd->context->device, static_cast<uint8_t>(std::max<int>(peer->attr.port_num, 1)),
+            total, /*sent=*/read);
   if (wr.opcode == IBV_WR_RDMA_WRITE_WITH_IMM) {
     ibv_wc rwc = {};
     rwc.wr_id = peer->rq.front();
@@ -1205,13 +1221,53 @@ void VerbsModel::SetPortState(const std::string& device, uint8_t port, ibv_port_
   absl::MutexLock lock(&mu_);
   for (auto& d : devices_) {
     if (d->config.name != device || port < 1 || port > d->config.ports.size()) continue;
-    d->config.ports[port - 1].state = state;
-    for (auto& [handle, c] : contexts_) {
-      if (c->device != d.get()) continue;
-      Raise(c.get(), state == IBV_PORT_ACTIVE ? IBV_EVENT_PORT_ACTIVE : IBV_EVENT_PORT_ERR,
-            nullptr, nullptr, port);
+    SetPortStateLocked(*d, port, state);
+  }
+}
+
+void VerbsModel::SetPortStateLocked(Device& d, uint8_t port, ibv_port_state state) {
+  d.config.ports[port - 1].state = state;
+  for (auto& [handle, c] : contexts_) {
+    if (c->device != &d) continue;
+    Raise(c.get(), state == IBV_PORT_ACTIVE ? IBV_EVENT_PORT_ACTIVE : IBV_EVENT_PORT_ERR, nullptr,
+          nullptr, port);
+  }
+}
+
+void VerbsModel::SetPortDownAfter(const std::string& device, uint8_t port, uint64_t bytes) {
+  absl::MutexLock lock(&mu_);
+  for (auto& d : devices_) {
+    if (d->config.name != device || port < 1 || port > d->config.ports.size()) continue;
+    const PortCounters& c = d->counters[port - 1];
+    d->down_at[port - 1] = c.xmit_data + c.rcv_data + bytes;
+    if (bytes == 0) CountPort(*d, port, 0, /*sent=*/true);
+  }
+}
+
+void VerbsModel::CountPort(Device& d, uint8_t port, uint64_t bytes, bool sent) {
+  PortCounters& c = d.counters[port - 1];
+  (sent ? c.xmit_data : c.rcv_data) += bytes;
+  if (c.xmit_data + c.rcv_data < d.down_at[port - 1]) return;
+  d.down_at[port - 1] = UINT64_MAX;
+  SetPortStateLocked(d, port, IBV_PORT_DOWN);
+}
+
+VerbsModel::PortCounters VerbsModel::Counters(const std::string& device, uint8_t port) {
+  absl::MutexLock lock(&mu_);
+  for (auto& d : devices_) {
+    if (d->config.name == device && port >= 1 && port <= d->counters.size()) {
+      return d->counters[port - 1];
     }
   }
+  return {};
+}
+
+uint64_t VerbsModel::WorkOutstanding() {
+  absl::MutexLock lock(&mu_);
+  uint64_t n = 0;
+  for (auto& [qpn, q] : qps_) n += q->sq.size();
+  for (auto& [handle, cq] : cqs_) n += cq->entries.size();
+  return n;
 }
 
 void VerbsModel::RaiseQpFatal(uint32_t qpn) {

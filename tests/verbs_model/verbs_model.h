@@ -27,11 +27,14 @@
 // - memory registration as the kernel pins it (ib_umem_get): ibv_reg_mr needs CPU pages the
 //   access may use, else EFAULT, so a device address (a simulated GPU's PROT_NONE range) is
 //   refused unless peer memory is loaded and its table (transport/memory/peer_memory.h)
-//   knows the range, as nvidia_peermem makes cudaMalloc pointers registrable.
+//   knows the range, as nvidia_peermem makes cudaMalloc pointers registrable;
+// - port counters: the payload each port sent and received (sysfs port_xmit_data and
+//   port_rcv_data), so tests can check which device carried what.
 //
 // Data moves on one model thread. Fault injection: fail the next N calls of a kind, force a
-// QP into ERR, pause the data mover, take a port down and up, raise a QP fatal event, lose a
-// device (its QPs stop and never complete; an IBV_EVENT_DEVICE_FATAL says so).
+// QP into ERR, pause the data mover, take a port down and up (now, or once it has moved a
+// given number of bytes: a link lost mid-transfer), raise a QP fatal event, lose a device
+// (its QPs stop and never complete; an IBV_EVENT_DEVICE_FATAL says so).
 
 #include <infiniband/verbs.h>
 
@@ -134,6 +137,13 @@ class VerbsModel : public VerbsApi {
   // context of the device) or back up (IBV_EVENT_PORT_ACTIVE). Traffic through a down port
   // does not arrive: senders see IBV_WC_RETRY_EXC_ERR after their retries.
   void SetPortState(const std::string& device, uint8_t port, ibv_port_state state);
+  // The link of port `port` of `device` fails once the port has moved `bytes` more payload
+  // (sent and received, as PortCounters counts it): the data mover takes it down, as
+  // SetPortState(IBV_PORT_DOWN), right after the work request that crossed the mark, so the
+  // port's other posted work requests are caught in flight. That request completes: the
+  // link went between its ACK and the next request's packets. (A link can also take an ACK
+  // with it, failing a request whose bytes landed; this scenario does not.)
+  void SetPortDownAfter(const std::string& device, uint8_t port, uint64_t bytes);
   // Moves a QP to ERR (outstanding WRs flush) and raises IBV_EVENT_QP_FATAL for it.
   void RaiseQpFatal(uint32_t qpn);
   // The device dies: its QPs stop where they are and no completion comes for anything they
@@ -172,6 +182,23 @@ class VerbsModel : public VerbsApi {
   uint64_t CpuFaults();
   // The access flags MR `lkey` was registered with; -1 for none.
   int MrAccess(uint32_t lkey);
+  // What a port moved, as the HCA's port counters count it (sysfs
+  // /sys/class/infiniband/<device>/ports/<port>/counters/port_xmit_data and port_rcv_data;
+  // perfquery's PortXmitData / PortRcvData): a WRITE's payload leaves the requester's port and
+  // enters the responder's; a READ's response data leaves the responder's port and enters the
+  // requester's. The real counters are in units of 4 octets and also count headers and
+  // retransmissions; the model counts the payload octets of WRITE and READ work requests that
+  // executed (reached the responder), which is what a provider can say it carried.
+  struct PortCounters {
+    uint64_t xmit_data = 0;  // payload bytes sent
+    uint64_t rcv_data = 0;   // payload bytes received
+    uint64_t requests = 0;   // WRITE / READ work requests its QPs executed as the requester
+  };
+  // All zero for a device or port there is not.
+  PortCounters Counters(const std::string& device, uint8_t port = 1);
+  // Send work requests on live QPs not yet executed or flushed, plus completions not yet
+  // polled: zero once the HCA owes the provider nothing.
+  uint64_t WorkOutstanding();
   // Waits until the data mover has nothing runnable.
   void WaitIdle();
 
@@ -192,6 +219,12 @@ class VerbsModel : public VerbsApi {
   void ToError(Qp* qp) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Queues an async event on `context` (element: a QP, a CQ or a port number).
   void Raise(Context* context, ibv_event_type type, ibv_qp* qp, ibv_cq* cq, int port)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void SetPortStateLocked(Device& device, uint8_t port, ibv_port_state state)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Counts `bytes` moved through `port` of `device` (sent or received), and takes the port
+  // down when that crosses its SetPortDownAfter mark.
+  void CountPort(Device& device, uint8_t port, uint64_t bytes, bool sent)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Waits until no handed-out event names `object`; false after the model's patience ran out.
   bool AwaitAcks(const void* object) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
