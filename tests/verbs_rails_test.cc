@@ -216,8 +216,8 @@ class VerbsRailsTest : public ::testing::Test {
     absl::Notification done;
     StripedOp::Spec spec{read, 0, 0, kOpBytes, kSliceBytes, kPeer, /*transfer_id=*/1, 0};
     // No `wanted`, as FairQueue::Enqueue allows: nothing cancels this op.
-    auto op = std::make_shared<StripedOp>(std::move(spec), Lanes(local), &ledger, queue, nullptr,
-                                          [&](StripedOutcome o) {
+    auto op = std::make_shared<StripedOp>(std::move(spec), Lanes(local), std::vector<Lane>{},
+                                          &ledger, queue, nullptr, [&](StripedOutcome o) {
                                             outcome = std::move(o);
                                             done.Notify();
                                           });

@@ -56,8 +56,11 @@ int StripedOp::OtherLane(size_t failed) const {
     return !failed_.contains(route) && ledger_->Usable(route.ours, spec_.peer, now) &&
            !lanes_[candidate].endpoint->broken();
   };
-  for (size_t step = 1; step <= primary_; ++step) {
-    size_t candidate = (failed + step) % primary_;
+  // Each retry starts its search one lane further on, so a failed NIC's slices spread over
+  // the others instead of all landing on the next one.
+  const size_t start = failed + 1 + retries_.size();
+  for (size_t step = 0; step < primary_; ++step) {
+    size_t candidate = (start + step) % primary_;
     if (candidate != failed && usable(candidate)) return static_cast<int>(candidate);
   }
   for (size_t candidate = primary_; candidate < lanes_.size(); ++candidate) {
