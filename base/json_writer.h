@@ -16,6 +16,31 @@
 
 namespace ferry {
 
+// Appends `text` as the inside of a JSON string: quotes, backslashes and control characters
+// escaped, UTF-8 passed through unchanged.
+inline void AppendJsonEscaped(std::string& out, absl::string_view text) {
+  static constexpr char kHex[] = "0123456789abcdef";
+  for (char c : text) {
+    switch (c) {
+      case '"': out += "\\\""; break;
+      case '\\': out += "\\\\"; break;
+      case '\b': out += "\\b"; break;
+      case '\f': out += "\\f"; break;
+      case '\n': out += "\\n"; break;
+      case '\r': out += "\\r"; break;
+      case '\t': out += "\\t"; break;
+      default:
+        if (static_cast<unsigned char>(c) < 0x20) {
+          out += "\\u00";
+          out += kHex[(c >> 4) & 0xf];
+          out += kHex[c & 0xf];
+        } else {
+          out += c;
+        }
+    }
+  }
+}
+
 class JsonWriter {
  public:
   JsonWriter& BeginObject() { return Open('{', Scope::kObject); }
@@ -121,27 +146,8 @@ class JsonWriter {
     Separate();
   }
   void AppendQuoted(absl::string_view text) {
-    static constexpr char kHex[] = "0123456789abcdef";
     out_ += '"';
-    for (char c : text) {
-      switch (c) {
-        case '"': out_ += "\\\""; break;
-        case '\\': out_ += "\\\\"; break;
-        case '\b': out_ += "\\b"; break;
-        case '\f': out_ += "\\f"; break;
-        case '\n': out_ += "\\n"; break;
-        case '\r': out_ += "\\r"; break;
-        case '\t': out_ += "\\t"; break;
-        default:
-          if (static_cast<unsigned char>(c) < 0x20) {
-            out_ += "\\u00";
-            out_ += kHex[(c >> 4) & 0xf];
-            out_ += kHex[c & 0xf];
-          } else {
-            out_ += c;  // UTF-8 passes through unchanged
-          }
-      }
-    }
+    AppendJsonEscaped(out_, text);
     out_ += '"';
   }
 

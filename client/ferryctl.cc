@@ -29,6 +29,7 @@
 #include "base/unique_fd.h"
 #include "client/ferry_client.h"
 #include "client/nics_view.h"
+#include "client/ops_views.h"
 #include "client/proto_json.h"
 #include "client/topo_command.h"
 #include "grpcpp/grpcpp.h"
@@ -48,6 +49,11 @@ PATH may be relative, or HOST:PORT for the agent's TCP listener):
   info [--json]                         node, version, providers, pool use, peers, NICs
   nics [--json]                         each rail (provider:NIC): health, the memory it
                                         carries, bytes by peer, paused rails and why
+  peers [--json]                        each peer: health (background checks), round trip,
+                                        incarnation, rails, connections, how it was found
+  transfers [--recent N] [--json]       running transfers and the last N finished ones
+  stats [--json]                        ops, bytes and failures by peer, direction, mode
+                                        and provider; op latency by size class
   nics down NIC [--reason TEXT] | nics up NIC
                                         take a NIC (or one rail, tcp:mlx5_0) out of
                                         service and back: peers move to their other rails
@@ -86,7 +92,7 @@ constexpr absl::Duration kTransferTimeout = absl::Seconds(60);
 constexpr absl::string_view kValueOptions[] = {"--socket",   "--name",   "--device",
                                                "--to",       "--offset", "--length",
                                                "--topology", "--config", "--sysfs-root",
-                                               "--reason"};
+                                               "--reason",   "--recent"};
 
 // The command line before the command's own options are read.
 struct CommandLine {
@@ -102,7 +108,7 @@ struct Args {
   std::vector<std::string> words;   // positional
   bool json = false;
   std::string name, to, device = "host", reason;
-  std::optional<uint64_t> offset, length;
+  std::optional<uint64_t> offset, length, recent;
 };
 
 int Usage(const std::string& why) {
@@ -200,6 +206,8 @@ std::string ParseArgs(const std::vector<std::string>& rest, Args& a) {
       size = &a.offset;
     } else if (name == "--length") {
       size = &a.length;
+    } else if (name == "--recent") {
+      size = &a.recent, what = "N";
     } else {
       return absl::StrCat("unknown option ", name);
     }
@@ -361,6 +369,40 @@ int Info(Client& c, const Args& a) {
     std::printf("nic         %s\n", client::FormatNicSummary(n).c_str());
   }
   return kOk;
+}
+
+// An Agent API call with no request fields, printed as a table or JSON.
+template <typename Request, typename Response>
+int View(Client& c, const Args& a,
+         grpc::Status (ferry::v1::Agent::Stub::*call)(grpc::ClientContext*, const Request&,
+                                                      Response*),
+         std::string (*format)(const Response&), const Request& req = Request()) {
+  Response resp;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  grpc::Status s = (c.stub().*call)(&ctx, req, &resp);
+  if (!s.ok()) {
+    return Fail(absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message()));
+  }
+  std::cout << (a.json ? client::ProtoToJson(resp) + "\n" : format(resp));
+  return kOk;
+}
+
+int Peers(Client& c, const Args& a) {
+  if (!a.words.empty()) return Usage("peers takes no arguments");
+  return View(c, a, &ferry::v1::Agent::Stub::ListPeers, &client::FormatPeers);
+}
+
+int Transfers(Client& c, const Args& a) {
+  if (!a.words.empty()) return Usage("transfers [--recent N]");
+  ferry::v1::ListTransfersRequest req;
+  req.set_recent(static_cast<uint32_t>(a.recent.value_or(20)));
+  return View(c, a, &ferry::v1::Agent::Stub::ListTransfers, &client::FormatTransfers, req);
+}
+
+int Stats(Client& c, const Args& a) {
+  if (!a.words.empty()) return Usage("stats takes no arguments");
+  return View(c, a, &ferry::v1::Agent::Stub::GetStats, &client::FormatStats);
 }
 
 int Nics(Client& c, const Args& a) {
@@ -628,7 +670,7 @@ int Main(int argc, char** argv) {
   const std::pair<const char*, Handler> kCommands[] = {
       {"info", Info}, {"buffers", Buffers}, {"alloc", Alloc},   {"free", Free},
       {"put", Put},   {"get", Get},         {"cancel", Cancel}, {"policy", Policy},
-      {"nics", Nics}};
+      {"nics", Nics},  {"peers", Peers},     {"transfers", Transfers}, {"stats", Stats}};
   for (const auto& [name, handler] : kCommands) {
     if (cl.command != name) continue;
     Args a;

@@ -1,5 +1,7 @@
 #include "client/nics_view.h"
 
+#include "client/ops_views.h"
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
@@ -11,18 +13,6 @@ std::string Carries(const ferry::v1::NicInfo& nic) {
   std::vector<std::string> what(nic.gpus().begin(), nic.gpus().end());
   if (nic.host()) what.push_back("host");
   return what.empty() ? "-" : absl::StrJoin(what, " ");
-}
-
-// Counters are rarely round: "23.8 MiB", not "24994048 B".
-std::string Bytes(uint64_t bytes) {
-  constexpr const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB"};
-  double value = static_cast<double>(bytes);
-  int unit = 0;
-  while (value >= 1024 && unit < 4) {
-    value /= 1024;
-    ++unit;
-  }
-  return unit == 0 ? absl::StrCat(bytes, " B") : absl::StrFormat("%.1f %s", value, kUnits[unit]);
 }
 
 std::string Numa(const ferry::v1::NicInfo& nic) {
@@ -38,7 +28,7 @@ std::string FormatNics(const google::protobuf::RepeatedPtrField<ferry::v1::NicIn
   std::string errors;
   for (const auto& nic : nics) {
     const std::string health = nic.health() == "ok" ? "ok" : "down";
-    const std::string served = Bytes(nic.served_written_bytes() + nic.served_read_bytes());
+    const std::string served = HumanBytes(nic.served_written_bytes() + nic.served_read_bytes());
     if (nic.peers().empty()) {
       absl::StrAppendFormat(&out, kRow, nic.rail(), health, Numa(nic), Carries(nic), served, "-",
                             "-", "-", "-", "-", "-");
@@ -49,7 +39,7 @@ std::string FormatNics(const google::protobuf::RepeatedPtrField<ferry::v1::NicIn
       if (p.state() == "paused") absl::StrAppend(&state, " ", p.paused_ms_left(), " ms");
       absl::StrAppendFormat(&out, kRow, first ? nic.rail() : "", first ? health : "",
                             first ? Numa(nic) : "", first ? Carries(nic) : "",
-                            first ? served : "", p.peer(), Bytes(p.bytes()),
+                            first ? served : "", p.peer(), HumanBytes(p.bytes()),
                             absl::StrCat(p.ops()), absl::StrCat(p.errors()),
                             absl::StrCat(p.retries()), state);
       first = false;
@@ -71,9 +61,9 @@ std::string FormatNicSummary(const ferry::v1::NicInfo& nic) {
     paused += p.state() == "paused" || p.state() == "probing";
   }
   std::string line = absl::StrCat(nic.rail(), " ", nic.health(), ", numa ", Numa(nic),
-                                  ", carries ", Carries(nic), ", sent ", Bytes(sent),
+                                  ", carries ", Carries(nic), ", sent ", HumanBytes(sent),
                                   ", served ",
-                                  Bytes(nic.served_written_bytes() +
+                                  HumanBytes(nic.served_written_bytes() +
                                                  nic.served_read_bytes()));
   if (paused > 0) absl::StrAppend(&line, ", paused for ", paused, " peer(s)");
   return line;

@@ -120,7 +120,8 @@ absl::Status ParseInto(const Context& ctx, const YAML::Node& root, Config& c) {
   if (!root || root.IsNull()) return absl::OkStatus();  // empty file: all defaults
   RETURN_IF_ERROR(CheckKeys(ctx, root, "",
                             {"node", "listen", "peers", "host_pool", "providers", "tcp", "verbs",
-                             "limits", "log", "topology", "nics", "policy", "gpu"}));
+                             "limits", "log", "topology", "nics", "policy", "gpu",
+                             "metrics"}));
   if (auto n = root["node"]) {
     ASSIGN_OR_RETURN(c.node, ReadString(ctx, n, "node"));
     if (c.node.empty() || c.node.find_first_of(":/ \t") != std::string::npos) {
@@ -337,8 +338,22 @@ absl::Status ParseInto(const Context& ctx, const YAML::Node& root, Config& c) {
                        ReadCount(ctx, n, "limits.tcp_handshake_timeout_ms", 1, 600000));
     }
   }
+  if (auto metrics = root["metrics"]) {
+    RETURN_IF_ERROR(CheckKeys(ctx, metrics, "metrics", {"listen"}));
+    if (auto n = metrics["listen"]) {
+      ASSIGN_OR_RETURN(c.metrics_listen, ReadString(ctx, n, "metrics.listen"));
+      if (!c.metrics_listen.empty())
+        RETURN_IF_ERROR(CheckAddress(ctx, n, "metrics.listen", c.metrics_listen));
+    }
+  }
   if (auto log = root["log"]) {
-    RETURN_IF_ERROR(CheckKeys(ctx, log, "log", {"level"}));
+    RETURN_IF_ERROR(CheckKeys(ctx, log, "log", {"level", "format"}));
+    if (auto n = log["format"]) {
+      ASSIGN_OR_RETURN(c.log_format, ReadString(ctx, n, "log.format"));
+      if (c.log_format != "text" && c.log_format != "json") {
+        return ctx.Error(n, "log.format", absl::StrCat("'", c.log_format, "' is not text or json"));
+      }
+    }
     if (auto n = log["level"]) {
       ASSIGN_OR_RETURN(c.log_level, ReadString(ctx, n, "log.level"));
       if (absl::Status valid = ValidateLogLevel(c.log_level); !valid.ok()) {

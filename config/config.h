@@ -81,8 +81,11 @@ struct Config {
   uint32_t tcp_max_connections = 1024;
   uint32_t tcp_max_connections_per_peer = 64;
   uint32_t tcp_handshake_timeout_ms = 5000;
-  // Logging: trace, debug, info, warn, error.
+  // Logging: trace, debug, info, warn, error; "text" or "json" lines.
   std::string log_level = "info";
+  std::string log_format = "text";
+  // Prometheus /metrics listener, "host:port"; "" = off.
+  std::string metrics_listen;
   // Topology: "" = the live machine, else an `lstopo --of xml` file.
   std::string topology;
   NicFilter nics;

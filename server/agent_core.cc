@@ -75,6 +75,7 @@ absl::StatusOr<std::unique_ptr<AgentCore>> AgentCore::Create(const config::Confi
   core->sessions_ = std::make_unique<SessionRegistry>(core->buffers_.get());
   core->peers_ = std::make_unique<PeerDirectory>(config.node, core->incarnation_,
                                                  config.peer_listen, config.peers, fabrics);
+  core->peer_health_ = std::make_unique<PeerHealth>(core->peers_.get());
   EngineDeps deps;
   deps.buffers = core->buffers_.get();
   deps.peers = core->peers_.get();
@@ -156,6 +157,7 @@ AgentCore::~AgentCore() {
   //    (their chunks' keys), GPU pools, the fabrics that made every key, the host pool last.
   for (const auto& f : fabrics_) f->StopServing();
   tensors_.reset();
+  peer_health_.reset();  // its Health calls use the peers' stubs
   if (peers_) peers_->CloseAll();
   engine_.reset();
   peers_.reset();

@@ -20,6 +20,7 @@
 #include "server/local/sessions.h"
 #include "server/policy_store.h"
 #include "server/peers/peer_directory.h"
+#include "server/peers/peer_health.h"
 #include "server/tensors/tensor_state.h"
 #include "transport/fabric.h"
 #include "transport/memory/host_pool.h"
@@ -41,6 +42,8 @@ class AgentCore {
   BufferRegistry& buffers() { return *buffers_; }
   SessionRegistry& sessions() { return *sessions_; }
   PeerDirectory& peers() { return *peers_; }
+  // Background Health checks of every peer (`ferryctl peers`, metrics).
+  const PeerHealth& peer_health() const { return *peer_health_; }
   TransferEngine& engine() { return *engine_; }
   TensorState& tensors() { return *tensors_; }
   // The PCIe topology found at start and the plan made from it under the current policy.
@@ -75,6 +78,7 @@ class AgentCore {
   std::unique_ptr<BufferRegistry> buffers_;
   std::unique_ptr<SessionRegistry> sessions_;
   std::unique_ptr<PeerDirectory> peers_;
+  std::unique_ptr<PeerHealth> peer_health_;
   std::unique_ptr<TransferEngine> engine_;
   // Send/Recv matching and notifications (uses the engine, buffers and peers).
   std::unique_ptr<TensorState> tensors_;

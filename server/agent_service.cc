@@ -11,6 +11,7 @@
 #include "server/agent_core.h"
 #include "server/info_protos.h"
 #include "server/nic_info.h"
+#include "server/views.h"
 #include "server/local/session_call.h"
 #include "base/grpc_status.h"
 #include "server/version.h"
@@ -86,6 +87,29 @@ grpc::Status AgentService::GetInfo(grpc::ServerContext*, const ferry::v1::GetInf
   }
   for (const auto& pool : core_->bounce().Stats()) FillBouncePool(pool, resp->add_bounce_pools());
   DescribeNics(*core_, resp);
+  return grpc::Status::OK;
+}
+
+grpc::Status AgentService::ListPeers(grpc::ServerContext*, const ferry::v1::ListPeersRequest*,
+                                     ferry::v1::ListPeersResponse* resp) {
+  DescribePeers(*core_, resp);
+  return grpc::Status::OK;
+}
+
+grpc::Status AgentService::ListTransfers(grpc::ServerContext*,
+                                         const ferry::v1::ListTransfersRequest* req,
+                                         ferry::v1::ListTransfersResponse* resp) {
+  if (req->recent() > 4096) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                        "recent: at most 4096 finished transfers are kept");
+  }
+  DescribeTransfers(*core_, req->recent(), resp);
+  return grpc::Status::OK;
+}
+
+grpc::Status AgentService::GetStats(grpc::ServerContext*, const ferry::v1::GetStatsRequest*,
+                                    ferry::v1::GetStatsResponse* resp) {
+  DescribeStats(*core_, resp);
   return grpc::Status::OK;
 }
 

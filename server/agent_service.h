@@ -22,6 +22,12 @@ class AgentService final
                        ferry::v1::GetInfoResponse*) override;
   grpc::Status SetNicState(grpc::ServerContext*, const ferry::v1::SetNicStateRequest*,
                            ferry::v1::SetNicStateResponse*) override;
+  grpc::Status ListPeers(grpc::ServerContext*, const ferry::v1::ListPeersRequest*,
+                         ferry::v1::ListPeersResponse*) override;
+  grpc::Status ListTransfers(grpc::ServerContext*, const ferry::v1::ListTransfersRequest*,
+                             ferry::v1::ListTransfersResponse*) override;
+  grpc::Status GetStats(grpc::ServerContext*, const ferry::v1::GetStatsRequest*,
+                        ferry::v1::GetStatsResponse*) override;
   grpc::Status AllocBuffer(grpc::ServerContext*, const ferry::v1::AllocBufferRequest*,
                            ferry::v1::AllocBufferResponse*) override;
   grpc::Status FreeBuffer(grpc::ServerContext*, const ferry::v1::FreeBufferRequest*,

@@ -32,9 +32,19 @@ std::vector<std::string> RestartOnlyChanges(const config::Config& a, const confi
       {"listen.local_tcp", [](const auto& c) { return c.local_tcp; }},
       {"listen.peer", [](const auto& c) { return c.peer_listen; }},
       {"host_pool.size", [](const auto& c) { return absl::StrCat(c.host_pool_bytes); }},
+      {"host_pool.numa", [](const auto& c) { return absl::StrCat(c.host_pool_numa); }},
       {"providers", [](const auto& c) { return Join(c.providers); }},
       {"tcp.connections", [](const auto& c) { return absl::StrCat(c.tcp_connections); }},
       {"tcp.listen", [](const auto& c) { return c.tcp_listen; }},
+      {"tcp.rails",
+       [](const auto& c) {
+         std::string rails = c.tcp_rails_auto ? "auto" : "";
+         for (const auto& [nic, address] : c.tcp_rails)
+           absl::StrAppend(&rails, nic, "=", address, ",");
+         return rails;
+       }},
+      {"log.format", [](const auto& c) { return c.log_format; }},
+      {"metrics.listen", [](const auto& c) { return c.metrics_listen; }},
       {"limits.tcp_max_connections",
        [](const auto& c) { return absl::StrCat(c.tcp_max_connections); }},
       {"limits.peer_window_bytes", [](const auto& c) { return absl::StrCat(c.peer_window_bytes); }},
@@ -49,7 +59,7 @@ std::vector<std::string> RestartOnlyChanges(const config::Config& a, const confi
                              v.retry_cnt, "/", v.rnr_retry, "/", v.send_queue_depth, "/",
                              v.signal_every, "/", v.inline_threshold, "/", v.recv_queue_depth,
                              "/", v.cq_depth, "/", v.max_message_bytes, "/", v.traffic_class,
-                             "/", v.sl, "/", v.pkey_index);
+                             "/", v.sl, "/", v.pkey_index, "/", v.qps_per_peer);
        }},
       {"topology", [](const auto& c) { return c.topology; }},
       {"nics", [](const auto& c) { return Nics(c.nics); }},

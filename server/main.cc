@@ -29,6 +29,8 @@
 #include "server/agent_core.h"
 #include "server/config_reload.h"
 #include "server/local/instance_lock.h"
+#include "server/log_setup.h"
+#include "server/metrics/metrics_exporter.h"
 #include "server/agent_service.h"
 #include "server/peer_service.h"
 #include "server/tensors/tensor_service.h"
@@ -175,8 +177,7 @@ int Run(int argc, char** argv) {
     return 2;
   }
   const config::Config& config = *loaded;
-  spdlog::set_level(spdlog::level::from_str(config.log_level));
-  spdlog::set_pattern(absl::StrCat("%Y-%m-%d %H:%M:%S.%e ", config.node, " %^%l%$ %v"));
+  SetUpLogging(config.node, config.log_level, config.log_format);
 
   // Signals are taken synchronously by this thread; every other thread inherits the mask.
   sigset_t signals;
@@ -232,6 +233,20 @@ int Run(int argc, char** argv) {
     return 1;
   }
   (*lock)->NoteSocketBound();
+  // Off unless metrics.listen names an address; a listener that cannot start is fatal, as
+  // the other listeners are: an operator who asked for metrics would otherwise not notice.
+  std::unique_ptr<MetricsExporter> metrics;
+  if (!config.metrics_listen.empty()) {
+    auto started = MetricsExporter::Start(config.metrics_listen, core->get());
+    if (!started.ok()) {
+      spdlog::error("cannot start: {}", std::string(started.status().message()));
+      local_server->Shutdown();
+      peer_server->Shutdown();
+      return 1;
+    }
+    metrics = *std::move(started);
+    spdlog::info("metrics on http://{}/metrics", metrics->address());
+  }
   if (chmod(config.local_socket.c_str(), 0660) != 0) {
     spdlog::warn("chmod(0660, {}): {}", config.local_socket, strerror(errno));
   }
@@ -257,6 +272,7 @@ int Run(int argc, char** argv) {
   auto grace = std::chrono::system_clock::now() + std::chrono::seconds(2);
   local_server->Shutdown(grace);
   peer_server->Shutdown(grace);
+  metrics.reset();  // it reads the core
   core->reset();
   lock->reset();
   spdlog::info("stopped");

@@ -1,6 +1,7 @@
 // `ferryctl nics` and the NIC lines of `ferryctl info`, from a GetInfo answer built here.
 
 #include "client/nics_view.h"
+#include "client/ops_views.h"
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -57,6 +58,67 @@ TEST(NicsViewTest, SummaryCountsWhatWasSentAndPausedPeers) {
             "tcp:mlx5_0 ok, numa 0, carries cuda:0 host, sent 23.8 MiB, served 3.0 MiB");
   EXPECT_THAT(FormatNicSummary(nics[1]), HasSubstr("carries -, sent 1.0 MiB, served 0 B, "
                                                    "paused for 1 peer(s)"));
+}
+
+TEST(OpsViewsTest, PeersTransfersAndStatsAsTables) {
+  ferry::v1::ListPeersResponse peers;
+  auto* ok = peers.add_peers();
+  ok->set_node("node-b");
+  ok->set_address("10.0.0.2:7100");
+  ok->set_health("ok");
+  ok->set_rtt_us(250);
+  ok->set_incarnation(0xabc);
+  ok->set_endpoints(4);
+  ok->set_source("etcd");
+  ok->add_rails("tcp:mlx5_0");
+  auto* gone = peers.add_peers();
+  gone->set_node("node-c");
+  gone->set_health("unreachable");
+  gone->set_last_error("Health: failed to connect");
+  gone->set_last_ok_ms_ago(3200);
+  const std::string p = FormatPeers(peers);
+  EXPECT_THAT(p, HasSubstr("node-b       10.0.0.2:7100          ok            0.25 ms abc"));
+  EXPECT_THAT(p, HasSubstr("etcd    tcp:mlx5_0"));
+  EXPECT_THAT(p, HasSubstr("  node-c: Health: failed to connect (last answer 3.2 s ago)"));
+
+  ferry::v1::ListTransfersResponse transfers;
+  auto* t = transfers.add_recent();
+  t->set_transfer_id(7);
+  t->set_state(ferry::v1::SUCCEEDED);
+  t->set_bytes_total(256 << 20);
+  t->set_bytes_done(256 << 20);
+  t->set_ops_total(4);
+  t->set_ops_settled(4);
+  t->add_peers("node-b");
+  t->add_modes("host");
+  t->add_rails("tcp:mlx5_0");
+  t->set_retries(2);
+  t->set_duration_us(12500);
+  const std::string x = FormatTransfers(transfers);
+  EXPECT_THAT(x, HasSubstr("running: 0\n"));
+  EXPECT_THAT(x, HasSubstr("7        succeeded 256.0 MiB 100%"));
+  EXPECT_THAT(x, HasSubstr("tcp:mlx5_0 (2 retried)"));
+  EXPECT_THAT(x, HasSubstr("12.5 ms"));
+
+  ferry::v1::GetStatsResponse stats;
+  stats.set_transfers_succeeded(3);
+  auto* row = stats.add_rows();
+  row->set_peer("node-b");
+  row->set_direction("write");
+  row->set_mode("gdr");
+  row->set_provider("verbs");
+  row->set_ops(12);
+  row->set_bytes(3 << 20);
+  auto* l = stats.add_latency();
+  l->set_size_class("<=4KiB");
+  l->set_count(10);
+  l->set_sum_us(1000);
+  l->set_p50_us(100);
+  l->set_p99_us(250);
+  const std::string s = FormatStats(stats);
+  EXPECT_THAT(s, HasSubstr("transfers: 3 succeeded, 0 failed"));
+  EXPECT_THAT(s, HasSubstr("node-b       write  gdr      verbs             12      3.0 MiB"));
+  EXPECT_THAT(s, HasSubstr("<=4KiB            10       100 us       100 us       250 us"));
 }
 
 }  // namespace

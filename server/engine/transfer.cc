@@ -1,5 +1,7 @@
 #include "server/engine/transfer.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 
 namespace ferry::server {
@@ -23,6 +25,16 @@ Transfer::Transfer(uint64_t id, std::vector<PlannedOp> ops, absl::Time deadline,
       states_(lengths_.size()) {
   for (uint64_t length : lengths_) bytes_total_ += length;
   for (size_t i = 0; i < states_.size(); ++i) states_[i].result.set_index(i);
+  op_peer_.reserve(lengths_.size());
+  op_read_.reserve(lengths_.size());
+  for (const PlannedOp& op : *ops_) {
+    // Batches name few peers: a linear search beats a map.
+    const std::string node = op.remote ? op.remote->node : "";
+    auto it = std::find(peers_.begin(), peers_.end(), node);
+    if (it == peers_.end()) it = peers_.insert(peers_.end(), node);
+    op_peer_.push_back(static_cast<uint32_t>(it - peers_.begin()));
+    op_read_.push_back(op.type == ferry::v1::READ);
+  }
 }
 
 PlannedOps Transfer::ops() const {
@@ -54,6 +66,14 @@ void Transfer::SetRails(size_t index, std::vector<std::string> ours,
   }
   result.clear_retries();
   for (auto& r : retries) result.add_retries(std::move(r));
+}
+
+void Transfer::VisitOps(const std::function<void(const std::string& peer, bool read,
+                                                 const ferry::v1::OpResult& result)>& visit) const {
+  absl::MutexLock lock(&mu_);
+  for (size_t i = 0; i < states_.size(); ++i) {
+    visit(peers_[op_peer_[i]], op_read_[i], states_[i].result);
+  }
 }
 
 void Transfer::MarkPosted(size_t index) {

@@ -3,6 +3,7 @@
 // fabric and the deadline reaper both land here; whichever comes first settles an op.
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -83,6 +84,11 @@ class Transfer {
   uint64_t AwaitChange(uint64_t seen, absl::Time deadline) const;
 
   ferry::v1::TransferResult Result(const ResultPage& page = {}) const;
+  // Every op's peer, direction and result so far, in order (statistics, logs).
+  void VisitOps(const std::function<void(const std::string& peer, bool read,
+                                         const ferry::v1::OpResult& result)>& visit) const;
+  // The peers of the ops, each once, in order of first use.
+  const std::vector<std::string>& peers() const { return peers_; }
   ferry::v1::TransferProgress Progress(uint64_t* version) const;
 
  private:
@@ -96,6 +102,9 @@ class Transfer {
 
   const uint64_t id_;
   const std::vector<uint64_t> lengths_;  // of each op, for the result after ops_ is gone
+  std::vector<std::string> peers_;        // each peer once
+  std::vector<uint32_t> op_peer_;         // op -> index in peers_
+  std::vector<bool> op_read_;
   const absl::Time start_;
   const absl::Time deadline_;
   const std::shared_ptr<const PolicySnapshot> policy_;

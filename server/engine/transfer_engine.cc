@@ -5,6 +5,7 @@
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "base/byte_size.h"
 #include "base/byte_range.h"
 #include "base/echo.h"
@@ -16,6 +17,9 @@
 
 namespace ferry::server {
 namespace {
+
+// Ops of a finished transfer whose legs the debug log shows.
+constexpr size_t kLoggedOps = 4;
 
 
 absl::Status RangeError(const std::string& field, uint64_t offset, uint64_t length,
@@ -138,6 +142,11 @@ absl::StatusOr<uint64_t> TransferEngine::Submit(const ferry::v1::SubmitRequest& 
     transfers_.emplace(id, transfer);
     active_.emplace(id, transfer);
   }
+  if (spdlog::should_log(spdlog::level::debug)) {
+    spdlog::debug("transfer {}: submitted, {} ops to {}, deadline in {} ms", transfer->id(),
+                  transfer->op_count(), absl::StrJoin(transfer->peers(), ", "),
+                  absl::ToInt64Milliseconds(timeout));
+  }
   Post(transfer, deadline);
   return transfer->id();
 }
@@ -251,7 +260,14 @@ void TransferEngine::Post(const std::shared_ptr<Transfer>& transfer, absl::Time 
       if (IsDirect(local.mode)) {
         for (const auto& [rail, region] : op.local->regions()) candidates.push_back(rail);
       }
-      std::optional<Route> route = StagedRoute(preferred, candidates, local.nic, remote.nic);
+      // A staged leg is not striped: it takes one route, off the NICs the ledger pauses for
+      // this peer while any other is left (a paused GPU NIC hands its staging to another).
+      ProviderRails staging = preferred;
+      std::erase_if(staging.ours, [&](const fabric::RailId& r) {
+        return !ledger_.Usable(r, node, now);
+      });
+      if (staging.ours.empty()) staging.ours = preferred.ours;
+      std::optional<Route> route = StagedRoute(staging, candidates, local.nic, remote.nic);
       absl::StatusOr<PeerEndpoint> peer =
           route ? endpoint(node, *route, 0, op.remote->incarnation)
                 : absl::StatusOr<PeerEndpoint>(absl::FailedPreconditionError(absl::StrCat(
@@ -386,14 +402,63 @@ void TransferEngine::StartStaging(const std::shared_ptr<Transfer>& transfer, Pla
 }
 
 void TransferEngine::OnFinished(uint64_t id) {
-  absl::MutexLock lock(&mu_);
-  if (active_.erase(id) == 0) return;
-  ++finished_count_;
-  history_.push_back(id);
-  while (history_.size() > limits_.history) {
-    transfers_.erase(history_.front());
-    history_.pop_front();
+  std::shared_ptr<Transfer> finished;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = active_.find(id);
+    if (it == active_.end()) return;
+    finished = std::move(it->second);
+    active_.erase(it);
+    ++finished_count_;
+    history_.push_back(id);
+    while (history_.size() > limits_.history) {
+      transfers_.erase(history_.front());
+      history_.pop_front();
+    }
   }
+  // Outside the engine's lock: statistics and the log line are the transfer's own business.
+  ferry::v1::TransferResult result = finished->Result();
+  stats_.CountTransfer(result.state() == ferry::v1::SUCCEEDED);
+  const bool debug = spdlog::should_log(spdlog::level::debug);
+  std::vector<std::string> plans;  // the first few ops' legs, for the debug line
+  stats_.Lock();
+  finished->VisitOps([&](const std::string& peer, bool read, const ferry::v1::OpResult& op) {
+    stats_.RecordLocked(peer, read, op);
+    if (!debug || plans.size() >= kLoggedOps) return;
+    std::string line = absl::StrCat("op ", op.index(), read ? " READ from " : " WRITE to ", peer);
+    for (const auto& leg : op.legs()) {
+      absl::StrAppend(&line, ", ", leg.side(), " ", leg.mode(), " via ",
+                      leg.rails().empty() ? leg.provider() : absl::StrJoin(leg.rails(), "+"));
+    }
+    if (op.retries_size() > 0) absl::StrAppend(&line, ", ", op.retries_size(), " slices retried");
+    plans.push_back(std::move(line));
+  });
+  stats_.Unlock();
+  if (debug) {
+    for (const auto& line : plans) spdlog::debug("transfer {}: {}", id, line);
+    spdlog::debug("transfer {}: {} ({} of {} ops failed), {} in {} us{}{}", id,
+                  result.state() == ferry::v1::SUCCEEDED ? "succeeded" : "failed",
+                  result.ops_failed(), result.ops_total(), FormatByteSize(result.bytes()),
+                  result.duration_us(), result.message().empty() ? "" : ": ", result.message());
+  }
+}
+
+std::vector<std::shared_ptr<Transfer>> TransferEngine::Running() const {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::shared_ptr<Transfer>> out;
+  for (const auto& [id, t] : active_) out.push_back(t);
+  std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a->id() > b->id(); });
+  return out;
+}
+
+std::vector<std::shared_ptr<Transfer>> TransferEngine::Recent(size_t recent) const {
+  absl::MutexLock lock(&mu_);
+  std::vector<std::shared_ptr<Transfer>> out;
+  for (auto it = history_.rbegin(); it != history_.rend() && out.size() < recent; ++it) {
+    auto found = transfers_.find(*it);
+    if (found != transfers_.end()) out.push_back(found->second);
+  }
+  return out;
 }
 
 void TransferEngine::ReapExpired() {

@@ -22,6 +22,7 @@
 #include "server/engine/leg_planner.h"
 #include "server/engine/rail_ledger.h"
 #include "server/engine/striped_op.h"
+#include "server/engine/transfer_stats.h"
 #include "server/engine/transfer.h"
 #include "server/peers/peer_directory.h"
 #include "server/peers/stage_call.h"
@@ -84,6 +85,12 @@ class TransferEngine {
   uint64_t finished() const;
   // What each rail carried to each peer, and which are paused (GetInfo, `ferryctl nics`).
   const RailLedger& ledger() const { return ledger_; }
+  // Finished transfers added up (GetStats, metrics).
+  const TransferStats& stats() const { return stats_; }
+  // The running transfers and the most recent finished ones (newest first), at most
+  // `recent` of those: `ferryctl transfers`.
+  std::vector<std::shared_ptr<Transfer>> Running() const;
+  std::vector<std::shared_ptr<Transfer>> Recent(size_t recent) const;
 
  private:
   absl::StatusOr<std::vector<PlannedOp>> Plan(const ferry::v1::SubmitRequest& request,
@@ -105,6 +112,7 @@ class TransferEngine {
   BufferRegistry* const buffers_;
   PeerDirectory* const peers_;
   RailLedger ledger_;
+  TransferStats stats_;
   std::atomic<size_t> next_lane_{0};
 
   struct Worker {

@@ -316,6 +316,21 @@ absl::StatusOr<PeerEndpoint> PeerDirectory::Endpoint(const std::string& node, co
   return PeerEndpoint{std::move(endpoint), route.ours, route.theirs};
 }
 
+std::optional<PeerDirectory::View> PeerDirectory::ViewOf(const std::string& node) const {
+  absl::MutexLock lock(&mu_);
+  auto it = links_.find(node);
+  if (it == links_.end()) return std::nullopt;
+  const Link& l = it->second;
+  View v;
+  v.address = l.address;
+  v.incarnation = l.incarnation;
+  if (l.welcome) {
+    for (const auto& [rail, address] : l.welcome->rails) v.rails.push_back(rail);
+  }
+  for (const auto& [key, e] : l.endpoints) v.endpoints += e && !e->broken();
+  return v;
+}
+
 void PeerDirectory::Refresh(const std::string& node) {
   absl::MutexLock lock(&mu_);
   auto it = links_.find(node);

@@ -128,6 +128,16 @@ class PeerDirectory {
   void Refresh(const std::string& node);
   // Our fabric of `rail`, or nullptr.
   fabric::Fabric* FabricOf(const fabric::RailId& rail) const;
+
+  // What the directory knows of `node` now (`ferryctl peers`): its address, the rails its
+  // last Hello offered, the incarnation it named and how many endpoints to it are up.
+  struct View {
+    std::string address;
+    std::vector<fabric::RailId> rails;
+    uint64_t incarnation = 0;
+    size_t endpoints = 0;
+  };
+  std::optional<View> ViewOf(const std::string& node) const;
   // The Peer stub for `node` (Stage calls); NOT_FOUND for an unknown node. Shared: a peer
   // removed meanwhile keeps its stub alive for the calls that still use it.
   absl::StatusOr<std::shared_ptr<ferry::v1::Peer::Stub>> Stub(const std::string& node);

@@ -1,0 +1,68 @@
+#pragma once
+// What the agent's transfers did, added up as they finish: ops, bytes and failures by peer,
+// direction, mode (host / gdr / staged) and provider, and op latency by size class. Read by
+// `ferryctl stats` (GetStats) and the Prometheus exporter; cheap to record (one lock per
+// finished transfer, a map lookup per op).
+
+#include <array>
+#include <cstdint>
+#include <map>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "ferry/v1/agent.pb.h"
+
+namespace ferry::server {
+
+// Op latency buckets (upper bounds, microseconds): a Prometheus-style cumulative histogram.
+inline constexpr std::array<double, 12> kLatencyBoundsUs = {
+    50, 100, 250, 500, 1000, 2500, 5000, 10000, 25000, 100000, 1000000, 10000000};
+
+// "<=4KiB", "<=64KiB", "<=1MiB", "<=16MiB", ">16MiB".
+const char* SizeClassOf(uint64_t bytes);
+
+struct OpTotals {
+  uint64_t ops = 0;
+  uint64_t bytes = 0;
+  uint64_t failed = 0;
+};
+
+struct LatencyHistogram {
+  std::array<uint64_t, kLatencyBoundsUs.size()> buckets{};  // not cumulative
+  uint64_t count = 0;     // ops that succeeded (failed ones are not timed)
+  double sum_us = 0;
+};
+
+class TransferStats {
+ public:
+  // (peer, direction "write" / "read", mode, provider)
+  using Key = std::tuple<std::string, std::string, std::string, std::string>;
+
+  // Counts one finished op: `peer`, READ or WRITE, and its result (legs[0] says the mode).
+  void Record(const std::string& peer, bool read, const ferry::v1::OpResult& result)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // Call around a transfer's ops so they take the lock once.
+  void Lock() ABSL_EXCLUSIVE_LOCK_FUNCTION(mu_) { mu_.Lock(); }
+  void Unlock() ABSL_UNLOCK_FUNCTION(mu_) { mu_.Unlock(); }
+  void RecordLocked(const std::string& peer, bool read, const ferry::v1::OpResult& result)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  std::map<Key, OpTotals> Totals() const;
+  // By size class.
+  std::map<std::string, LatencyHistogram> Latency() const;
+  uint64_t transfers_succeeded() const;
+  uint64_t transfers_failed() const;
+  void CountTransfer(bool succeeded);
+
+ private:
+  mutable absl::Mutex mu_;
+  std::map<Key, OpTotals> totals_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, LatencyHistogram> latency_ ABSL_GUARDED_BY(mu_);
+  uint64_t succeeded_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t failed_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+}  // namespace ferry::server
