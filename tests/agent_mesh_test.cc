@@ -20,8 +20,9 @@ constexpr int kAgents = 32;
 constexpr uint64_t kBlock = 64 << 10;
 
 // What an agent may hold whatever its peers: gRPC's own threads (executor, timers, a few
-// sync-server threads), the tcp event loops, the listener, the reaper, the main thread.
-uint64_t ThreadBound() { return 2 * std::thread::hardware_concurrency() + 24; }
+// sync-server threads), the tcp event loops, the listener, the reaper, the peer-health
+// checker, the main thread.
+uint64_t ThreadBound() { return 2 * std::thread::hardware_concurrency() + 25; }
 
 TEST(AgentMeshTest, ThirtyTwoAgentsAllToAllKeepThreadsBoundedAndAccountingAtZero) {
   std::string dir = MakeTempDir();

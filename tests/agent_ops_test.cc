@@ -111,7 +111,8 @@ TEST_F(AgentOpsTest, MetricsShowTheBytesOfATransferByPeerNicAndMode) {
   const std::string after = Scrape(metrics_port_);
   const double total = static_cast<double>(kOp * kOps);
   EXPECT_EQ(Sample(after, "ferry_nic_bytes_total", R"(nic="tcp",peer="node-b")"), total) << after;
-  EXPECT_EQ(Sample(after, "ferry_nic_ops_total", R"(nic="tcp",peer="node-b")"), kOps * 32.0) << after;
+  EXPECT_EQ(Sample(after, "ferry_nic_ops_total", R"(nic="tcp",peer="node-b")"), kOps * 32.0)
+      << after;
   EXPECT_EQ(Sample(after, "ferry_transfer_bytes_total",
                    R"(peer="node-b",direction="write",mode="host",provider="tcp")"),
             total);

@@ -164,8 +164,8 @@ class AgentCollectable : public prometheus::Collectable {
       f.Add("ferry_peer_rtt_seconds", MetricType::Gauge, "Round trip of the last Health call.",
             l, absl::ToDoubleSeconds(check.rtt));
       std::optional<PeerDirectory::View> view = core.peers().ViewOf(node);
-      f.Add("ferry_peer_connections", MetricType::Gauge, "Fabric endpoints to the peer that are up.",
-            l, view ? view->endpoints : 0);
+      f.Add("ferry_peer_connections", MetricType::Gauge,
+            "Fabric endpoints to the peer that are up.", l, view ? view->endpoints : 0);
     }
     f.Add("ferry_sessions", MetricType::Gauge, "Local clients connected.", {},
           core.sessions().count());

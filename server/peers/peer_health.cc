@@ -1,5 +1,7 @@
 #include "server/peers/peer_health.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "grpcpp/grpcpp.h"
 
@@ -21,7 +23,12 @@ PeerHealth::~PeerHealth() {
 void PeerHealth::Run() {
   while (true) {
     const absl::Time round = absl::Now();
-    for (const std::string& node : peers_->Names()) {
+    const std::vector<std::string> names = peers_->Names();
+    // Peers removed since the last round: their channels and checks go.
+    std::erase_if(channels_, [&](const auto& c) {
+      return std::find(names.begin(), names.end(), c.first) == names.end();
+    });
+    for (const std::string& node : names) {
       {
         absl::MutexLock lock(&mu_);
         if (stopping_) return;
@@ -35,19 +42,34 @@ void PeerHealth::Run() {
   }
 }
 
+ferry::v1::Peer::Stub* PeerHealth::StubFor(const std::string& node, const std::string& address) {
+  Channel& c = channels_[node];
+  if (!c.stub || c.address != address) {
+    grpc::ChannelArguments args;
+    args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
+    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+    c.address = address;
+    c.stub = ferry::v1::Peer::NewStub(
+        grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
+  }
+  return c.stub.get();
+}
+
 void PeerHealth::CheckOne(const std::string& node) {
   PeerCheck result;
   result.checked = true;
-  auto stub = peers_->Stub(node);
+  std::optional<PeerDirectory::View> view = peers_->ViewOf(node);
   const absl::Time start = absl::Now();
-  if (!stub.ok()) {
-    result.last_error = std::string(stub.status().message());
+  if (!view) {
+    result.last_error = "no longer a peer";
   } else {
+    ferry::v1::Peer::Stub* stub = StubFor(node, view->address);
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(start + interval_));
     ferry::v1::HealthRequest req;
     ferry::v1::HealthResponse resp;
-    grpc::Status s = (*stub)->Health(&ctx, req, &resp);
+    grpc::Status s = stub->Health(&ctx, req, &resp);
     if (s.ok() && resp.node() == node) {
       result.healthy = true;
       result.rtt = absl::Now() - start;

@@ -12,6 +12,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "ferry/v1/peer.grpc.pb.h"
 #include "server/peers/peer_directory.h"
 
 namespace ferry::server {
@@ -26,6 +27,9 @@ struct PeerCheck {
   absl::Time checked_at = absl::InfinitePast();
 };
 
+// The checks use channels of their own, with a subchannel pool of their own: a check that
+// finds a peer down must not put the directory's channel (the one transfers use) into its
+// reconnect back-off, or a peer that starts after us would be refused for a while.
 class PeerHealth {
  public:
   // Starts checking `peers` (which must outlive this) every `interval`, each call bounded by
@@ -41,8 +45,16 @@ class PeerHealth {
   void Run();
   void CheckOne(const std::string& node);
 
+  // The check's own stub to `node`'s current address (made or remade as it changes).
+  ferry::v1::Peer::Stub* StubFor(const std::string& node, const std::string& address);
+
   PeerDirectory* const peers_;
   const absl::Duration interval_;
+  struct Channel {
+    std::string address;
+    std::unique_ptr<ferry::v1::Peer::Stub> stub;
+  };
+  std::map<std::string, Channel> channels_;  // the check thread's own
   mutable absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::map<std::string, PeerCheck> checks_ ABSL_GUARDED_BY(mu_);
