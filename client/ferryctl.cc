@@ -29,6 +29,7 @@
 #include "base/unique_fd.h"
 #include "client/ferry_client.h"
 #include "client/nics_view.h"
+#include "client/peers_edit.h"
 #include "client/proto_json.h"
 #include "client/topo_command.h"
 #include "grpcpp/grpcpp.h"
@@ -69,6 +70,10 @@ PATH may be relative, or HOST:PORT for the agent's TCP listener):
                                         settings override the config file, also after
                                         SIGHUP, until
   policy reset                          drops them: the config file's policy again
+  peers add NODE HOST:PORT [--json]     add a peer now (or move one added so); kept across
+                                        SIGHUP, until `peers remove` or a restart
+  peers remove NODE [--json]            drop a peer added with `peers add` (the config
+                                        file's and etcd's peers stay)
 On a terminal, put and get show their progress on stderr.
 
 Offline commands (no agent needed):
@@ -398,6 +403,25 @@ int Nics(Client& c, const Args& a) {
   return kOk;
 }
 
+// `peers add` / `peers remove`; the listing (`peers` alone) is the peers view's.
+int Peers(Client& c, const Args& a) {
+  absl::StatusOr<ferry::v1::PeerChange> change;
+  if (a.words.size() == 3 && a.words[0] == "add") {
+    change = client::AddPeer(c.stub(), a.words[1], a.words[2]);
+  } else if (a.words.size() == 2 && a.words[0] == "remove") {
+    change = client::RemovePeer(c.stub(), a.words[1]);
+  } else {
+    return Usage("peers add NODE HOST:PORT | peers remove NODE");
+  }
+  if (!change.ok()) return Fail(change.status());
+  if (a.json) {
+    std::cout << client::ProtoToJson(*change) << "\n";
+  } else {
+    std::cout << client::FormatPeerChange(a.words[1], *change) << "\n";
+  }
+  return kOk;
+}
+
 int Policy(Client& c, const Args& a) {
   if (a.words.empty()) return Usage("policy needs get or set");
   absl::StatusOr<ferry::v1::PolicyState> state;
@@ -628,7 +652,7 @@ int Main(int argc, char** argv) {
   const std::pair<const char*, Handler> kCommands[] = {
       {"info", Info}, {"buffers", Buffers}, {"alloc", Alloc},   {"free", Free},
       {"put", Put},   {"get", Get},         {"cancel", Cancel}, {"policy", Policy},
-      {"nics", Nics}};
+      {"nics", Nics}, {"peers", Peers}};
   for (const auto& [name, handler] : kCommands) {
     if (cl.command != name) continue;
     Args a;
