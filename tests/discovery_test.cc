@@ -129,7 +129,9 @@ class DiscoveryTest : public ::testing::Test {
  protected:
   void SetUp() override {
     if (EtcdProcess::Binary().empty()) {
-      GTEST_SKIP() << "no etcd binary (/usr/bin/etcd, Debian's etcd-server; or $FERRY_ETCD)";
+      GTEST_SKIP() << "no etcd binary at "
+                   << (std::getenv("FERRY_ETCD") ? std::getenv("FERRY_ETCD") : "/usr/bin/etcd")
+                   << " (Debian: apt-get install etcd-server; scripts/install-deps)";
     }
     dir_ = MakeTempDir();
     auto etcd = EtcdProcess::Start(dir_);
@@ -213,7 +215,7 @@ TEST_F(DiscoveryTest, AgentsFindEachOtherJoinLeaveAndKeepStaticPeers) {
     ASSERT_TRUE(took.ok()) << node << ": " << took.status();
     slowest = std::max(slowest, *took);
   }
-  std::printf("three agents found each other through etcd within %s\n",
+  std::printf("three agents: each a peer of the others %s after the third started\n",
               absl::FormatDuration(slowest).c_str());
 
   // Each writes to each other.

@@ -21,10 +21,11 @@ namespace ferry {
 
 class EtcdProcess {
  public:
-  // The etcd binary: $FERRY_ETCD, else /usr/bin/etcd; "" when there is none.
+  // The etcd binary: $FERRY_ETCD when set, else /usr/bin/etcd; "" when it is not there.
   static std::string Binary() {
-    if (const char* env = std::getenv("FERRY_ETCD"); env != nullptr && *env != '\0') return env;
-    return access("/usr/bin/etcd", X_OK) == 0 ? "/usr/bin/etcd" : "";
+    const char* env = std::getenv("FERRY_ETCD");
+    const std::string path = env != nullptr && *env != '\0' ? env : "/usr/bin/etcd";
+    return access(path.c_str(), X_OK) == 0 ? path : "";
   }
 
   // Starts etcd with its data under `dir` and waits until it answers.
