@@ -64,7 +64,8 @@ class EtcdDiscovery {
 
   // Stops watching and keeping the lease, then revokes it: etcd deletes the record, and every
   // peer drops this node now instead of after the TTL (SIGTERM, drain). Peers found in etcd
-  // stay in the directory. Idempotent; blocks at most about two etcd call timeouts.
+  // stay in the directory. Idempotent. Blocks while a call in flight ends and the revoke is
+  // sent: with etcd unreachable, up to the client timeout (3 s) per endpoint, twice.
   void Deregister();
 
   // The key this agent registers under.
