@@ -30,6 +30,7 @@
 #include "client/ferry_client.h"
 #include "client/nics_view.h"
 #include "client/ops_views.h"
+#include "client/peers_edit.h"
 #include "client/proto_json.h"
 #include "client/topo_command.h"
 #include "grpcpp/grpcpp.h"
@@ -75,6 +76,10 @@ PATH may be relative, or HOST:PORT for the agent's TCP listener):
                                         settings override the config file, also after
                                         SIGHUP, until
   policy reset                          drops them: the config file's policy again
+  peers add NODE HOST:PORT [--json]     add a peer now (or move one added so); kept across
+                                        SIGHUP, until `peers remove` or a restart
+  peers remove NODE [--json]            drop a peer added with `peers add` (the config
+                                        file's and etcd's peers stay)
 On a terminal, put and get show their progress on stderr.
 
 Offline commands (no agent needed):
@@ -388,8 +393,11 @@ int View(Client& c, const Args& a,
   return kOk;
 }
 
+// `peers` lists them; `peers add` / `peers remove` change the run-time ones (EditPeers).
+int EditPeers(Client& c, const Args& a);
+
 int Peers(Client& c, const Args& a) {
-  if (!a.words.empty()) return Usage("peers takes no arguments");
+  if (!a.words.empty()) return EditPeers(c, a);
   return View(c, a, &ferry::v1::Agent::Stub::ListPeers, &client::FormatPeers);
 }
 
@@ -436,6 +444,25 @@ int Nics(Client& c, const Args& a) {
     std::cout << client::ProtoToJson(resp) << "\n";
   } else {
     std::cout << client::FormatNics(resp.nics());
+  }
+  return kOk;
+}
+
+// `peers add` / `peers remove`; the listing (`peers` alone) is the peers view's.
+int EditPeers(Client& c, const Args& a) {
+  absl::StatusOr<ferry::v1::PeerChange> change;
+  if (a.words.size() == 3 && a.words[0] == "add") {
+    change = client::AddPeer(c.stub(), a.words[1], a.words[2]);
+  } else if (a.words.size() == 2 && a.words[0] == "remove") {
+    change = client::RemovePeer(c.stub(), a.words[1]);
+  } else {
+    return Usage("peers | peers add NODE HOST:PORT | peers remove NODE");
+  }
+  if (!change.ok()) return Fail(change.status());
+  if (a.json) {
+    std::cout << client::ProtoToJson(*change) << "\n";
+  } else {
+    std::cout << client::FormatPeerChange(a.words[1], *change) << "\n";
   }
   return kOk;
 }

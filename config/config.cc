@@ -8,10 +8,12 @@
 #include <set>
 #include <sstream>
 
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/byte_size.h"
+#include "base/echo.h"
 #include "base/status_macros.h"
 #include "yaml-cpp/yaml.h"
 
@@ -94,11 +96,67 @@ absl::StatusOr<std::vector<std::string>> ReadStringList(const Context& ctx,
 // "host:port" with a numeric port.
 absl::Status CheckAddress(const Context& ctx, const YAML::Node& node, absl::string_view key,
                           const std::string& address) {
-  size_t colon = address.rfind(':');
-  int port = 0;
-  if (colon == std::string::npos || colon == 0 ||
-      !absl::SimpleAtoi(address.substr(colon + 1), &port) || port < 0 || port > 65535) {
-    return ctx.Error(node, key, absl::StrCat("'", address, "' is not host:port"));
+  absl::Status valid = ValidateAddress(address);
+  return valid.ok() ? valid : ctx.Error(node, key, valid.message());
+}
+
+// A duration such as 10s or 1500ms, within [min, max].
+absl::StatusOr<absl::Duration> ReadDuration(const Context& ctx, const YAML::Node& node,
+                                            absl::string_view key, absl::Duration min,
+                                            absl::Duration max) {
+  absl::Duration d;
+  if (!node.IsScalar() || !absl::ParseDuration(node.as<std::string>(), &d)) {
+    return ctx.Error(node, key, "expected a duration such as 10s or 500ms");
+  }
+  if (d < min || d > max) {
+    return ctx.Error(node, key,
+                     absl::StrCat(absl::FormatDuration(d), " is outside ",
+                                  absl::FormatDuration(min), "..", absl::FormatDuration(max)));
+  }
+  return d;
+}
+
+absl::Status ParseDiscoverySection(const Context& ctx, const YAML::Node& node,
+                                   DiscoverySettings& d) {
+  RETURN_IF_ERROR(CheckKeys(ctx, node, "discovery", {"etcd", "prefix", "lease_ttl", "advertise"}));
+  auto etcd = node["etcd"];
+  if (!etcd) return ctx.Error(node, "discovery.etcd", "missing: list etcd's client endpoints");
+  if (etcd.IsScalar()) {
+    return ctx.Error(etcd, "discovery.etcd", "expected a list of host:port, e.g. [127.0.0.1:2379]");
+  }
+  ASSIGN_OR_RETURN(d.etcd, ReadStringList(ctx, etcd, "discovery.etcd"));
+  if (d.etcd.empty()) return ctx.Error(etcd, "discovery.etcd", "must list at least one endpoint");
+  for (std::string& endpoint : d.etcd) {
+    if (absl::StartsWith(endpoint, "https://")) {
+      return ctx.Error(etcd, "discovery.etcd",
+                       absl::StrCat("'", endpoint, "': TLS to etcd is not supported yet"));
+    }
+    if (absl::StartsWith(endpoint, "http://")) endpoint = endpoint.substr(7);
+    if (!endpoint.empty() && endpoint.back() == '/') endpoint.pop_back();
+    absl::Status valid = ValidateAddress(endpoint, /*allow_port_0=*/false);
+    if (!valid.ok()) return ctx.Error(etcd, "discovery.etcd", valid.message());
+  }
+  if (auto n = node["prefix"]) {
+    ASSIGN_OR_RETURN(d.prefix, ReadString(ctx, n, "discovery.prefix"));
+    // A prefix without its trailing '/' would also watch "/ferry/nodes2/...".
+    if (d.prefix.empty() || d.prefix.back() != '/') {
+      return ctx.Error(n, "discovery.prefix",
+                       absl::StrCat("'", d.prefix, "' must end with '/' (keys are prefix + node)"));
+    }
+  }
+  if (auto n = node["lease_ttl"]) {
+    // etcd counts lease TTLs in whole seconds, and raises one below its minimum (about 1.5 x
+    // its election timeout, 2 s with defaults) silently.
+    ASSIGN_OR_RETURN(d.lease_ttl, ReadDuration(ctx, n, "discovery.lease_ttl", absl::Seconds(2),
+                                               absl::Hours(1)));
+    if (d.lease_ttl != absl::Seconds(absl::ToInt64Seconds(d.lease_ttl))) {
+      return ctx.Error(n, "discovery.lease_ttl", "etcd leases count whole seconds");
+    }
+  }
+  if (auto n = node["advertise"]) {
+    ASSIGN_OR_RETURN(d.advertise, ReadString(ctx, n, "discovery.advertise"));
+    absl::Status valid = ValidateAddress(d.advertise, /*allow_port_0=*/false);
+    if (!valid.ok()) return ctx.Error(n, "discovery.advertise", valid.message());
   }
   return absl::OkStatus();
 }
@@ -119,14 +177,13 @@ absl::Status ParsePolicySection(const Context& ctx, const YAML::Node& node, Poli
 absl::Status ParseInto(const Context& ctx, const YAML::Node& root, Config& c) {
   if (!root || root.IsNull()) return absl::OkStatus();  // empty file: all defaults
   RETURN_IF_ERROR(CheckKeys(ctx, root, "",
-                            {"node", "listen", "peers", "host_pool", "providers", "tcp", "verbs",
-                             "limits", "log", "topology", "nics", "policy", "gpu",
-                             "metrics"}));
+                            {"node", "listen", "peers", "discovery", "host_pool", "providers",
+                             "tcp", "verbs", "limits", "log", "topology", "nics", "policy",
+                             "gpu", "metrics"}));
   if (auto n = root["node"]) {
     ASSIGN_OR_RETURN(c.node, ReadString(ctx, n, "node"));
-    if (c.node.empty() || c.node.find_first_of(":/ \t") != std::string::npos) {
-      return ctx.Error(n, "node", "must be non-empty without ':', '/' or spaces");
-    }
+    absl::Status valid = ValidateNodeName(c.node);
+    if (!valid.ok()) return ctx.Error(n, "node", valid.message());
   }
   if (auto listen = root["listen"]) {
     RETURN_IF_ERROR(CheckKeys(ctx, listen, "listen", {"local", "local_tcp", "peer"}));
@@ -152,6 +209,16 @@ absl::Status ParseInto(const Context& ctx, const YAML::Node& root, Config& c) {
       ASSIGN_OR_RETURN(std::string address, ReadString(ctx, item.second, key));
       RETURN_IF_ERROR(CheckAddress(ctx, item.second, key, address));
       c.peers[name] = address;
+    }
+  }
+  if (auto n = root["discovery"]) {
+    RETURN_IF_ERROR(ParseDiscoverySection(ctx, n, c.discovery));
+    // A wildcard listener is no address to dial: peers need the one to register.
+    const std::string host = c.peer_listen.substr(0, c.peer_listen.rfind(':'));
+    if (c.discovery.advertise.empty() && (host == "0.0.0.0" || host == "[::]" || host.empty())) {
+      return ctx.Error(n, "discovery.advertise",
+                       absl::StrCat("needed: listen.peer (", c.peer_listen,
+                                    ") is on every address; name the host:port peers dial"));
     }
   }
   if (auto pool = root["host_pool"]) {
@@ -459,6 +526,25 @@ void ResolveDefaults(Config& config) {
     if (getcwd(cwd, sizeof(cwd)) != nullptr)
       config.local_socket = absl::StrCat(cwd, "/", config.local_socket);
   }
+}
+
+absl::Status ValidateNodeName(const std::string& node) {
+  if (node.empty() || node.size() > 253 || node.find_first_of(":/ \t\n") != std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        node.empty() ? "''" : Echo(node), " must be non-empty without ':', '/' or spaces"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateAddress(const std::string& address, bool allow_port_0) {
+  size_t colon = address.rfind(':');
+  int port = 0;
+  if (colon == std::string::npos || colon == 0 ||
+      !absl::SimpleAtoi(address.substr(colon + 1), &port) || port < (allow_port_0 ? 0 : 1) ||
+      port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat(Echo(address), " is not host:port"));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status ValidateLogLevel(const std::string& level) {

@@ -9,6 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/time/time.h"
 #include "config/policy.h"
 
 namespace ferry::config {
@@ -40,6 +41,18 @@ struct VerbsSettings {
   uint32_t qps_per_peer = 2;      // RC QPs per peer per NIC; slices are spread over them
 };
 
+// Discovery through etcd (`discovery`): the agent registers itself under prefix + node with
+// a lease it keeps alive, and watches the prefix for its peers. Off when `etcd` is empty.
+struct DiscoverySettings {
+  std::vector<std::string> etcd;        // client endpoints, "host:port" (http:// optional)
+  std::string prefix = "/ferry/nodes/";  // keys are prefix + node name
+  absl::Duration lease_ttl = absl::Seconds(10);  // a dead agent's key goes after this
+  // The peer address others dial, registered in etcd; "" = listen.peer (with the port the
+  // agent bound). Needed when listen.peer is a wildcard (0.0.0.0, [::]).
+  std::string advertise;
+  bool enabled() const { return !etcd.empty(); }
+};
+
 struct Config {
   // This agent's name among its peers; defaults to the host name.
   std::string node;
@@ -50,6 +63,8 @@ struct Config {
   std::string peer_listen = "127.0.0.1:7100";
   // Other agents: node name -> peer API address.
   std::map<std::string, std::string> peers;
+  // More found through etcd, when configured.
+  DiscoverySettings discovery;
   // Host pool: shared memory carved into client buffers.
   uint64_t host_pool_bytes = 1ull << 30;
   // NUMA node the host pool's pages are bound to (host_pool.numa); -1 = not bound. Host
@@ -109,6 +124,13 @@ absl::StatusOr<Config> LoadConfigFile(const std::string& path);
 // Fills defaults that depend on the machine (node name, socket path) and makes a relative
 // socket path absolute (against the current directory).
 void ResolveDefaults(Config& config);
+
+// INVALID_ARGUMENT unless `node` can name a node: non-empty, without ':', '/' or spaces.
+absl::Status ValidateNodeName(const std::string& node);
+
+// INVALID_ARGUMENT unless `address` is host:port with a numeric port (1..65535 when
+// `allow_port_0` is false).
+absl::Status ValidateAddress(const std::string& address, bool allow_port_0 = true);
 
 // INVALID_ARGUMENT unless `level` is trace, debug, info, warn or error.
 absl::Status ValidateLogLevel(const std::string& level);

@@ -12,6 +12,7 @@
 #include "server/info_protos.h"
 #include "server/nic_info.h"
 #include "server/views.h"
+#include "server/runtime_peers.h"
 #include "server/local/session_call.h"
 #include "base/grpc_status.h"
 #include "server/version.h"
@@ -270,6 +271,23 @@ grpc::Status AgentService::SetPolicy(grpc::ServerContext*, const ferry::v1::SetP
         absl::StrCat("settings: ", snapshot.status().message(), " (policy unchanged)"));
   }
   FillPolicy(**snapshot, resp);
+  return grpc::Status::OK;
+}
+
+grpc::Status AgentService::AddPeer(grpc::ServerContext*, const ferry::v1::AddPeerRequest* req,
+                                   ferry::v1::PeerChange* resp) {
+  auto change = AddRuntimePeer(core_->peers(), *req);
+  if (!change.ok()) return ToGrpcStatus(change.status());
+  *resp = *std::move(change);
+  return grpc::Status::OK;
+}
+
+grpc::Status AgentService::RemovePeer(grpc::ServerContext*,
+                                      const ferry::v1::RemovePeerRequest* req,
+                                      ferry::v1::PeerChange* resp) {
+  auto change = RemoveRuntimePeer(core_->peers(), *req);
+  if (!change.ok()) return ToGrpcStatus(change.status());
+  *resp = *std::move(change);
   return grpc::Status::OK;
 }
 

@@ -52,6 +52,10 @@ class AgentService final
                          ferry::v1::PolicyState*) override;
   grpc::Status SetPolicy(grpc::ServerContext*, const ferry::v1::SetPolicyRequest*,
                          ferry::v1::PolicyState*) override;
+  grpc::Status AddPeer(grpc::ServerContext*, const ferry::v1::AddPeerRequest*,
+                       ferry::v1::PeerChange*) override;
+  grpc::Status RemovePeer(grpc::ServerContext*, const ferry::v1::RemovePeerRequest*,
+                          ferry::v1::PeerChange*) override;
 
  private:
   // Blocks (this is the sync API) until `transfer` ends, the call's deadline passes or the

@@ -13,10 +13,6 @@ namespace {
 
 std::string Join(const std::vector<std::string>& v) { return absl::StrJoin(v, ","); }
 
-std::string Peers(const std::map<std::string, std::string>& peers) {
-  return absl::StrJoin(peers, ",", absl::PairFormatter("="));
-}
-
 std::string Nics(const config::NicFilter& n) {
   return absl::StrCat("allow=", Join(n.allow), " deny=", Join(n.deny));
 }
@@ -62,6 +58,12 @@ std::vector<std::string> RestartOnlyChanges(const config::Config& a, const confi
                              "/", v.sl, "/", v.pkey_index, "/", v.qps_per_peer);
        }},
       {"topology", [](const auto& c) { return c.topology; }},
+      {"discovery",
+       [](const auto& c) {
+         const auto& d = c.discovery;
+         return absl::StrCat(Join(d.etcd), "/", d.prefix, "/", absl::FormatDuration(d.lease_ttl),
+                             "/", d.advertise);
+       }},
       {"nics", [](const auto& c) { return Nics(c.nics); }},
       {"gpu",
        [](const auto& c) {
@@ -91,13 +93,10 @@ ReloadReport ApplyReload(AgentCore& core, config::Config& running, const config:
                                               policy.status().message()));
   }
   if (next.peers != running.peers) {
+    // Only the file's peers change: those found in etcd or added at run time (AddPeer) stay.
     for (const auto& change : core.peers().Update(next.peers)) {
       report.applied.push_back(absl::StrCat("peers: ", change));
     }
-    // The tensor API (Send/Recv) keeps its own peer map until it shares the directory.
-    report.not_applied.push_back(
-        absl::StrCat("peers: the tensor API keeps the peers it started with (",
-                     Peers(running.peers), ") until a restart"));
     running.peers = next.peers;
   }
   if (next.log_level != running.log_level) {

@@ -27,6 +27,7 @@
 #include "base/port_owner.h"
 #include "base/status_macros.h"
 #include "server/agent_core.h"
+#include "server/agent_discovery.h"
 #include "server/config_reload.h"
 #include "server/local/instance_lock.h"
 #include "server/log_setup.h"
@@ -255,6 +256,9 @@ int Run(int argc, char** argv) {
                config.local_tcp.empty() ? "" : absl::StrCat(" and ", config.local_tcp),
                config.peer_listen, config.peers.size());
 
+  // After the Peer API serves: a peer that finds us in etcd can reach us at once.
+  std::unique_ptr<EtcdDiscovery> discovery = StartDiscovery(config, **core, peer_port);
+
   config::Config running = config;
   while (true) {
     int sig = 0;
@@ -266,6 +270,8 @@ int Run(int argc, char** argv) {
     spdlog::info("signal {}: stopping", sig);
     break;
   }
+  // Out of etcd first, so that peers stop choosing this node while it stops.
+  if (discovery) discovery->Deregister();
   // The socket goes first, so a successor started now sees no live agent there and waits
   // for our lock instead of refusing; it is still ours (checked), never a successor's.
   (*lock)->RemoveSocket();
@@ -273,6 +279,7 @@ int Run(int argc, char** argv) {
   local_server->Shutdown(grace);
   peer_server->Shutdown(grace);
   metrics.reset();  // it reads the core
+  discovery.reset();  // before the directory it feeds
   core->reset();
   lock->reset();
   spdlog::info("stopped");

@@ -4,6 +4,7 @@
 #include <set>
 
 #include "server/agent_core.h"
+#include "server/peers/peer_source.h"
 
 namespace ferry::server {
 
@@ -26,7 +27,8 @@ void DescribePeers(AgentCore& core, ferry::v1::ListPeersResponse* out) {
     p->set_last_ok_ms_ago(check.last_ok == absl::InfinitePast()
                               ? -1
                               : absl::ToInt64Milliseconds(now - check.last_ok));
-    p->set_source("config");
+    std::optional<PeerSource> source = core.peers().SourceOf(node);
+    p->set_source(source ? PeerSourceName(*source) : "");
   }
 }
 

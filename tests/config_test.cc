@@ -161,6 +161,87 @@ TEST(ConfigTest, ExampleFileDocumentsValidKeys) {
   EXPECT_EQ(c->peers.size(), 1u);
 }
 
+// The example documents discovery commented out (it is off by default): uncommented, the
+// block must parse as documented.
+TEST(ConfigTest, ExampleFileDiscoveryBlockIsValid) {
+  std::ifstream in(FERRY_SOURCE_DIR "/config/ferry.example.yaml");
+  std::string line, block;
+  bool inside = false;
+  while (std::getline(in, line)) {
+    if (line == "# discovery:") inside = true;
+    if (inside && line.rfind("# ", 0) != 0) break;
+    if (inside) block += line.substr(2) + "\n";
+  }
+  ASSERT_FALSE(block.empty()) << "no '# discovery:' block in the example";
+  auto c = ParseConfig(block, "example discovery");
+  ASSERT_TRUE(c.ok()) << c.status() << "\n" << block;
+  EXPECT_EQ(c->discovery.etcd, (std::vector<std::string>{"127.0.0.1:2379"}));
+  EXPECT_EQ(c->discovery.prefix, "/ferry/nodes/");
+  EXPECT_EQ(c->discovery.lease_ttl, absl::Seconds(10));
+  EXPECT_EQ(c->discovery.advertise, "10.0.0.1:7100");
+}
+
+TEST(ConfigTest, DiscoveryIsOffByDefaultAndParsed) {
+  auto off = ParseConfig("", "empty.yaml");
+  ASSERT_TRUE(off.ok());
+  EXPECT_FALSE(off->discovery.enabled());
+  auto c = ParseConfig(
+      "discovery:\n  etcd: [\"http://10.0.0.5:2379/\", 10.0.0.6:2379]\n  prefix: /x/\n"
+      "  lease_ttl: 2s\n",
+      "test.yaml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->discovery.enabled());
+  EXPECT_EQ(c->discovery.etcd, (std::vector<std::string>{"10.0.0.5:2379", "10.0.0.6:2379"}));
+  EXPECT_EQ(c->discovery.prefix, "/x/");
+  EXPECT_EQ(c->discovery.lease_ttl, absl::Seconds(2));
+  EXPECT_EQ(c->discovery.advertise, "");
+}
+
+TEST(ConfigTest, DiscoveryMistakesNameTheKey) {
+  EXPECT_THAT(ErrorOf("discovery:\n  prefix: /x/\n"),
+              HasSubstr("key 'discovery.etcd': missing"));
+  EXPECT_THAT(ErrorOf("discovery:\n  etcd: 127.0.0.1:2379\n"),
+              HasSubstr("key 'discovery.etcd': expected a list"));
+  EXPECT_THAT(ErrorOf("discovery:\n  etcd: []\n"),
+              HasSubstr("key 'discovery.etcd': must list at least one endpoint"));
+  EXPECT_THAT(ErrorOf("discovery:\n  etcd: [etcdhost]\n"),
+              HasSubstr("key 'discovery.etcd': 'etcdhost' is not host:port"));
+  EXPECT_THAT(ErrorOf("discovery:\n  etcd: [\"https://e:2379\"]\n"),
+              HasSubstr("key 'discovery.etcd': 'https://e:2379': TLS"));
+  EXPECT_THAT(ErrorOf("discovery:\n  etcd: [e:2379]\n  prefix: /ferry/nodes\n"),
+              HasSubstr("test.yaml:3: key 'discovery.prefix': '/ferry/nodes' must end with '/'"));
+  EXPECT_THAT(ErrorOf("discovery:\n  etcd: [e:2379]\n  lease_ttl: 1s\n"),
+              HasSubstr("key 'discovery.lease_ttl': 1s is outside 2s..1h"));
+  EXPECT_THAT(ErrorOf("discovery:\n  etcd: [e:2379]\n  lease_ttl: 2500ms\n"),
+              HasSubstr("key 'discovery.lease_ttl': etcd leases count whole seconds"));
+  EXPECT_THAT(ErrorOf("discovery:\n  etcd: [e:2379]\n  lease_ttl: soon\n"),
+              HasSubstr("key 'discovery.lease_ttl': expected a duration"));
+  EXPECT_THAT(ErrorOf("discovery:\n  etcd: [e:2379]\n  ttl: 5s\n"),
+              HasSubstr("key 'discovery.ttl': unknown key"));
+  EXPECT_THAT(ErrorOf("discovery:\n  etcd: [e:2379]\n  advertise: here\n"),
+              HasSubstr("key 'discovery.advertise': 'here' is not host:port"));
+  // A wildcard listener is not an address peers can dial.
+  EXPECT_THAT(ErrorOf("listen:\n  peer: 0.0.0.0:7100\ndiscovery:\n  etcd: [e:2379]\n"),
+              HasSubstr("key 'discovery.advertise': needed: listen.peer (0.0.0.0:7100)"));
+  EXPECT_TRUE(ParseConfig("listen:\n  peer: 0.0.0.0:7100\ndiscovery:\n  etcd: [e:2379]\n"
+                          "  advertise: 10.0.0.1:7100\n",
+                          "test.yaml")
+                  .ok());
+}
+
+TEST(ConfigTest, NodeNamesAndAddressesAreCheckedAlike) {
+  EXPECT_TRUE(ValidateNodeName("node-a").ok());
+  EXPECT_FALSE(ValidateNodeName("").ok());
+  EXPECT_FALSE(ValidateNodeName("a:b").ok());
+  EXPECT_FALSE(ValidateNodeName("a/b").ok());
+  EXPECT_TRUE(ValidateAddress("127.0.0.1:7100").ok());
+  EXPECT_TRUE(ValidateAddress("[::1]:7100").ok());
+  EXPECT_TRUE(ValidateAddress("h:0").ok());
+  EXPECT_FALSE(ValidateAddress("h:0", /*allow_port_0=*/false).ok());
+  EXPECT_FALSE(ValidateAddress("h:65536").ok());
+  EXPECT_FALSE(ValidateAddress(":7100").ok());
+}
+
 TEST(ConfigTest, UnknownKeysAreRefusedWithLineAndKey) {
   EXPECT_THAT(ErrorOf("node: a\ncolour: blue\n"),
               HasSubstr("test.yaml:2: key 'colour': unknown key"));

@@ -558,5 +558,73 @@ TEST_F(PeerDirectoryTest, SelfEntryResolvesThroughSelfAddress) {
   EXPECT_TRUE(dir_->Resolve("node-a", "landing", Soon()).ok());
 }
 
+// Peers from etcd and from AddPeer live beside the config file's: a reload replaces only the
+// file's, and each source's entry comes and goes on its own.
+TEST_F(PeerDirectoryTest, DiscoveredPeersSurviveAConfigReload) {
+  auto c = FakeAgent::Start("node-c", 0xc1);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(dir_->Upsert("node-c", (*c)->address(), PeerSource::kEtcd),
+            absl::StrCat("peer node-c added at ", (*c)->address()));
+  EXPECT_EQ(dir_->Upsert("node-c", (*c)->address(), PeerSource::kEtcd), "");  // no change
+  EXPECT_EQ(dir_->SourceOf("node-c"), PeerSource::kEtcd);
+  EXPECT_EQ(dir_->SourceOf("node-b"), PeerSource::kConfig);
+  EXPECT_FALSE(dir_->SourceOf("node-a").has_value());  // this node
+  EXPECT_FALSE(dir_->SourceOf("node-z").has_value());
+  EXPECT_THAT(dir_->Update({{"node-b", b_->address()}}), IsEmpty());
+  EXPECT_THAT(dir_->Update({}), ElementsAre("peer node-b removed"));
+  EXPECT_THAT(dir_->Names(), ElementsAre("node-c"));
+  auto remote = dir_->Resolve("node-c", "landing", Soon());
+  ASSERT_TRUE(remote.ok()) << remote.status();
+  EXPECT_EQ(remote->incarnation, 0xc1u);
+  EXPECT_EQ(dir_->Remove("node-c", PeerSource::kConfig), "");  // the file never named it
+  EXPECT_EQ(dir_->Remove("node-c", PeerSource::kEtcd), "peer node-c removed");
+  EXPECT_FALSE(dir_->Known("node-c"));
+  // This node itself is no peer to add or remove.
+  EXPECT_EQ(dir_->Upsert("node-a", "127.0.0.1:1", PeerSource::kRuntime), "");
+  EXPECT_EQ(dir_->Remove("node-a", PeerSource::kConfig), "");
+  EXPECT_TRUE(dir_->Known("node-a"));
+}
+
+TEST_F(PeerDirectoryTest, EtcdNeverRemovesAConfiguredPeer) {
+  EXPECT_EQ(dir_->Upsert("node-b", b_->address(), PeerSource::kEtcd), "");
+  EXPECT_THAT(dir_->SourcesOf("node-b"), ElementsAre(PeerSource::kConfig, PeerSource::kEtcd));
+  auto e = dir_->Endpoint("node-b", 0, Soon());
+  ASSERT_TRUE(e.ok()) << e.status();
+  EXPECT_EQ(dir_->Remove("node-b", PeerSource::kEtcd),
+            absl::StrCat("peer node-b kept: config still names it at ", b_->address()));
+  EXPECT_TRUE(dir_->Known("node-b"));
+  EXPECT_EQ(dir_->SourceOf("node-b"), PeerSource::kConfig);
+  EXPECT_FALSE(e->endpoint->broken());  // nothing moved, nothing closed
+  // Dropped from the file while etcd names it: etcd keeps it.
+  EXPECT_EQ(dir_->Upsert("node-b", b_->address(), PeerSource::kEtcd), "");
+  EXPECT_THAT(dir_->Update({}),
+              ElementsAre(absl::StrCat("peer node-b kept: etcd still names it at ",
+                                       b_->address())));
+  EXPECT_EQ(dir_->SourceOf("node-b"), PeerSource::kEtcd);
+  EXPECT_FALSE(e->endpoint->broken());
+}
+
+TEST_F(PeerDirectoryTest, RuntimeAddressWinsUntilRemoved) {
+  auto moved = FakeAgent::Start("node-b", 0xb9);
+  ASSERT_TRUE(moved.ok()) << moved.status();
+  EXPECT_EQ(dir_->Upsert("node-b", (*moved)->address(), PeerSource::kRuntime),
+            absl::StrCat("peer node-b moved from ", b_->address(), " to ", (*moved)->address()));
+  EXPECT_EQ(dir_->SourceOf("node-b"), PeerSource::kRuntime);
+  EXPECT_EQ(dir_->AddressOf("node-b"), (*moved)->address());
+  auto remote = dir_->Resolve("node-b", "landing", Soon());
+  ASSERT_TRUE(remote.ok()) << remote.status();
+  EXPECT_EQ(remote->incarnation, 0xb9u);
+  // A reload naming the file's address changes nothing: the run-time word stands.
+  EXPECT_THAT(dir_->Update({{"node-b", b_->address()}}), IsEmpty());
+  EXPECT_EQ(dir_->AddressOf("node-b"), (*moved)->address());
+  EXPECT_EQ(dir_->Remove("node-b", PeerSource::kRuntime),
+            absl::StrCat("peer node-b moved from ", (*moved)->address(), " to ", b_->address()));
+  EXPECT_EQ(dir_->SourceOf("node-b"), PeerSource::kConfig);
+  auto back = dir_->Resolve("node-b", "landing", Soon());
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_EQ(back->incarnation, 0xb1u);
+  dir_->CloseAll();  // before the moved agent's fabric goes
+}
+
 }  // namespace
 }  // namespace ferry::server

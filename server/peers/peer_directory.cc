@@ -31,8 +31,13 @@ PeerDirectory::PeerDirectory(std::string self, uint64_t incarnation, std::string
                              std::map<std::string, std::string> peers,
                              std::vector<fabric::Fabric*> fabrics)
     : self_(std::move(self)), incarnation_(incarnation), fabrics_(std::move(fabrics)) {
-  peers[self_] = std::move(self_address);
-  for (auto& [name, address] : peers) links_[name].address = address;
+  links_[self_].address = std::move(self_address);
+  for (auto& [name, address] : peers) {
+    if (name == self_) continue;
+    Link& link = links_[name];
+    link.sources[PeerSource::kConfig] = address;
+    link.address = address;
+  }
 }
 
 bool PeerDirectory::Known(const std::string& node) const {
@@ -127,37 +132,112 @@ std::vector<std::string> PeerDirectory::Update(const std::map<std::string, std::
   std::vector<std::shared_ptr<fabric::Endpoint>> closing;
   {
     absl::MutexLock lock(&mu_);
-    for (auto it = links_.begin(); it != links_.end();) {
-      if (it->first == self_ || peers.contains(it->first)) {
-        ++it;
-        continue;
+    std::vector<std::string> dropped;
+    for (const auto& [name, link] : links_) {
+      if (link.sources.contains(PeerSource::kConfig) && !peers.contains(name)) {
+        dropped.push_back(name);
       }
-      changes.push_back(absl::StrCat("peer ", it->first, " removed"));
-      for (auto& [key, e] : it->second.endpoints) closing.push_back(std::move(e));
-      it = links_.erase(it);
+    }
+    for (const auto& name : dropped) {
+      std::string change = SetSourceLocked(name, PeerSource::kConfig, std::nullopt, closing);
+      if (!change.empty()) changes.push_back(std::move(change));
     }
     for (const auto& [name, address] : peers) {
-      if (name == self_) continue;
-      auto [it, added] = links_.try_emplace(name);
-      Link& link = it->second;
-      if (added) {
-        link.address = address;
-        changes.push_back(absl::StrCat("peer ", name, " added at ", address));
-      } else if (link.address != address) {
-        changes.push_back(
-            absl::StrCat("peer ", name, " moved from ", link.address, " to ", address));
-        link.address = address;
-        link.channel.reset();
-        link.stub.reset();
-        link.incarnation = 0;
-        link.welcome.reset();
-        for (auto& [key, e] : link.endpoints) closing.push_back(std::move(e));
-        link.endpoints.clear();
-      }
+      std::string change = SetSourceLocked(name, PeerSource::kConfig, address, closing);
+      if (!change.empty()) changes.push_back(std::move(change));
     }
   }
   for (auto& e : closing) e->Close();
   return changes;
+}
+
+std::string PeerDirectory::Upsert(const std::string& node, const std::string& address,
+                                  PeerSource source) {
+  std::vector<std::shared_ptr<fabric::Endpoint>> closing;
+  std::string change;
+  {
+    absl::MutexLock lock(&mu_);
+    change = SetSourceLocked(node, source, address, closing);
+  }
+  for (auto& e : closing) e->Close();
+  return change;
+}
+
+std::string PeerDirectory::Remove(const std::string& node, PeerSource source) {
+  std::vector<std::shared_ptr<fabric::Endpoint>> closing;
+  std::string change;
+  {
+    absl::MutexLock lock(&mu_);
+    change = SetSourceLocked(node, source, std::nullopt, closing);
+  }
+  for (auto& e : closing) e->Close();
+  return change;
+}
+
+std::optional<PeerSource> PeerDirectory::SourceOf(const std::string& node) const {
+  absl::MutexLock lock(&mu_);
+  auto it = links_.find(node);
+  if (it == links_.end() || it->second.sources.empty()) return std::nullopt;
+  return it->second.sources.begin()->first;
+}
+
+std::vector<PeerSource> PeerDirectory::SourcesOf(const std::string& node) const {
+  absl::MutexLock lock(&mu_);
+  std::vector<PeerSource> out;
+  auto it = links_.find(node);
+  if (it == links_.end()) return out;
+  for (const auto& [source, address] : it->second.sources) out.push_back(source);
+  return out;
+}
+
+std::string PeerDirectory::AddressOf(const std::string& node) const {
+  absl::MutexLock lock(&mu_);
+  auto it = links_.find(node);
+  return it == links_.end() ? "" : it->second.address;
+}
+
+std::string PeerDirectory::SetSourceLocked(
+    const std::string& node, PeerSource source, const std::optional<std::string>& address,
+    std::vector<std::shared_ptr<fabric::Endpoint>>& closing) {
+  if (node == self_) return "";  // this agent is reached at its own address, whoever names it
+  auto it = links_.find(node);
+  if (it == links_.end()) {
+    if (!address) return "";
+    Link& link = links_[node];
+    link.sources[source] = *address;
+    link.address = *address;
+    return absl::StrCat("peer ", node, " added at ", *address);
+  }
+  Link& link = it->second;
+  if (address) {
+    auto [named, added] = link.sources.try_emplace(source, *address);
+    if (!added && named->second == *address) return "";
+    named->second = *address;
+  } else {
+    if (link.sources.erase(source) == 0) return "";
+    if (link.sources.empty()) {
+      for (auto& [key, e] : link.endpoints) closing.push_back(std::move(e));
+      links_.erase(it);
+      return absl::StrCat("peer ", node, " removed");
+    }
+  }
+  const auto& [first, dialled] = *link.sources.begin();
+  if (dialled == link.address) {
+    // Another source still names it where it is dialled: nothing moves.
+    return address ? ""
+                   : absl::StrCat("peer ", node, " kept: ", PeerSourceName(first),
+                                  " still names it at ", dialled);
+  }
+  std::string change =
+      absl::StrCat("peer ", node, " moved from ", link.address, " to ", dialled);
+  link.address = dialled;
+  link.channel.reset();
+  link.stub.reset();
+  link.incarnation = 0;
+  link.welcome.reset();
+  for (auto& [key, e] : link.endpoints) closing.push_back(std::move(e));
+  link.endpoints.clear();
+  return change;
 }
 
 absl::StatusOr<std::shared_ptr<absl::Mutex>> PeerDirectory::ConnectMutex(const std::string& node) {
@@ -202,7 +282,7 @@ absl::StatusOr<PeerRails> PeerDirectory::RailsLocked(const std::string& node,
       auto found = links_.find(node);
       if (found == links_.end()) {
         return absl::UnavailableError(
-            absl::StrCat("peer ", node, " was removed from the configuration"));
+            absl::StrCat("peer ", node, " was removed (config, etcd or RemovePeer)"));
       }
       Link& l = found->second;
       // A restarted peer forgot every connection we had: they go.
@@ -304,7 +384,7 @@ absl::StatusOr<PeerEndpoint> PeerDirectory::Endpoint(const std::string& node, co
     if (found == links_.end()) {
       endpoint->Close();
       return absl::UnavailableError(
-          absl::StrCat("peer ", node, " was removed from the configuration"));
+          absl::StrCat("peer ", node, " was removed (config, etcd or RemovePeer)"));
     }
     auto& slot = found->second.endpoints[key];
     old = std::move(slot);

@@ -20,6 +20,7 @@
 #include "ferry/v1/peer.grpc.pb.h"
 #include "grpcpp/channel.h"
 #include "server/leg_mode.h"
+#include "server/peers/peer_source.h"
 #include "transport/fabric.h"
 
 namespace ferry::server {
@@ -98,8 +99,8 @@ class PeerDirectory {
 
   // `self` is this agent's node name and `incarnation` its AgentCore::incarnation() (what
   // targets are told on Connect); naming itself as a peer reaches this agent's own Peer
-  // service at `self_address`, so local targets need no special case. `fabrics` are in
-  // preference order.
+  // service at `self_address`, so local targets need no special case. `peers` are the
+  // config file's (PeerSource::kConfig). `fabrics` are in preference order.
   PeerDirectory(std::string self, uint64_t incarnation, std::string self_address,
                 std::map<std::string, std::string> peers, std::vector<fabric::Fabric*> fabrics);
 
@@ -149,8 +150,24 @@ class PeerDirectory {
   absl::StatusOr<std::shared_ptr<grpc::Channel>> Channel(const std::string& node);
   // Makes the configured peers `peers` (a SIGHUP reload): new ones are added, removed ones
   // dropped (their endpoints closed; transfers to them fail UNAVAILABLE), a changed address
-  // gets a new channel and reconnects. Returns one line per change, for the log.
+  // gets a new channel and reconnects. Peers that etcd or an operator (AddPeer) named stay.
+  // Returns one line per change, for the log.
   std::vector<std::string> Update(const std::map<std::string, std::string>& peers);
+  // Sets `source`'s address for `node`, adding the peer or moving it when that changes the
+  // address dialled (the first source's in PeerSource order). Returns the change for the
+  // log, "" when nothing changed (this node itself: never).
+  std::string Upsert(const std::string& node, const std::string& address, PeerSource source);
+  // Drops `source`'s address for `node`; the peer goes (endpoints closed) when no source
+  // names it any more, or moves to the next source's address. Returns the change, "" when
+  // `source` did not name it.
+  std::string Remove(const std::string& node, PeerSource source);
+  // How `node` was found: the source whose address is dialled; nullopt for an unknown node
+  // and for this node itself.
+  std::optional<PeerSource> SourceOf(const std::string& node) const;
+  // Every source that names `node`, in PeerSource order (empty: unknown, or this node).
+  std::vector<PeerSource> SourcesOf(const std::string& node) const;
+  // The address dialled for `node` ("" when unknown).
+  std::string AddressOf(const std::string& node) const;
   const std::string& self() const { return self_; }
   // Closes every endpoint (agent shutdown).
   void CloseAll();
@@ -163,6 +180,8 @@ class PeerDirectory {
     std::vector<std::pair<fabric::RailId, std::string>> rails;  // rail, its address
   };
   struct Link {
+    // Each source's address for the peer; `address` is the first's (empty for self).
+    std::map<PeerSource, std::string> sources;
     std::string address;
     // Made on first use; both reset when the address changes.
     std::shared_ptr<grpc::Channel> channel;
@@ -174,6 +193,12 @@ class PeerDirectory {
     std::shared_ptr<absl::Mutex> connect_mu = std::make_shared<absl::Mutex>();
   };
   absl::StatusOr<Link*> FindLink(const std::string& node) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Sets (or with nullopt drops) `source`'s address for `node` and applies what that means
+  // for the link: added, moved (endpoints to `closing`), removed. Returns the change or "".
+  std::string SetSourceLocked(const std::string& node, PeerSource source,
+                              const std::optional<std::string>& address,
+                              std::vector<std::shared_ptr<fabric::Endpoint>>& closing)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Rails under the link's connect_mu: Hello when needed.
   absl::StatusOr<PeerRails> RailsLocked(const std::string& node, uint64_t incarnation,
                                         absl::Time deadline);
