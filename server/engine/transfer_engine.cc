@@ -440,6 +440,9 @@ absl::StatusOr<std::shared_ptr<Transfer>> TransferEngine::Cancel(uint64_t id) {
 }
 
 void TransferEngine::End(const std::shared_ptr<Transfer>& transfer, const absl::Status& why) {
+  // Settled first: a staging pipeline told to stop settles its open ops with a status of its
+  // own ("did not finish before its deadline"), and the first settlement wins.
+  transfer->SettleAll(why);
   {
     absl::MutexLock lock(&workers_mu_);
     for (auto& w : workers_) {
@@ -447,7 +450,6 @@ void TransferEngine::End(const std::shared_ptr<Transfer>& transfer, const absl::
       if (auto sender = w.sender.lock()) sender->Cancel();
     }
   }
-  transfer->SettleAll(why);
   OnFinished(transfer->id());
 }
 
