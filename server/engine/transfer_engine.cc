@@ -477,6 +477,17 @@ size_t TransferEngine::EndAll(const absl::Status& why) {
   }
   // Not under mu_: settling runs completions, which take it (OnFinished).
   for (auto& t : running) End(t, why);
+  // Their staging pipelines stop at their next chunk: wait (a few seconds at most) until
+  // they did, so that the agent's teardown, which follows a drain, never meets one closing.
+  const absl::Time until = absl::Now() + absl::Seconds(5);
+  for (bool busy = true; busy && absl::Now() < until;) {
+    busy = false;
+    {
+      absl::MutexLock lock(&workers_mu_);
+      for (const auto& w : workers_) busy |= !w.done->load();
+    }
+    if (busy) absl::SleepFor(absl::Milliseconds(5));
+  }
   return running.size();
 }
 
