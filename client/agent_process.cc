@@ -137,6 +137,16 @@ int AgentProcess::Stop(absl::Duration grace) {
   return Reap(true);
 }
 
+int AgentProcess::AwaitExit(absl::Duration timeout) {
+  absl::Time deadline = absl::Now() + timeout;
+  do {
+    int rc = Reap(false);
+    if (rc >= 0) return rc;
+    absl::SleepFor(absl::Milliseconds(10));
+  } while (absl::Now() < deadline);
+  return Reap(false);
+}
+
 void AgentProcess::Kill() {
   if (pid_ <= 0) return;
   kill(pid_, SIGKILL);

@@ -49,6 +49,9 @@ class AgentProcess {
   int Stop(absl::Duration grace = absl::Seconds(5));
   // SIGKILL now (a crashed peer).
   void Kill();
+  // Waits, sending nothing, up to `timeout` for the agent to exit (after a signal the test
+  // sent itself). Returns its exit status, or -1 if it still runs.
+  int AwaitExit(absl::Duration timeout);
   bool running() const { return pid_ > 0; }
 
   const std::string& node() const { return node_; }

@@ -12,6 +12,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/time.h"
 #include "base/byte_size.h"
 #include "base/echo.h"
 #include "base/status_macros.h"
@@ -363,11 +364,11 @@ absl::Status ParseInto(const Context& ctx, const YAML::Node& root, Config& c) {
     }
   }
   if (auto limits = root["limits"]) {
-    RETURN_IF_ERROR(
-        CheckKeys(ctx, limits, "limits",
-                  {"max_op_bytes", "max_ops_per_submit", "default_timeout_ms", "max_timeout_ms",
-                   "slice_bytes", "peer_window_bytes", "tcp_max_connections",
-                   "tcp_max_connections_per_peer", "tcp_handshake_timeout_ms"}));
+    RETURN_IF_ERROR(CheckKeys(
+        ctx, limits, "limits",
+        {"max_op_bytes", "max_ops_per_submit", "default_timeout_ms", "max_timeout_ms",
+         "slice_bytes", "peer_window_bytes", "tcp_max_connections", "tcp_max_connections_per_peer",
+         "tcp_handshake_timeout_ms", "shutdown_grace_ms"}));
     if (auto n = limits["max_op_bytes"]) {
       ASSIGN_OR_RETURN(c.max_op_bytes, ReadByteSize(ctx, n, "limits.max_op_bytes"));
       if (c.max_op_bytes == 0) return ctx.Error(n, "limits.max_op_bytes", "must be positive");
@@ -403,6 +404,24 @@ absl::Status ParseInto(const Context& ctx, const YAML::Node& root, Config& c) {
     if (auto n = limits["tcp_handshake_timeout_ms"]) {
       ASSIGN_OR_RETURN(c.tcp_handshake_timeout_ms,
                        ReadCount(ctx, n, "limits.tcp_handshake_timeout_ms", 1, 600000));
+    }
+    if (auto n = limits["shutdown_grace_ms"]) {
+      // "30s" is the likely slip: say what to write instead.
+      absl::Duration d;
+      if (n.IsScalar() && absl::ParseDuration(n.as<std::string>(), &d) &&
+          d >= absl::ZeroDuration()) {
+        uint32_t ms = 0;
+        if (!absl::SimpleAtoi(n.as<std::string>(), &ms)) {
+          return ctx.Error(n, "limits.shutdown_grace_ms",
+                           absl::StrCat("expected milliseconds as a whole number: write ",
+                                        absl::ToInt64Milliseconds(d), " for ",
+                                        n.as<std::string>()));
+        }
+      }
+      // An hour at most: systemd's TimeoutStopSec and Kubernetes'
+      // terminationGracePeriodSeconds must cover it, or the agent is killed mid-drain.
+      ASSIGN_OR_RETURN(c.shutdown_grace_ms,
+                       ReadCount(ctx, n, "limits.shutdown_grace_ms", 0, 3600000));
     }
   }
   if (auto metrics = root["metrics"]) {

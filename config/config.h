@@ -87,6 +87,9 @@ struct Config {
   uint32_t max_ops_per_submit = 65536;
   uint32_t default_timeout_ms = 60000;
   uint32_t max_timeout_ms = 600000;    // a Submit may not ask for more
+  // SIGTERM drains: new transfers are refused, running ones get this long to finish, the
+  // rest are cancelled (server/drain.h). 0: cancel them at once.
+  uint32_t shutdown_grace_ms = 30000;
   // Direct ops are cut into slices; at most peer_window_bytes of them are on the wire to
   // one peer at once, and concurrent transfers take turns slice by slice.
   uint64_t slice_bytes = 1 << 20;

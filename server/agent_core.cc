@@ -6,6 +6,7 @@
 #include "base/open_files.h"
 #include "base/status_macros.h"
 #include "server/agent_options.h"
+#include "server/memlock_check.h"
 #include "server/peers/stage_client.h"
 #include "spdlog/spdlog.h"
 #include "transport/providers.h"
@@ -64,6 +65,12 @@ absl::StatusOr<std::unique_ptr<AgentCore>> AgentCore::Create(const config::Confi
     fabrics.push_back(f.get());
     spdlog::info("provider {} listening on {}", f->rail().ToString(), f->address());
   }
+  // Said at start, before a registration fails on it (server/memlock_check.h).
+  bool verbs_in_use = false;
+  for (const auto& f : core->fabrics_) verbs_in_use |= f->provider() == "verbs";
+  std::string memlock = MemlockWarning(topology::ProbeMemlock(),
+                                       topology::RegisteredHostMemory(plan, config), verbs_in_use);
+  if (!memlock.empty()) spdlog::warn("{}", memlock);
   RETURN_IF_ERROR(core->LoadGpus());
   core->rails_ = std::make_unique<FabricRails>(fabrics, core->machine_, plan, core->topology_gpu_,
                                                core->pool_->numa());

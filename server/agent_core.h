@@ -17,6 +17,7 @@
 #include "server/engine/leg_planner.h"
 #include "server/engine/transfer_engine.h"
 #include "server/buffers/gpu_pools.h"
+#include "server/drain.h"
 #include "server/local/sessions.h"
 #include "server/policy_store.h"
 #include "server/peers/peer_directory.h"
@@ -54,6 +55,9 @@ class AgentCore {
   BouncePools& bounce() { return *bounce_; }
   // Which fabrics carry which memory (registration and GetInfo's NIC view).
   const FabricRails& rails() const { return *rails_; }
+  // What runs first when the agent drains (server/drain.h): discovery deregistration adds
+  // its hook here.
+  DrainHooks& drain_hooks() { return drain_hooks_; }
   // How this agent moves bytes in or out of `buffer` through `rail` under `snapshot`.
   LegPlan PlanLeg(const Buffer& buffer, const PolicySnapshot& snapshot,
                   const fabric::RailId& rail) const;
@@ -65,6 +69,7 @@ class AgentCore {
 
   const config::Config config_;
   const uint64_t incarnation_;
+  DrainHooks drain_hooks_;
   topology::Machine machine_;
   std::unique_ptr<PolicyStore> policies_;
   // The GPU index in machine_.gpus for each of our GPUs (matched by PCI address), or -1.

@@ -79,6 +79,7 @@ EngineLimits EngineLimitsFromConfig(const config::Config& config) {
   limits.max_timeout = absl::Milliseconds(config.max_timeout_ms);
   limits.slice_bytes = config.slice_bytes;
   limits.peer_window_bytes = config.peer_window_bytes;
+  limits.shutdown_grace = absl::Milliseconds(config.shutdown_grace_ms);
   return limits;
 }
 

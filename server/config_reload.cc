@@ -114,14 +114,17 @@ ReloadReport ApplyReload(AgentCore& core, config::Config& running, const config:
   if (limits.max_op_bytes != current.max_op_bytes ||
       limits.max_ops_per_submit != current.max_ops_per_submit ||
       limits.default_timeout != current.default_timeout ||
-      limits.max_timeout != current.max_timeout || limits.slice_bytes != current.slice_bytes) {
+      limits.max_timeout != current.max_timeout || limits.slice_bytes != current.slice_bytes ||
+      limits.shutdown_grace != current.shutdown_grace) {
     core.engine().SetLimits(limits);
-    report.applied.push_back("limits: new Submits use the reloaded limits");
+    report.applied.push_back(
+        "limits: new Submits (and a drain, for shutdown_grace_ms) use the reloaded limits");
     running.max_op_bytes = next.max_op_bytes;
     running.max_ops_per_submit = next.max_ops_per_submit;
     running.default_timeout_ms = next.default_timeout_ms;
     running.max_timeout_ms = next.max_timeout_ms;
     running.slice_bytes = next.slice_bytes;
+    running.shutdown_grace_ms = next.shutdown_grace_ms;
   }
   for (const auto& key : RestartOnlyChanges(running, next)) {
     report.not_applied.push_back(absl::StrCat(key, ": changed in the file; needs a restart, the "

@@ -4,7 +4,10 @@
 //          [--peer-listen HOST:PORT] [--peer NAME=HOST:PORT ...] [--host-pool SIZE]
 //          [--tcp-connections N] [--log-level LEVEL] [--help] [--version]
 //
-// Flags override the file. SIGHUP reloads the file; SIGTERM / SIGINT stop it cleanly.
+// Flags override the file. SIGHUP reloads the file. SIGTERM drains (server/drain.h): new
+// transfers are refused, running ones get limits.shutdown_grace_ms to finish, then it exits 0.
+// SIGINT (Ctrl-C) stops at once: the same steps with no grace. A second SIGTERM or SIGINT
+// during a drain ends its grace.
 
 #include <signal.h>
 #include <sys/stat.h>
@@ -24,11 +27,13 @@
 #include "base/byte_size.h"
 #include "config/config.h"
 #include "grpcpp/grpcpp.h"
+#include "grpcpp/health_check_service_interface.h"
 #include "base/port_owner.h"
 #include "base/status_macros.h"
 #include "server/agent_core.h"
 #include "server/agent_discovery.h"
 #include "server/config_reload.h"
+#include "server/drain.h"
 #include "server/local/instance_lock.h"
 #include "server/log_setup.h"
 #include "server/metrics/metrics_exporter.h"
@@ -46,7 +51,8 @@ constexpr const char* kUsage =
     "usage: ferryd [--config FILE] [--node NAME] [--socket PATH] [--local-tcp HOST:PORT]\n"
     "              [--peer-listen HOST:PORT] [--peer NAME=HOST:PORT ...] [--host-pool SIZE]\n"
     "              [--tcp-connections N] [--log-level LEVEL] [--help] [--version]\n"
-    "Flags override the file (every key: config/ferry.example.yaml). SIGHUP reloads the file.\n";
+    "Flags override the file (every key: config/ferry.example.yaml). SIGHUP reloads the file;\n"
+    "SIGTERM drains (limits.shutdown_grace_ms), SIGINT stops at once.\n";
 
 // Exits with the usage text: 0 when asked for it, 2 after a usage error.
 [[noreturn]] void ExitUsage(int code, const std::string& why = "") {
@@ -171,6 +177,16 @@ void Reload(int argc, char** argv, AgentCore& core, config::Config& running) {
   for (const auto& line : report.not_applied) spdlog::warn("SIGHUP: {}", line);
 }
 
+// True when SIGTERM or SIGINT came (again) since the last look; takes it, never waits.
+bool StopSignalPending() {
+  sigset_t stop;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGINT);
+  sigaddset(&stop, SIGTERM);
+  timespec now{0, 0};
+  return sigtimedwait(&stop, nullptr, &now) > 0;
+}
+
 int Run(int argc, char** argv) {
   auto loaded = LoadConfig(argc, argv);
   if (!loaded.ok()) {
@@ -204,6 +220,9 @@ int Run(int argc, char** argv) {
   TensorService tensor_service(core->get());
   TensorPeerService tensor_peer_service(core->get());
 
+  // grpc.health.v1 on both listeners: Kubernetes' `grpc:` readiness probe asks the Peer
+  // API's. SERVING from start; NOT_SERVING as soon as a drain begins (the hook below).
+  grpc::EnableDefaultHealthCheckService(true);
   // Peer API first: a local client's first transfer may target this node itself.
   grpc::ServerBuilder peer_builder;
   int peer_port = 0;
@@ -233,6 +252,14 @@ int Run(int argc, char** argv) {
     peer_server->Shutdown();
     return 1;
   }
+  // After the hooks AgentCore::Create added (discovery deregistration runs before this).
+  (*core)->drain_hooks().Add("readiness: gRPC health NOT_SERVING", [&] {
+    for (grpc::Server* server : {peer_server.get(), local_server.get()}) {
+      if (grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService()) {
+        health->SetServingStatus(false);
+      }
+    }
+  });
   (*lock)->NoteSocketBound();
   // Off unless metrics.listen names an address; a listener that cannot start is fatal, as
   // the other listeners are: an operator who asked for metrics would otherwise not notice.
@@ -260,21 +287,30 @@ int Run(int argc, char** argv) {
   std::unique_ptr<EtcdDiscovery> discovery = StartDiscovery(config, **core, peer_port);
 
   config::Config running = config;
+  int sig = 0;
   while (true) {
-    int sig = 0;
     sigwait(&signals, &sig);
     if (sig == SIGHUP) {
       Reload(argc, argv, **core, running);
       continue;
     }
-    spdlog::info("signal {}: stopping", sig);
     break;
   }
   // Out of etcd first, so that peers stop choosing this node while it stops.
   if (discovery) discovery->Deregister();
   // The socket goes first, so a successor started now sees no live agent there and waits
   // for our lock instead of refusing; it is still ours (checked), never a successor's.
+  // Clients already connected keep their connection through the drain: their Waits get
+  // results, their new Submits the "draining" refusal.
   (*lock)->RemoveSocket();
+  if (sig == SIGTERM) {
+    spdlog::info("SIGTERM: draining (SIGTERM or SIGINT again: stop at once)");
+    Drain(**core, (*core)->engine().limits().shutdown_grace, StopSignalPending);
+  } else {
+    spdlog::info("signal {}: stopping at once (SIGTERM drains)", sig);
+    Drain(**core, absl::ZeroDuration(), nullptr);
+  }
+  // Calls still open (sessions, watches of ended transfers) get a moment to end.
   auto grace = std::chrono::system_clock::now() + std::chrono::seconds(2);
   local_server->Shutdown(grace);
   peer_server->Shutdown(grace);

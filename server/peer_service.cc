@@ -57,6 +57,14 @@ grpc::Status PeerService::Connect(grpc::ServerContext*, const ferry::v1::Connect
 grpc::Status PeerService::ResolveBuffer(grpc::ServerContext*,
                                         const ferry::v1::ResolveBufferRequest* req,
                                         ferry::v1::ResolveBufferResponse* resp) {
+  // A peer's new transfer to a draining node fails at its Submit, not half way through
+  // (server/drain.h); transfers that resolved earlier go on.
+  if (core_->engine().draining()) {
+    return grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                        absl::StrCat("node ", core_->config().node,
+                                     " is draining (it is shutting down) and takes no new "
+                                     "transfers"));
+  }
   auto buffer = core_->buffers().FindByName(req->name());
   if (!buffer.ok()) {
     return grpc::Status(grpc::StatusCode::NOT_FOUND,

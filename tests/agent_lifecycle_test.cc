@@ -29,6 +29,7 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "tests/agent_pair.h"
+#include "tests/text_file.h"
 #include "transport/tcp/socket.h"
 
 namespace ferry {
@@ -36,13 +37,6 @@ namespace {
 
 using ::testing::HasSubstr;
 using ::testing::Not;
-
-std::string ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
 
 // Waits for `pid` to exit; its exit code, or -1 if it is still running after `timeout`
 // (then it is killed).
@@ -67,15 +61,6 @@ int RunCommand(const std::vector<std::string>& argv, const std::string& dir,
   int rc = WaitExit(*pid, absl::Seconds(60));
   if (output != nullptr) *output = ReadFile(log);
   return rc;
-}
-
-bool WaitForText(const std::string& path, const std::string& text, absl::Duration timeout) {
-  absl::Time deadline = absl::Now() + timeout;
-  while (absl::Now() < deadline) {
-    if (ReadFile(path).find(text) != std::string::npos) return true;
-    absl::SleepFor(absl::Milliseconds(20));
-  }
-  return false;
 }
 
 uint64_t HostPoolUsed(Client& c) {

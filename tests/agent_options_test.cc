@@ -42,7 +42,7 @@ static_assert(FieldCount<verbs::VerbsOptions>() == 16,
               "new field: map it in server/agent_options.cc and test it here");
 static_assert(FieldCount<fabric::ProviderOptions>() == 5,
               "new field: map it in server/agent_options.cc and test it here");
-static_assert(FieldCount<EngineLimits>() == 7,
+static_assert(FieldCount<EngineLimits>() == 8,
               "new field: map it in server/agent_options.cc and test it here");
 
 // Every key that maps to a provider or engine option, each set to a value that is neither
@@ -84,6 +84,7 @@ limits:
   tcp_max_connections: 3000
   tcp_max_connections_per_peer: 17
   tcp_handshake_timeout_ms: 1234
+  shutdown_grace_ms: 4321
 )";
 
 constexpr uint64_t kAmpleFds = 1 << 20;
@@ -152,6 +153,7 @@ TEST(AgentOptionsTest, EveryEngineKeyArrives) {
   EXPECT_EQ(limits.max_timeout, absl::Milliseconds(90000));
   EXPECT_EQ(limits.slice_bytes, 256u << 10);
   EXPECT_EQ(limits.peer_window_bytes, 8u << 20);
+  EXPECT_EQ(limits.shutdown_grace, absl::Milliseconds(4321));
   // No config key: the engine's default.
   EXPECT_EQ(limits.history, EngineLimits{}.history);
 }
@@ -193,6 +195,7 @@ TEST(AgentOptionsTest, ConfigDefaultsAreTheOptionDefaults) {
   EXPECT_EQ(limits.max_timeout, engine.max_timeout);
   EXPECT_EQ(limits.slice_bytes, engine.slice_bytes);
   EXPECT_EQ(limits.peer_window_bytes, engine.peer_window_bytes);
+  EXPECT_EQ(limits.shutdown_grace, engine.shutdown_grace);  // 30 s
 }
 
 TEST(AgentOptionsTest, TcpListensOnThePeerApiHostWhenTcpListenIsEmpty) {

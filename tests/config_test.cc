@@ -25,6 +25,7 @@ TEST(ConfigTest, EmptyFileGivesWorkingDefaults) {
   EXPECT_EQ(c->peer_listen, "127.0.0.1:7100");
   EXPECT_EQ(c->tcp_connections, 4u);
   EXPECT_EQ(c->host_pool_bytes, 1ull << 30);
+  EXPECT_EQ(c->shutdown_grace_ms, 30000u);
   EXPECT_TRUE(c->peers.empty());
   EXPECT_EQ(c->policy, Policy{});
 }
@@ -36,7 +37,8 @@ listen: {local: /run/f.sock, local_tcp: "127.0.0.1:9000", peer: "0.0.0.0:7101"}
 peers: {node-a: "10.0.0.1:7100", node-c: "[::1]:7100"}
 host_pool: {size: 2GiB}
 tcp: {connections: 8, listen: "0.0.0.0:7200"}
-limits: {max_op_bytes: 16MiB, max_ops_per_submit: 100, default_timeout_ms: 5000}
+limits: {max_op_bytes: 16MiB, max_ops_per_submit: 100, default_timeout_ms: 5000,
+         shutdown_grace_ms: 1500}
 log: {level: debug}
 topology: /etc/ferry/topo.xml
 nics: {allow: [mlx5_0, mlx5_1], deny: [mlx5_2]}
@@ -52,6 +54,7 @@ policy: {gdr: always, gdr_max_path: pxb, fallback: fail, staging_chunk: 1MiB, st
   EXPECT_EQ(c->max_op_bytes, 16ull << 20);
   EXPECT_EQ(c->max_ops_per_submit, 100u);
   EXPECT_EQ(c->default_timeout_ms, 5000u);
+  EXPECT_EQ(c->shutdown_grace_ms, 1500u);
   EXPECT_EQ(c->nics.allow, (std::vector<std::string>{"mlx5_0", "mlx5_1"}));
   EXPECT_EQ(c->policy.gdr, GdrMode::kAlways);
   EXPECT_EQ(c->policy.gdr_max_path, PathClass::kPxb);
@@ -281,6 +284,20 @@ TEST(ConfigTest, BadValuesAreRefused) {
   EXPECT_THAT(ErrorOf("policy:\n  fallback: pray\n"), HasSubstr("key 'policy.fallback'"));
   EXPECT_THAT(ErrorOf("policy:\n  staging_depth: 0\n"), HasSubstr("staging_depth"));
   EXPECT_THAT(ErrorOf("limits:\n  max_op_bytes: 0\n"), HasSubstr("key 'limits.max_op_bytes'"));
+  EXPECT_THAT(ErrorOf("limits:\n  shutdown_grace_ms: 7200000\n"),
+              HasSubstr("test.yaml:2: key 'limits.shutdown_grace_ms': 7200000 is outside "
+                        "0..3600000"));
+  EXPECT_THAT(ErrorOf("limits:\n  shutdown_grace_ms: 30s\n"),
+              HasSubstr("key 'limits.shutdown_grace_ms': expected milliseconds as a whole "
+                        "number: write 30000 for 30s"));
+  EXPECT_THAT(ErrorOf("limits:\n  shutdown_grace_ms: soon\n"),
+              HasSubstr("key 'limits.shutdown_grace_ms': expected a whole number"));
+}
+
+TEST(ConfigTest, ShutdownGraceZeroMeansCancelAtOnce) {
+  auto c = ParseConfig("limits:\n  shutdown_grace_ms: 0\n", "test.yaml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->shutdown_grace_ms, 0u);
 }
 
 TEST(ConfigTest, MalformedYamlNamesTheLine) {

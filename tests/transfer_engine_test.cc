@@ -416,6 +416,38 @@ TEST_F(TransferEngineTest, ARevokedRemoteKeyIsAbortedNamingTheBuffer) {
   EXPECT_THAT(u.message(), HasSubstr("link down"));
 }
 
+// The drain's parts (server/drain.h): new Submits refused, running ones waited for, the rest
+// ended with the status given.
+TEST_F(TransferEngineTest, ADrainingEngineRefusesNewTransfersAndEndsTheRunningOnesOnRequest) {
+  auto src = Local(2 * kSlice, 10);
+  EXPECT_TRUE(engine_->AwaitIdle(absl::Now())) << "nothing runs yet";
+  local_.HoldCompletions();
+  ferry::v1::SubmitRequest request;
+  *request.add_ops() = Op(ferry::v1::WRITE, *src, 0, 2 * kSlice, 0);
+  auto id = engine_->Submit(request);
+  ASSERT_TRUE(id.ok()) << id.status();
+  engine_->BeginDrain();
+  EXPECT_TRUE(engine_->draining());
+  auto refused = engine_->Submit(request);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("draining"));
+  // Still running, so not idle within a short wait; the running one is left alone.
+  EXPECT_FALSE(engine_->AwaitIdle(absl::Now() + absl::Milliseconds(50)));
+  EXPECT_EQ(engine_->active(), 1u);
+  EXPECT_EQ(engine_->EndAll(absl::UnavailableError("agent is shutting down: test")), 1u);
+  EXPECT_TRUE(engine_->AwaitIdle(absl::Now()));
+  auto transfer = engine_->Find(*id);
+  ASSERT_TRUE(transfer.ok());
+  ferry::v1::TransferResult r = (*transfer)->Result();
+  EXPECT_EQ(r.state(), ferry::v1::FAILED);
+  EXPECT_EQ(r.code(), static_cast<int>(absl::StatusCode::kUnavailable));
+  EXPECT_THAT(r.message(), HasSubstr("agent is shutting down: test"));
+  EXPECT_EQ(engine_->EndAll(absl::UnavailableError("again")), 0u) << "nothing left to end";
+  local_.ReleaseCompletions();
+  EXPECT_TRUE(local_.AwaitIdle(kPatience));
+  src.reset();
+}
+
 TEST_F(TransferEngineTest, DestroyingTheEngineSettlesRunningTransfersUnavailable) {
   auto src = Local(3 * kSlice, 9);
   local_.HoldCompletions();

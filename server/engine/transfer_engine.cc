@@ -123,6 +123,9 @@ absl::StatusOr<std::vector<PlannedOp>> TransferEngine::Plan(const ferry::v1::Sub
 }
 
 absl::StatusOr<uint64_t> TransferEngine::Submit(const ferry::v1::SubmitRequest& request) {
+  // Checked before planning too: Plan may ask peers to resolve buffers, which a drain need
+  // not wait for.
+  if (draining()) return absl::UnavailableError(kDrainingMessage);
   const EngineLimits limits = this->limits();
   absl::Duration timeout = request.timeout_ms() > 0 ? absl::Milliseconds(request.timeout_ms())
                                                     : limits.default_timeout;
@@ -137,6 +140,7 @@ absl::StatusOr<uint64_t> TransferEngine::Submit(const ferry::v1::SubmitRequest& 
   {
     absl::MutexLock lock(&mu_);
     if (stopping_) return absl::UnavailableError("agent is shutting down");
+    if (draining_) return absl::UnavailableError(kDrainingMessage);
     uint64_t id = next_id_++;
     transfer = std::make_shared<Transfer>(id, std::move(ops), deadline, deps_.policies->Current());
     transfers_.emplace(id, transfer);
@@ -496,16 +500,60 @@ void TransferEngine::SetLimits(const EngineLimits& limits) {
 absl::StatusOr<std::shared_ptr<Transfer>> TransferEngine::Cancel(uint64_t id) {
   ASSIGN_OR_RETURN(std::shared_ptr<Transfer> transfer, Find(id));
   if (transfer->finished()) return transfer;
+  End(transfer, absl::CancelledError(absl::StrCat("transfer ", id, " was cancelled")));
+  return transfer;
+}
+
+void TransferEngine::End(const std::shared_ptr<Transfer>& transfer, const absl::Status& why) {
+  // Settled first: a staging pipeline told to stop settles its open ops with a status of its
+  // own ("did not finish before its deadline"), and the first settlement wins.
+  transfer->SettleAll(why);
   {
     absl::MutexLock lock(&workers_mu_);
     for (auto& w : workers_) {
-      if (w.transfer_id != id) continue;
+      if (w.transfer_id != transfer->id()) continue;
       if (auto sender = w.sender.lock()) sender->Cancel();
     }
   }
-  transfer->SettleAll(absl::CancelledError(absl::StrCat("transfer ", id, " was cancelled")));
-  OnFinished(id);
-  return transfer;
+  OnFinished(transfer->id());
+}
+
+void TransferEngine::BeginDrain() {
+  absl::MutexLock lock(&mu_);
+  draining_ = true;
+}
+
+bool TransferEngine::draining() const {
+  absl::MutexLock lock(&mu_);
+  return draining_;
+}
+
+bool TransferEngine::AwaitIdle(absl::Time deadline) const {
+  absl::MutexLock lock(&mu_);
+  auto idle = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return active_.empty(); };
+  return mu_.AwaitWithDeadline(absl::Condition(&idle), deadline);
+}
+
+size_t TransferEngine::EndAll(const absl::Status& why) {
+  std::vector<std::shared_ptr<Transfer>> running;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& [id, t] : active_) running.push_back(t);
+  }
+  // Not under mu_: settling runs completions, which take it (OnFinished).
+  for (auto& t : running) End(t, why);
+  // Their staging pipelines stop at their next chunk: wait (a few seconds at most) until
+  // they did, so that the agent's teardown, which follows a drain, never meets one closing.
+  const absl::Time until = absl::Now() + absl::Seconds(5);
+  for (bool busy = true; busy && absl::Now() < until;) {
+    busy = false;
+    {
+      absl::MutexLock lock(&workers_mu_);
+      for (const auto& w : workers_) busy |= !w.done->load();
+    }
+    if (busy) absl::SleepFor(absl::Milliseconds(5));
+  }
+  return running.size();
 }
 
 absl::StatusOr<std::shared_ptr<Transfer>> TransferEngine::Find(uint64_t id) const {

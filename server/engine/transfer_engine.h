@@ -42,7 +42,14 @@ struct EngineLimits {
   // are on the wire to one peer at once, transfers taking turns (server/engine/fair_queue).
   uint64_t slice_bytes = 1 << 20;
   uint64_t peer_window_bytes = 16 << 20;
+  // How long a drain (SIGTERM) lets running transfers finish before it cancels them.
+  absl::Duration shutdown_grace = absl::Seconds(30);
 };
+
+// What a Submit made while the agent drains is told (UNAVAILABLE).
+inline constexpr char kDrainingMessage[] =
+    "agent is draining (it received SIGTERM): it accepts no new transfers, finishes the "
+    "running ones and exits; retry on another node or after it restarts";
 
 class StageSender;
 struct StagedOp;
@@ -83,6 +90,16 @@ class TransferEngine {
 
   size_t active() const;
   uint64_t finished() const;
+
+  // Graceful drain (server/drain.h). From BeginDrain on, Submit refuses with UNAVAILABLE
+  // (kDrainingMessage); transfers already running go on. Idempotent.
+  void BeginDrain();
+  bool draining() const;
+  // Blocks until no transfer runs or `deadline` passed; true when none is left.
+  bool AwaitIdle(absl::Time deadline) const;
+  // Ends every running transfer as Cancel does, its open ops settling with `why`. Returns
+  // how many it ended.
+  size_t EndAll(const absl::Status& why);
   // What each rail carried to each peer, and which are paused (GetInfo, `ferryctl nics`).
   const RailLedger& ledger() const { return ledger_; }
   // Finished transfers added up (GetStats, metrics).
@@ -101,6 +118,8 @@ class TransferEngine {
   std::shared_ptr<FairQueue> QueueFor(const std::string& node, const EngineLimits& limits,
                                       size_t routes);
   void ReapExpired();
+  // Cancel and EndAll: stops the transfer's staging pipelines, settles its open ops.
+  void End(const std::shared_ptr<Transfer>& transfer, const absl::Status& why);
 
   // Runs a transfer's staged ops on a thread of its own.
   void StartStaging(const std::shared_ptr<Transfer>& transfer, PlannedOps planned,
@@ -133,6 +152,7 @@ class TransferEngine {
   absl::flat_hash_map<uint64_t, std::shared_ptr<Transfer>> active_ ABSL_GUARDED_BY(mu_);
   std::deque<uint64_t> history_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool draining_ ABSL_GUARDED_BY(mu_) = false;
   absl::flat_hash_map<std::string, std::shared_ptr<FairQueue>> queues_ ABSL_GUARDED_BY(mu_);
   std::thread reaper_;
 };

@@ -23,10 +23,18 @@ CancelledFn ClientGone(grpc::ServerContext* ctx) {
   return [ctx] { return ctx->IsCancelled(); };
 }
 
+// A draining agent takes no new sends or receives (server/drain.h), said before any waits.
+bool Draining(AgentCore* core, grpc::Status* refusal) {
+  if (!core->engine().draining()) return false;
+  *refusal = grpc::Status(grpc::StatusCode::UNAVAILABLE, kDrainingMessage);
+  return true;
+}
+
 }  // namespace
 
 grpc::Status TensorService::Send(grpc::ServerContext* ctx, const ferry::v1::SendRequest* req,
                                  ferry::v1::SendResponse* resp) {
+  if (grpc::Status refusal; Draining(core_, &refusal)) return refusal;
   auto r = core_->tensors().Send(*req, CallDeadline(ctx, req->timeout_ms()), ClientGone(ctx));
   if (!r.ok()) return ToGrpcStatus(r.status());
   *resp = *std::move(r);
@@ -35,6 +43,7 @@ grpc::Status TensorService::Send(grpc::ServerContext* ctx, const ferry::v1::Send
 
 grpc::Status TensorService::Recv(grpc::ServerContext* ctx, const ferry::v1::RecvRequest* req,
                                  ferry::v1::RecvResponse* resp) {
+  if (grpc::Status refusal; Draining(core_, &refusal)) return refusal;
   auto r = core_->tensors().Recv(*req, CallDeadline(ctx, req->timeout_ms()), ClientGone(ctx));
   if (!r.ok()) return ToGrpcStatus(r.status());
   *resp = *std::move(r);
@@ -63,6 +72,7 @@ grpc::Status TensorService::Recv(grpc::ServerContext* ctx, const ferry::v1::Recv
 grpc::Status TensorService::WriteBlocks(grpc::ServerContext* ctx,
                                         const ferry::v1::WriteBlocksRequest* req,
                                         ferry::v1::WriteBlocksResponse* resp) {
+  if (grpc::Status refusal; Draining(core_, &refusal)) return refusal;
   auto r =
       core_->tensors().WriteBlocks(*req, CallDeadline(ctx, req->timeout_ms()), ClientGone(ctx));
   if (!r.ok()) return ToGrpcStatus(r.status());

@@ -15,6 +15,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/byte_size.h"
 #include "transport/topology/doctor_checks.h"
+#include "transport/topology/memlock_need.h"
 
 namespace ferry::topology {
 
@@ -34,23 +35,29 @@ MemlockLimit ProbeMemlock() {
   return limit;
 }
 
-void CheckMemlock(const TopologyPlan& plan, const config::Config& config,
-                  const MemlockLimit& limit, DoctorReport& report) {
-  // What ferryd registers with each RDMA NIC: host buffers (at most the host pool) and a
-  // bounce pool per NUMA node a staged GPU goes through (server/buffers/bounce_pools.h).
-  // GPU memory does not count: peer memory and DMA-BUF pin it without charging memlock.
+MemlockNeed RegisteredHostMemory(const TopologyPlan& plan, const config::Config& config) {
   std::set<int> bounce_numas;
   for (const GpuDecision& d : plan.gpus) {
     if (d.mode == TransferMode::kStaged) bounce_numas.insert(d.bounce_numa);
   }
   const uint64_t bounce_pool = plan.policy.staging_chunk_bytes * plan.policy.staging_depth *
                                config::kBounceLegs;
-  const uint64_t need = config.host_pool_bytes + bounce_numas.size() * bounce_pool;
-  std::string needs = absl::StrCat("host pool ", FormatByteSize(config.host_pool_bytes));
+  MemlockNeed need;
+  need.bytes = config.host_pool_bytes + bounce_numas.size() * bounce_pool;
+  need.parts = absl::StrCat("host pool ", FormatByteSize(config.host_pool_bytes));
   if (!bounce_numas.empty()) {
-    absl::StrAppend(&needs, " + ", bounce_numas.size(), " bounce pool(s) of ",
+    absl::StrAppend(&need.parts, " + ", bounce_numas.size(), " bounce pool(s) of ",
                     FormatByteSize(bounce_pool));
   }
+  return need;
+}
+
+void CheckMemlock(const TopologyPlan& plan, const config::Config& config,
+                  const MemlockLimit& limit, DoctorReport& report) {
+  // What ferryd registers with each RDMA NIC (memlock_need.h).
+  const MemlockNeed registered = RegisteredHostMemory(plan, config);
+  const uint64_t need = registered.bytes;
+  const std::string& needs = registered.parts;
   const std::string soft =
       limit.soft_bytes ? FormatByteSize(*limit.soft_bytes) : std::string("unlimited");
   std::string fact = absl::StrCat("RLIMIT_MEMLOCK of this process: ", soft);
