@@ -26,6 +26,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "base/byte_size.h"
+#include "base/grpc_status.h"
 #include "base/unique_fd.h"
 #include "client/ferry_client.h"
 #include "client/nics_view.h"
@@ -386,9 +387,7 @@ int View(Client& c, const Args& a,
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
   grpc::Status s = (c.stub().*call)(&ctx, req, &resp);
-  if (!s.ok()) {
-    return Fail(absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message()));
-  }
+  if (!s.ok()) return Fail(FromGrpcStatus(s));
   std::cout << (a.json ? client::ProtoToJson(resp) + "\n" : format(resp));
   return kOk;
 }
@@ -413,6 +412,10 @@ int Stats(Client& c, const Args& a) {
   return View(c, a, &ferry::v1::Agent::Stub::GetStats, &client::FormatStats);
 }
 
+std::string FormatNicChange(const ferry::v1::SetNicStateResponse& changed) {
+  return client::FormatNics(changed.nics());
+}
+
 int Nics(Client& c, const Args& a) {
   if (a.words.empty()) {
     auto info = c.GetInfo();
@@ -433,19 +436,7 @@ int Nics(Client& c, const Args& a) {
   req.set_nic(a.words[1]);
   req.set_up(a.words[0] == "up");
   req.set_reason(a.reason);
-  ferry::v1::SetNicStateResponse resp;
-  grpc::ClientContext ctx;
-  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
-  grpc::Status s = c.stub().SetNicState(&ctx, req, &resp);
-  if (!s.ok()) {
-    return Fail(absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message()));
-  }
-  if (a.json) {
-    std::cout << client::ProtoToJson(resp) << "\n";
-  } else {
-    std::cout << client::FormatNics(resp.nics());
-  }
-  return kOk;
+  return View(c, a, &ferry::v1::Agent::Stub::SetNicState, &FormatNicChange, req);
 }
 
 // `peers add` / `peers remove`; the listing (`peers` alone) is the peers view's.

@@ -2,17 +2,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "base/grpc_status.h"
 #include "grpcpp/grpcpp.h"
 
 namespace ferry::client {
-namespace {
-
-absl::Status FromGrpc(const grpc::Status& s) {
-  return absl::Status(static_cast<absl::StatusCode>(s.error_code()), s.error_message());
-}
-
-}  // namespace
-
 absl::StatusOr<ferry::v1::PeerChange> AddPeer(ferry::v1::Agent::Stub& stub,
                                               const std::string& node,
                                               const std::string& address) {
@@ -23,7 +16,7 @@ absl::StatusOr<ferry::v1::PeerChange> AddPeer(ferry::v1::Agent::Stub& stub,
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
   grpc::Status s = stub.AddPeer(&ctx, req, &resp);
-  if (!s.ok()) return FromGrpc(s);
+  if (!s.ok()) return FromGrpcStatus(s);
   return resp;
 }
 
@@ -35,7 +28,7 @@ absl::StatusOr<ferry::v1::PeerChange> RemovePeer(ferry::v1::Agent::Stub& stub,
   grpc::ClientContext ctx;
   ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
   grpc::Status s = stub.RemovePeer(&ctx, req, &resp);
-  if (!s.ok()) return FromGrpc(s);
+  if (!s.ok()) return FromGrpcStatus(s);
   return resp;
 }
 

@@ -50,11 +50,8 @@ absl::StatusOr<std::unique_ptr<AgentCore>> AgentCore::Create(const config::Confi
       spdlog::info("tcp rail {} not used: {}", nic, std::string(address.status().message()));
       continue;
     }
-    tcp::TcpOptions rail = providers.tcp;
-    rail.listen_address = absl::StrCat(*address, ":0");
-    rail.nic = nic;
-    rail.event_loops = 1;
-    providers.tcp_rails.push_back(std::move(rail));
+    providers.tcp_rails.push_back(
+        TcpRailOptions(providers.tcp, nic, absl::StrCat(*address, ":0")));
   }
   if (!clamped.empty()) spdlog::info("{}", clamped);
   std::vector<std::string> skipped;

@@ -20,6 +20,15 @@ std::string TcpListenAddress(const config::Config& config) {
 
 }  // namespace
 
+tcp::TcpOptions TcpRailOptions(const tcp::TcpOptions& base, const std::string& nic,
+                               const std::string& address) {
+  tcp::TcpOptions rail = base;
+  rail.listen_address = address;
+  rail.nic = nic;
+  rail.event_loops = 1;
+  return rail;
+}
+
 fabric::ProviderOptions ProviderOptionsFromConfig(const config::Config& config,
                                                   uint64_t connection_fd_budget,
                                                   std::string* clamp_note) {
@@ -43,11 +52,7 @@ fabric::ProviderOptions ProviderOptionsFromConfig(const config::Config& config,
   // stripe_min_bytes and event_loops have no config key: their defaults stand, but rails
   // share the cores: one loop per direction each.
   for (const auto& [nic, address] : config.tcp_rails) {
-    tcp::TcpOptions rail = tcp;
-    rail.listen_address = address;
-    rail.nic = nic;
-    rail.event_loops = 1;
-    providers.tcp_rails.push_back(std::move(rail));
+    providers.tcp_rails.push_back(TcpRailOptions(tcp, nic, address));
   }
 
   // Designated, in declaration order: the compiler refuses a field out of place.

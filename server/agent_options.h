@@ -17,6 +17,11 @@ namespace ferry::server {
 // `connection_fd_budget` (ConnectionFdBudget, base/open_files.h: connections must never
 // take the agent's last fds). When that cap lowers limits.tcp_max_connections and
 // `clamp_note` is not null, *clamp_note gets one line for the log; else it is left empty.
+// A tcp rail: `base` (the tcp options from config) on NIC `nic`, listening on and sending
+// from `address` ("host:port"), one event loop per direction (rails share the cores).
+tcp::TcpOptions TcpRailOptions(const tcp::TcpOptions& base, const std::string& nic,
+                               const std::string& address);
+
 fabric::ProviderOptions ProviderOptionsFromConfig(const config::Config& config,
                                                   uint64_t connection_fd_budget,
                                                   std::string* clamp_note = nullptr);
