@@ -5,6 +5,8 @@
 
 #include <cerrno>
 #include <cstdlib>
+#include <fstream>
+#include <sstream>
 #include <memory>
 #include <string>
 
@@ -42,6 +44,41 @@ absl::StatusOr<std::string> ChannelUri(const std::string& target) {
   return absl::StrCat("unix:", absolute);
 }
 
+absl::StatusOr<std::string> ReadEnvFile(const char* var) {
+  const char* path = std::getenv(var);
+  if (path == nullptr || *path == '\0') {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "an agent over TCP (listen.local_tcp) takes only mutual TLS: set FERRY_TLS_CA, "
+        "FERRY_TLS_CERT, FERRY_TLS_KEY (PEM files of a certificate from the agent's CA) and "
+        "FERRY_TLS_NODE (the agent's node name); ", var, " is not set"));
+  }
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat(var, ": cannot read ", path));
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// The local API over TCP: the agent's own certificate must name FERRY_TLS_NODE, and ours,
+// from the same CA, is what the agent admits.
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> TcpCredentials(
+    grpc::ChannelArguments& args) {
+  grpc::SslCredentialsOptions options;
+  auto ca = ReadEnvFile("FERRY_TLS_CA");
+  if (!ca.ok()) return ca.status();
+  auto cert = ReadEnvFile("FERRY_TLS_CERT");
+  if (!cert.ok()) return cert.status();
+  auto key = ReadEnvFile("FERRY_TLS_KEY");
+  if (!key.ok()) return key.status();
+  options.pem_root_certs = *ca;
+  options.pem_cert_chain = *cert;
+  options.pem_private_key = *key;
+  if (const char* node = std::getenv("FERRY_TLS_NODE"); node != nullptr && *node != '\0') {
+    args.SetSslTargetNameOverride(node);
+  }
+  return grpc::SslCredentials(options);
+}
+
 }  // namespace
 
 absl::StatusOr<std::shared_ptr<grpc::Channel>> ConnectAgentChannel(const std::string& target,
@@ -52,7 +89,13 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> ConnectAgentChannel(const std::st
   // Batches of tens of thousands of ops exceed gRPC's 4 MiB default.
   args.SetMaxReceiveMessageSize(64 << 20);
   args.SetMaxSendMessageSize(64 << 20);
-  auto channel = grpc::CreateCustomChannel(*uri, grpc::InsecureChannelCredentials(), args);
+  std::shared_ptr<grpc::ChannelCredentials> credentials = grpc::InsecureChannelCredentials();
+  if (!absl::StartsWith(*uri, "unix:")) {
+    auto tls = TcpCredentials(args);
+    if (!tls.ok()) return tls.status();
+    credentials = *tls;
+  }
+  auto channel = grpc::CreateCustomChannel(*uri, credentials, args);
   if (!channel->WaitForConnected(absl::ToChronoTime(absl::Now() + timeout))) {
     return absl::UnavailableError(absl::StrCat("no ferryd answers at ", *uri));
   }

@@ -14,10 +14,12 @@
 #include <sstream>
 
 #include "absl/strings/numbers.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "base/unique_fd.h"
 #include "client/child_process.h"
+#include "client/dev_pki.h"
 #include "client/ferry_client.h"
 
 #ifndef FERRY_FERRYD_PATH
@@ -74,9 +76,23 @@ absl::StatusOr<std::unique_ptr<AgentProcess>> AgentProcess::Start(const AgentSpe
     out << "node: " << spec.node << "\n"
         << "listen:\n  local: " << agent->socket_ << "\n  peer: " << agent->peer_address_ << "\n";
     if (!spec.local_tcp.empty()) out << "  local_tcp: \"" << spec.local_tcp << "\"\n";
+    if (!spec.local_mode.empty()) out << "  local_mode: \"" << spec.local_mode << "\"\n";
+    if (!spec.local_group.empty()) out << "  local_group: " << spec.local_group << "\n";
     if (!spec.peers.empty()) {
       out << "peers:\n";
       for (const auto& [name, address] : spec.peers) out << "  " << name << ": " << address << "\n";
+    }
+    // Before extra_yaml, which stays last: tests append keys to its final section.
+    if (absl::StrContains(spec.extra_yaml, "security:")) {
+      // The test brings its own.
+    } else if (spec.security == "mtls") {
+      auto pki = DevPki::Open(spec.dir);
+      if (!pki.ok()) return pki.status();
+      auto yaml = pki->SecurityYaml(spec.node);
+      if (!yaml.ok()) return yaml.status();
+      out << *yaml;
+    } else if (spec.security == "insecure") {
+      out << "security:\n  mode: insecure\n";
     }
     out << spec.extra_yaml;
     if (!out) return absl::InternalError(absl::StrCat("cannot write ", agent->config_path_));

@@ -29,10 +29,16 @@ struct AgentSpec {
   std::string extra_yaml;
   // Opt-in TCP listener for the local API ("host:port"), written into `listen`.
   std::string local_tcp;
+  // listen.local_mode / listen.local_group ("" = the defaults: 0660, the agent's group).
+  std::string local_mode, local_group;
   // ferryd binary; empty: $FERRYD, else the one this build made.
   std::string ferryd;
   // The agent's RLIMIT_NOFILE (0: inherited).
   uint64_t open_files = 0;
+  // The Peer API's `security`: "mtls" (a certificate for `node` from the DevPki in `dir`,
+  // client/dev_pki.h: agents in one folder trust each other), "insecure", or "" (none
+  // written: extra_yaml's own, or the default). extra_yaml with a `security:` section wins.
+  std::string security = "mtls";
 };
 
 // A free TCP port on 127.0.0.1 at the time of the call, below the ephemeral range (so that

@@ -58,7 +58,9 @@ int Demo() {
     return 1;
   }
   std::string dir = tmpl;
-  std::printf("ferry demo: agents node-a and node-b on loopback (work dir %s)\n", dir.c_str());
+  std::printf("ferry demo: agents node-a and node-b on loopback, mutual TLS between them (a "
+              "throwaway CA in the work dir %s)\n",
+              dir.c_str());
 
   auto port_a = PickFreePort(), port_b = PickFreePort();
   CHECK_OK(StatusOf(port_a));

@@ -175,19 +175,68 @@ absl::Status ParsePolicySection(const Context& ctx, const YAML::Node& node, Poli
   return absl::OkStatus();
 }
 
+absl::Status ParseSecuritySection(const Context& ctx, const YAML::Node& node,
+                                  SecuritySettings& s) {
+  RETURN_IF_ERROR(
+      CheckKeys(ctx, node, "security",
+                {"mode", "ca", "cert", "key", "allow_insecure_remote", "admin_group"}));
+  if (auto n = node["admin_group"]) {
+    ASSIGN_OR_RETURN(s.admin_group, ReadString(ctx, n, "security.admin_group"));
+  }
+  s.implicit = false;
+  if (auto n = node["mode"]) {
+    ASSIGN_OR_RETURN(s.mode, ReadString(ctx, n, "security.mode"));
+    if (s.mode != "mtls" && s.mode != "insecure") {
+      return ctx.Error(n, "security.mode", absl::StrCat(Echo(s.mode), " is not mtls or insecure"));
+    }
+  }
+  for (auto [key, field] : {std::pair{"ca", &s.ca}, {"cert", &s.cert}, {"key", &s.key}}) {
+    if (auto n = node[key]) {
+      ASSIGN_OR_RETURN(*field, ReadString(ctx, n, absl::StrCat("security.", key)));
+    }
+    if (s.tls() && field->empty()) {
+      return ctx.Error(node, absl::StrCat("security.", key),
+                       "needed for security.mode mtls (a PEM file; or security.mode: insecure)");
+    }
+  }
+  if (auto n = node["allow_insecure_remote"]) {
+    if (!n.IsScalar() || (n.as<std::string>() != "true" && n.as<std::string>() != "false")) {
+      return ctx.Error(n, "security.allow_insecure_remote", "expected true or false");
+    }
+    s.allow_insecure_remote = n.as<std::string>() == "true";
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ParseInto(const Context& ctx, const YAML::Node& root, Config& c) {
   if (!root || root.IsNull()) return absl::OkStatus();  // empty file: all defaults
   RETURN_IF_ERROR(CheckKeys(ctx, root, "",
                             {"node", "listen", "peers", "discovery", "host_pool", "providers",
                              "tcp", "verbs", "limits", "log", "topology", "nics", "policy",
-                             "gpu", "metrics"}));
+                             "gpu", "metrics", "security"}));
   if (auto n = root["node"]) {
     ASSIGN_OR_RETURN(c.node, ReadString(ctx, n, "node"));
     absl::Status valid = ValidateNodeName(c.node);
     if (!valid.ok()) return ctx.Error(n, "node", valid.message());
   }
   if (auto listen = root["listen"]) {
-    RETURN_IF_ERROR(CheckKeys(ctx, listen, "listen", {"local", "local_tcp", "peer"}));
+    RETURN_IF_ERROR(CheckKeys(ctx, listen, "listen",
+                              {"local", "local_tcp", "peer", "local_mode", "local_group"}));
+    if (auto n = listen["local_mode"]) {
+      // Octal, as chmod takes it; the owner keeps read and write (the agent itself).
+      ASSIGN_OR_RETURN(std::string text, ReadString(ctx, n, "listen.local_mode"));
+      char* end = nullptr;
+      unsigned long mode = std::strtoul(text.c_str(), &end, 8);
+      if (text.empty() || *end != '\0' || mode > 0777 || (mode & 0600) != 0600) {
+        return ctx.Error(
+            n, "listen.local_mode",
+            absl::StrCat(Echo(text), " is not an octal mode with owner rw (e.g. 0660)"));
+      }
+      c.local_socket_mode = static_cast<uint32_t>(mode);
+    }
+    if (auto n = listen["local_group"]) {
+      ASSIGN_OR_RETURN(c.local_socket_group, ReadString(ctx, n, "listen.local_group"));
+    }
     if (auto n = listen["local"]) {
       ASSIGN_OR_RETURN(c.local_socket, ReadString(ctx, n, "listen.local"));
     }
@@ -424,6 +473,7 @@ absl::Status ParseInto(const Context& ctx, const YAML::Node& root, Config& c) {
                        ReadCount(ctx, n, "limits.shutdown_grace_ms", 0, 3600000));
     }
   }
+  if (auto n = root["security"]) RETURN_IF_ERROR(ParseSecuritySection(ctx, n, c.security));
   if (auto metrics = root["metrics"]) {
     RETURN_IF_ERROR(CheckKeys(ctx, metrics, "metrics", {"listen"}));
     if (auto n = metrics["listen"]) {
@@ -514,6 +564,8 @@ absl::StatusOr<Config> ParseConfig(absl::string_view yaml, absl::string_view ori
   Config config;
   try {
     RETURN_IF_ERROR(ParseInto(ctx, root, config));
+    absl::Status reach = CheckSecurityReach(config);
+    if (!reach.ok()) return absl::InvalidArgumentError(absl::StrCat(origin, ": ", reach.message()));
   } catch (const YAML::Exception& e) {
     return absl::InvalidArgumentError(absl::StrCat(origin, ":", e.mark.line + 1, ": ", e.msg));
   }
@@ -564,6 +616,46 @@ absl::Status ValidateAddress(const std::string& address, bool allow_port_0) {
     return absl::InvalidArgumentError(absl::StrCat(Echo(address), " is not host:port"));
   }
   return absl::OkStatus();
+}
+
+absl::Status CheckSecurityReach(const Config& c) {
+  const SecuritySettings& s = c.security;
+  // A TCP port is open to every local user (and, off loopback, beyond): the local API
+  // there takes only callers with a certificate of the CA, never plaintext.
+  if (!c.local_tcp.empty() && !s.tls()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "key 'listen.local_tcp': the local API over TCP needs mutual TLS (security.mode mtls "
+        "with security.ca, cert and key); the Unix socket needs none"));
+  }
+  if (s.tls() || s.allow_insecure_remote) return absl::OkStatus();
+  const std::string remedy =
+      s.implicit ? "configure security.ca, security.cert and security.key (mutual TLS)"
+                 : "use security.mode: mtls, or set security.allow_insecure_remote: true";
+  auto refuse = [&](absl::string_view key, const std::string& address) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "key '", key, "': ", Echo(address), " is not loopback and the Peer API would be "
+        "plaintext there (", s.implicit ? "no security section" : "security.mode: insecure",
+        "): ", remedy));
+  };
+  if (!IsLoopbackAddress(c.peer_listen)) return refuse("listen.peer", c.peer_listen);
+  for (const auto& [name, address] : c.peers) {
+    if (!IsLoopbackAddress(address)) return refuse(absl::StrCat("peers.", name), address);
+  }
+  if (c.discovery.enabled()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "key 'discovery': peers found through etcd may be anywhere and the Peer API would be "
+        "plaintext: ", remedy));
+  }
+  return absl::OkStatus();
+}
+
+bool IsLoopbackAddress(const std::string& address) {
+  size_t colon = address.rfind(':');
+  std::string host = colon == std::string::npos ? address : address.substr(0, colon);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  return host == "localhost" || host == "::1" || absl::StartsWith(host, "127.");
 }
 
 absl::Status ValidateLogLevel(const std::string& level) {

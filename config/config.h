@@ -53,12 +53,35 @@ struct DiscoverySettings {
   bool enabled() const { return !etcd.empty(); }
 };
 
+// Who may talk to the Peer API (`security`). mtls: every peer presents a certificate that
+// chains to `ca` and names its node (a DNS subjectAltName), and the agent presents `cert`
+// for its own node; the sender of every peer message is the name in its certificate.
+// insecure: plaintext, nobody authenticated, and only on loopback (listen.peer and every
+// peer address) unless allow_insecure_remote.
+struct SecuritySettings {
+  std::string mode = "mtls";  // "mtls" or "insecure"
+  std::string ca;    // PEM file: the CA that signs the cluster's node certificates
+  std::string cert;  // PEM file: this node's certificate (chain)
+  std::string key;   // PEM file: its private key
+  bool allow_insecure_remote = false;
+  // Local API: members of this group (like root) may free and use every uid's buffers and
+  // sessions; "" = root only.
+  std::string admin_group;
+  // True when the file had no `security` section: with no certificates to use, the agent
+  // runs as `insecure` on loopback (no config at all must give a working agent); a
+  // section that names peers or listens beyond loopback must say which mode it wants.
+  bool implicit = true;
+  bool tls() const { return !implicit && mode == "mtls"; }
+};
+
 struct Config {
   // This agent's name among its peers; defaults to the host name.
   std::string node;
   // Local API: Unix domain socket (mode 0660); the TCP listener is opt-in.
   std::string local_socket;      // default /tmp/ferryd-<node>.sock
   std::string local_tcp;         // "" = off, else "host:port"
+  uint32_t local_socket_mode = 0660;  // listen.local_mode: who may connect at all
+  std::string local_socket_group;     // listen.local_group ("" = the agent's own group)
   // Peer API (gRPC between agents).
   std::string peer_listen = "127.0.0.1:7100";
   // Other agents: node name -> peer API address.
@@ -102,6 +125,7 @@ struct Config {
   // Logging: trace, debug, info, warn, error; "text" or "json" lines.
   std::string log_level = "info";
   std::string log_format = "text";
+  SecuritySettings security;
   // Prometheus /metrics listener, "host:port"; "" = off.
   std::string metrics_listen;
   // Topology: "" = the live machine, else an `lstopo --of xml` file.
@@ -134,6 +158,15 @@ absl::Status ValidateNodeName(const std::string& node);
 // INVALID_ARGUMENT unless `address` is host:port with a numeric port (1..65535 when
 // `allow_port_0` is false).
 absl::Status ValidateAddress(const std::string& address, bool allow_port_0 = true);
+
+// Insecure mode (explicit, or implied by a file without a `security` section) keeps the
+// Peer API on loopback: INVALID_ARGUMENT naming the key when listen.peer, a peer or etcd
+// discovery would take plaintext beyond it, unless security.allow_insecure_remote. Peers
+// added at run time are held to the same rule when dialled (server/peers/peer_credentials.h).
+absl::Status CheckSecurityReach(const Config& config);
+
+// True for a loopback host:port ("127.0.0.1:7100", "localhost:1", "[::1]:2").
+bool IsLoopbackAddress(const std::string& address);
 
 // INVALID_ARGUMENT unless `level` is trace, debug, info, warn or error.
 absl::Status ValidateLogLevel(const std::string& level);

@@ -28,6 +28,19 @@ AgentCore::AgentCore(config::Config config)
 
 absl::StatusOr<std::unique_ptr<AgentCore>> AgentCore::Create(const config::Config& config) {
   std::unique_ptr<AgentCore> core(new AgentCore(config));
+  // First: a certificate that cannot be read stops the agent before it takes any memory.
+  ASSIGN_OR_RETURN(std::shared_ptr<const PeerCredentials> credentials,
+                   PeerCredentials::FromConfig(config.security));
+  if (!credentials->tls()) {
+    spdlog::warn("security: the Peer API is plaintext and unauthenticated ({}{}): anyone who "
+                 "reaches {} can read and write exported buffers; configure security.ca, cert "
+                 "and key for mutual TLS",
+                 config.security.implicit ? "no security section" : "security.mode: insecure",
+                 config.security.allow_insecure_remote ? ", allow_insecure_remote: true" : "",
+                 config.peer_listen);
+  }
+  ASSIGN_OR_RETURN(gid_t admins, LookupGroup(config.security.admin_group, "security.admin_group"));
+  core->local_callers_ = std::make_unique<LocalCallers>(admins);
   RETURN_IF_ERROR(core->LoadTopology());
   ASSIGN_OR_RETURN(core->pool_,
                    memory::HostPool::Create(config.host_pool_bytes,
@@ -78,7 +91,8 @@ absl::StatusOr<std::unique_ptr<AgentCore>> AgentCore::Create(const config::Confi
       [rails](const BufferMemory& memory) { return rails->For(memory); });
   core->sessions_ = std::make_unique<SessionRegistry>(core->buffers_.get());
   core->peers_ = std::make_unique<PeerDirectory>(config.node, core->incarnation_,
-                                                 config.peer_listen, config.peers, fabrics);
+                                                 config.peer_listen, config.peers, fabrics,
+                                                 credentials);
   core->peer_health_ = std::make_unique<PeerHealth>(core->peers_.get());
   EngineDeps deps;
   deps.buffers = core->buffers_.get();

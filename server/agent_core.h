@@ -18,6 +18,7 @@
 #include "server/engine/transfer_engine.h"
 #include "server/buffers/gpu_pools.h"
 #include "server/drain.h"
+#include "server/local/local_callers.h"
 #include "server/local/sessions.h"
 #include "server/policy_store.h"
 #include "server/peers/peer_directory.h"
@@ -42,6 +43,8 @@ class AgentCore {
   const std::vector<std::unique_ptr<fabric::Fabric>>& fabrics() const { return fabrics_; }
   BufferRegistry& buffers() { return *buffers_; }
   SessionRegistry& sessions() { return *sessions_; }
+  // Who each local connection is (SO_PEERCRED), for the owner checks of the local API.
+  LocalCallers& local_callers() { return *local_callers_; }
   PeerDirectory& peers() { return *peers_; }
   // Background Health checks of every peer (`ferryctl peers`, metrics).
   const PeerHealth& peer_health() const { return *peer_health_; }
@@ -82,6 +85,7 @@ class AgentCore {
   std::unique_ptr<BouncePools> bounce_;
   std::unique_ptr<BufferRegistry> buffers_;
   std::unique_ptr<SessionRegistry> sessions_;
+  std::unique_ptr<LocalCallers> local_callers_;
   std::unique_ptr<PeerDirectory> peers_;
   std::unique_ptr<PeerHealth> peer_health_;
   std::unique_ptr<TransferEngine> engine_;

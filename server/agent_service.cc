@@ -5,6 +5,7 @@
 #include <fstream>
 #include <string>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
@@ -15,6 +16,7 @@
 #include "server/runtime_peers.h"
 #include "server/local/session_call.h"
 #include "base/grpc_status.h"
+#include "base/status_macros.h"
 #include "server/version.h"
 #include "transport/topology/plan_format.h"
 
@@ -60,9 +62,25 @@ ResultPage PageOf(const ferry::v1::WaitRequest& req) {
 
 }  // namespace
 
+absl::Status AgentService::MayUseLocalBuffers(
+    const grpc::ServerContext& ctx, const google::protobuf::RepeatedPtrField<ferry::v1::Op>& ops) {
+  const LocalCallers& callers = core_->local_callers();
+  std::optional<LocalCaller> caller = callers.Of(ctx);
+  if (!caller || callers.Privileged(*caller)) return absl::OkStatus();
+  // A batch names a few buffers thousands of times: each is looked up once.
+  absl::flat_hash_set<uint64_t> checked;
+  for (int i = 0; i < ops.size(); ++i) {
+    const uint64_t id = ops[i].local_buffer();
+    if (!checked.insert(id).second) continue;
+    RETURN_IF_ERROR(MayUseBuffer(callers, ctx, core_->buffers(), id,
+                                 absl::StrCat("ops[", i, "].local_buffer")));
+  }
+  return absl::OkStatus();
+}
+
 grpc::ServerWriteReactor<ferry::v1::SessionEvent>* AgentService::OpenSession(
-    grpc::CallbackServerContext*, const ferry::v1::OpenSessionRequest* req) {
-  return StartSessionCall(&core_->sessions(), *req);
+    grpc::CallbackServerContext* ctx, const ferry::v1::OpenSessionRequest* req) {
+  return StartSessionCall(&core_->sessions(), *req, core_->local_callers().Of(*ctx));
 }
 
 grpc::Status AgentService::GetInfo(grpc::ServerContext*, const ferry::v1::GetInfoRequest*,
@@ -126,7 +144,7 @@ grpc::Status AgentService::SetNicState(grpc::ServerContext*,
 grpc::Status AgentService::AllocBuffer(grpc::ServerContext* ctx,
                                        const ferry::v1::AllocBufferRequest* req,
                                        ferry::v1::AllocBufferResponse* resp) {
-  auto session = SessionOfCall(*ctx, core_->sessions());
+  auto session = SessionOfCall(*ctx, core_->sessions(), core_->local_callers());
   if (!session.ok()) return ToGrpcStatus(session.status());
   if (*session == 0 && !req->persist()) {
     return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
@@ -135,6 +153,10 @@ grpc::Status AgentService::AllocBuffer(grpc::ServerContext* ctx,
                         "\"ferry-session\" metadata");
   }
   BufferOwner owner = req->persist() ? BufferOwner{} : core_->sessions().OwnerFor(*session);
+  if (std::optional<LocalCaller> caller = core_->local_callers().Of(*ctx)) {
+    owner.uid = caller->uid;
+    if (req->persist()) owner.label = absl::StrCat("uid ", caller->uid);
+  }
   auto buffer =
       core_->buffers().Allocate(req->size(), req->name(), req->device(), std::move(owner));
   if (!buffer.ok()) return ToGrpcStatus(buffer.status());
@@ -150,14 +172,32 @@ grpc::Status AgentService::AllocBuffer(grpc::ServerContext* ctx,
 grpc::Status AgentService::FreeBuffer(grpc::ServerContext* ctx,
                                       const ferry::v1::FreeBufferRequest* req,
                                       ferry::v1::FreeBufferResponse*) {
-  auto session = SessionOfCall(*ctx, core_->sessions());
+  auto session = SessionOfCall(*ctx, core_->sessions(), core_->local_callers());
   if (!session.ok()) return ToGrpcStatus(session.status());
+  auto buffer = core_->buffers().Get(req->id(), "id");
+  if (!buffer.ok()) return ToGrpcStatus(buffer.status());
+  absl::Status allowed =
+      core_->local_callers().MayUse(core_->local_callers().Of(*ctx), (*buffer)->owner_uid(),
+                                    absl::StrCat("id: buffer ", req->id()));
+  if (!allowed.ok()) return ToGrpcStatus(allowed);
+  buffer->reset();
   return ToGrpcStatus(core_->buffers().FreeFor(req->id(), *session));
 }
 
-grpc::Status AgentService::ListBuffers(grpc::ServerContext*, const ferry::v1::ListBuffersRequest*,
+grpc::Status AgentService::ListBuffers(grpc::ServerContext* ctx,
+                                       const ferry::v1::ListBuffersRequest*,
                                        ferry::v1::ListBuffersResponse* resp) {
-  for (const auto& b : core_->buffers().List()) DescribeBuffer(*b, resp->add_buffers());
+  const LocalCallers& callers = core_->local_callers();
+  std::optional<LocalCaller> caller = callers.Of(*ctx);
+  for (const auto& b : core_->buffers().List()) {
+    ferry::v1::BufferInfo* info = resp->add_buffers();
+    DescribeBuffer(*b, info);
+    // Listed, but not how to map it: another uid's memory is not this caller's to touch.
+    if (!callers.MayUse(caller, b->owner_uid(), "").ok()) {
+      info->clear_shm();
+      info->clear_gpu();
+    }
+  }
   return grpc::Status::OK;
 }
 
@@ -176,8 +216,11 @@ grpc::Status AgentService::StatRemoteBuffer(grpc::ServerContext* ctx,
   return grpc::Status::OK;
 }
 
-grpc::Status AgentService::Submit(grpc::ServerContext*, const ferry::v1::SubmitRequest* req,
+grpc::Status AgentService::Submit(grpc::ServerContext* ctx, const ferry::v1::SubmitRequest* req,
                                   ferry::v1::SubmitResponse* resp) {
+  if (absl::Status mine = MayUseLocalBuffers(*ctx, req->ops()); !mine.ok()) {
+    return ToGrpcStatus(mine);
+  }
   auto id = core_->engine().Submit(*req);
   if (!id.ok()) return ToGrpcStatus(id.status());
   resp->set_transfer_id(*id);
@@ -193,6 +236,9 @@ grpc::Status AgentService::Wait(grpc::ServerContext* ctx, const ferry::v1::WaitR
 
 grpc::Status AgentService::Transfer(grpc::ServerContext* ctx, const ferry::v1::TransferRequest* req,
                                     ferry::v1::TransferResult* resp) {
+  if (absl::Status mine = MayUseLocalBuffers(*ctx, req->submit().ops()); !mine.ok()) {
+    return ToGrpcStatus(mine);
+  }
   auto id = core_->engine().Submit(req->submit());
   if (!id.ok()) return ToGrpcStatus(id.status());
   auto transfer = core_->engine().Find(*id);

@@ -60,6 +60,10 @@ class AgentService final
  private:
   // Blocks (this is the sync API) until `transfer` ends, the call's deadline passes or the
   // client hangs up; then its result, `page` of its per-op results.
+  // PERMISSION_DENIED naming the op when a local caller names another uid's buffer (root
+  // and the admin group may); the engine validates the rest.
+  absl::Status MayUseLocalBuffers(const grpc::ServerContext& ctx,
+                                  const google::protobuf::RepeatedPtrField<ferry::v1::Op>& ops);
   grpc::Status AwaitResult(grpc::ServerContext* ctx, const server::Transfer& transfer,
                            const ResultPage& page, ferry::v1::TransferResult* resp);
 

@@ -26,6 +26,8 @@ std::vector<std::string> RestartOnlyChanges(const config::Config& a, const confi
       {"node", [](const auto& c) { return c.node; }},
       {"listen.local", [](const auto& c) { return c.local_socket; }},
       {"listen.local_tcp", [](const auto& c) { return c.local_tcp; }},
+      {"listen.local_mode", [](const auto& c) { return absl::StrCat(c.local_socket_mode); }},
+      {"listen.local_group", [](const auto& c) { return c.local_socket_group; }},
       {"listen.peer", [](const auto& c) { return c.peer_listen; }},
       {"host_pool.size", [](const auto& c) { return absl::StrCat(c.host_pool_bytes); }},
       {"host_pool.numa", [](const auto& c) { return absl::StrCat(c.host_pool_numa); }},
@@ -41,6 +43,13 @@ std::vector<std::string> RestartOnlyChanges(const config::Config& a, const confi
        }},
       {"log.format", [](const auto& c) { return c.log_format; }},
       {"metrics.listen", [](const auto& c) { return c.metrics_listen; }},
+      // Certificates are read at start; a rotated file at the same path needs a restart too.
+      {"security",
+       [](const auto& c) {
+         const auto& s = c.security;
+         return absl::StrCat(s.implicit ? "(none)" : s.mode, "/", s.ca, "/", s.cert, "/", s.key,
+                             "/", s.allow_insecure_remote, "/", s.admin_group);
+       }},
       {"limits.tcp_max_connections",
        [](const auto& c) { return absl::StrCat(c.tcp_max_connections); }},
       {"limits.peer_window_bytes", [](const auto& c) { return absl::StrCat(c.peer_window_bytes); }},

@@ -35,6 +35,7 @@
 #include "server/config_reload.h"
 #include "server/drain.h"
 #include "server/local/instance_lock.h"
+#include "server/local/local_listener.h"
 #include "server/log_setup.h"
 #include "server/metrics/metrics_exporter.h"
 #include "server/agent_service.h"
@@ -137,14 +138,17 @@ absl::StatusOr<config::Config> LoadConfig(int argc, char** argv) {
     if (!s.ok()) return absl::InvalidArgumentError(absl::StrCat(flag.first, ": ", s.message()));
   }
   config::ResolveDefaults(c);
+  // Again after the flags: --peer-listen and --peer may take plaintext beyond loopback.
+  RETURN_IF_ERROR(config::CheckSecurityReach(c));
   return c;
 }
 
 // Builds and starts a gRPC server on `address`. One agent per address: SO_REUSEPORT (gRPC's
 // default) would let a second agent listen beside the first and take half its calls.
 std::unique_ptr<grpc::Server> Listen(grpc::ServerBuilder& builder, const std::string& address,
+                                     std::shared_ptr<grpc::ServerCredentials> credentials,
                                      int* port) {
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), port);
+  builder.AddListeningPort(address, std::move(credentials), port);
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   return builder.BuildAndStart();
 }
@@ -228,7 +232,9 @@ int Run(int argc, char** argv) {
   int peer_port = 0;
   peer_builder.RegisterService(&peer_service);
   peer_builder.RegisterService(&tensor_peer_service);
-  std::unique_ptr<grpc::Server> peer_server = Listen(peer_builder, config.peer_listen, &peer_port);
+  std::unique_ptr<grpc::Server> peer_server =
+      Listen(peer_builder, config.peer_listen,
+             (*core)->peers().credentials().ServerCredentials(), &peer_port);
   if (!peer_server || peer_port == 0) {
     spdlog::error("cannot start: {}", ListenError("peers", config.peer_listen));
     return 1;
@@ -236,22 +242,35 @@ int Run(int argc, char** argv) {
 
   grpc::ServerBuilder local_builder;
   if (!config.local_tcp.empty()) {
-    local_builder.AddListeningPort(config.local_tcp, grpc::InsecureServerCredentials());
+    // Over TCP the socket's permissions protect nothing: only callers holding a certificate
+    // of the cluster's CA (config.cc refuses local_tcp without mutual TLS).
+    local_builder.AddListeningPort(config.local_tcp,
+                                   (*core)->peers().credentials().ServerCredentials());
   }
   // Batches of tens of thousands of ops exceed gRPC's 4 MiB default.
   local_builder.SetMaxReceiveMessageSize(64 << 20);
   local_builder.SetMaxSendMessageSize(64 << 20);
   local_builder.RegisterService(&agent_service);
   local_builder.RegisterService(&tensor_service);
-  int local_port = 0;
-  std::unique_ptr<grpc::Server> local_server =
-      Listen(local_builder, absl::StrCat("unix:", config.local_socket), &local_port);
-  if (!local_server) {
-    spdlog::error("cannot start: cannot listen on unix:{}{}", config.local_socket,
-                  config.local_tcp.empty() ? "" : absl::StrCat(" and ", config.local_tcp));
+  local_builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  std::unique_ptr<grpc::Server> local_server = local_builder.BuildAndStart();
+  // The Unix socket is accepted by us, not gRPC: each connection's uid is known first.
+  absl::StatusOr<std::unique_ptr<LocalListener>> local = absl::UnknownError("not bound");
+  if (local_server) {
+    absl::StatusOr<gid_t> group = LookupGroup(config.local_socket_group, "listen.local_group");
+    local = group.ok() ? LocalListener::Bind(config.local_socket, config.local_socket_mode, *group,
+                                             &(*core)->local_callers())
+                       : group.status();
+  }
+  if (!local_server || !local.ok()) {
+    spdlog::error("cannot start: cannot listen on unix:{}{}{}", config.local_socket,
+                  config.local_tcp.empty() ? "" : absl::StrCat(" and ", config.local_tcp),
+                  local_server ? absl::StrCat(": ", local.status().message()) : "");
+    if (local_server) local_server->Shutdown();
     peer_server->Shutdown();
     return 1;
   }
+  (*local)->Serve(local_server.get());
   // After the hooks AgentCore::Create added (discovery deregistration runs before this).
   (*core)->drain_hooks().Add("readiness: gRPC health NOT_SERVING", [&] {
     for (grpc::Server* server : {peer_server.get(), local_server.get()}) {
@@ -275,13 +294,11 @@ int Run(int argc, char** argv) {
     metrics = *std::move(started);
     spdlog::info("metrics on http://{}/metrics", metrics->address());
   }
-  if (chmod(config.local_socket.c_str(), 0660) != 0) {
-    spdlog::warn("chmod(0660, {}): {}", config.local_socket, strerror(errno));
-  }
-  spdlog::info("ferryd {} ready: local unix:{}{}, peers on {}, {} peer(s) configured",
+  spdlog::info("ferryd {} ready: local unix:{}{}, peers on {} ({}), {} peer(s) configured",
                kFerryVersion, config.local_socket,
                config.local_tcp.empty() ? "" : absl::StrCat(" and ", config.local_tcp),
-               config.peer_listen, config.peers.size());
+               config.peer_listen, (*core)->peers().credentials().Describe(),
+               config.peers.size());
 
   // After the Peer API serves: a peer that finds us in etcd can reach us at once.
   std::unique_ptr<EtcdDiscovery> discovery = StartDiscovery(config, **core, peer_port);
@@ -303,6 +320,7 @@ int Run(int argc, char** argv) {
   // Clients already connected keep their connection through the drain: their Waits get
   // results, their new Submits the "draining" refusal.
   (*lock)->RemoveSocket();
+  (*local)->Stop();
   if (sig == SIGTERM) {
     spdlog::info("SIGTERM: draining (SIGTERM or SIGINT again: stop at once)");
     Drain(**core, (*core)->engine().limits().shutdown_grace, StopSignalPending);

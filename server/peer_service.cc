@@ -4,14 +4,19 @@
 #include "base/echo.h"
 #include "base/grpc_status.h"
 #include "server/agent_core.h"
+#include "server/peers/caller_identity.h"
 #include "server/peers/protocol.h"
 #include "server/peers/stage_service.h"
 #include "spdlog/spdlog.h"
 
 namespace ferry::server {
 
-grpc::Status PeerService::Hello(grpc::ServerContext*, const ferry::v1::HelloRequest* req,
+grpc::Status PeerService::Hello(grpc::ServerContext* ctx, const ferry::v1::HelloRequest* req,
                                 ferry::v1::HelloResponse* resp) {
+  // A node whose certificate names another is no peer of ours, even with the right CA.
+  if (auto caller = CallerNode(*ctx, req->node()); !caller.ok()) {
+    return ToGrpcStatus(caller.status());
+  }
   // Refused rather than misread: the other side's messages and wire frames may differ.
   if (req->protocol_version() != kPeerProtocolVersion) {
     return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
@@ -35,17 +40,20 @@ grpc::Status PeerService::Hello(grpc::ServerContext*, const ferry::v1::HelloRequ
   return grpc::Status::OK;
 }
 
-grpc::Status PeerService::Connect(grpc::ServerContext*, const ferry::v1::ConnectRequest* req,
+grpc::Status PeerService::Connect(grpc::ServerContext* ctx, const ferry::v1::ConnectRequest* req,
                                   ferry::v1::ConnectResponse* resp) {
+  // Endpoints (verbs QPs, tcp sessions) exist only for the node the certificate names.
+  absl::StatusOr<std::string> caller = CallerNode(*ctx, req->node());
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
   for (const auto& fabric : core_->fabrics()) {
     if (fabric->provider() != req->provider()) continue;
     // "" (a peer without rails) takes our first fabric of the provider.
     if (!req->nic().empty() && fabric->rail().nic != req->nic()) continue;
-    auto reply = fabric->AcceptConnect(req->request(), {req->node(), req->incarnation()});
+    auto reply = fabric->AcceptConnect(req->request(), {*caller, req->incarnation()});
     if (!reply.ok()) return ToGrpcStatus(reply.status());
     resp->set_reply(*reply);
     resp->set_incarnation(core_->incarnation());
-    spdlog::info("peer {} connected over {}", req->node(), fabric->rail().ToString());
+    spdlog::info("peer {} connected over {}", *caller, fabric->rail().ToString());
     return grpc::Status::OK;
   }
   return grpc::Status(
@@ -54,9 +62,11 @@ grpc::Status PeerService::Connect(grpc::ServerContext*, const ferry::v1::Connect
                    req->nic().empty() ? "" : absl::StrCat(" on NIC ", Echo(req->nic()))));
 }
 
-grpc::Status PeerService::ResolveBuffer(grpc::ServerContext*,
+grpc::Status PeerService::ResolveBuffer(grpc::ServerContext* ctx,
                                         const ferry::v1::ResolveBufferRequest* req,
                                         ferry::v1::ResolveBufferResponse* resp) {
+  absl::StatusOr<std::string> caller = CallerNode(*ctx, req->from_node());
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
   // A peer's new transfer to a draining node fails at its Submit, not half way through
   // (server/drain.h); transfers that resolved earlier go on.
   if (core_->engine().draining()) {

@@ -20,6 +20,7 @@
 #include "grpcpp/grpcpp.h"
 #include "health.grpc.pb.h"  // grpc.health.v1, from Debian's grpc-proto
 #include "gtest/gtest.h"
+#include "tests/peer_channel.h"
 #include "tests/accounting.h"
 #include "tests/text_file.h"
 
@@ -39,11 +40,13 @@ void Fill(Buffer& b, uint32_t seed) {
   }
 }
 
-// grpc.health.v1.Health/Check on `address` for the whole server (service ""), as the
-// kubelet's `grpc:` probe asks it.
-absl::StatusOr<HealthStatus::ServingStatus> CheckHealth(const std::string& address) {
-  auto stub = grpc::health::v1::Health::NewStub(
-      grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+// grpc.health.v1.Health/Check for the whole server (service "") on the Peer API of
+// `server_node` at `address`, as a monitor holding a certificate of the pair's CA asks it.
+absl::StatusOr<HealthStatus::ServingStatus> CheckHealth(const std::string& dir,
+                                                        const std::string& address,
+                                                        const std::string& server_node) {
+  auto stub =
+      grpc::health::v1::Health::NewStub(PeerChannelAs(dir, address, server_node, "monitor"));
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
   grpc::health::v1::HealthCheckRequest req;
@@ -128,7 +131,7 @@ class AgentDrainTest : public ::testing::Test {
 TEST_F(AgentDrainTest, SigtermFinishesTheRunningTransferRefusesNewOnesAndExitsZero) {
   ASSERT_NO_FATAL_FAILURE(StartPair("16MiB"));  // 32 MiB: about 2 s of copying
   constexpr uint64_t kSize = 32 * kMiB;
-  auto health = CheckHealth(a_->peer_address());
+  auto health = CheckHealth(dir_, a_->peer_address(), "node-a");
   ASSERT_TRUE(health.ok()) << health.status();
   EXPECT_EQ(*health, HealthStatus::SERVING);
   auto host = ca_->Alloc(4096);
@@ -155,7 +158,7 @@ TEST_F(AgentDrainTest, SigtermFinishesTheRunningTransferRefusesNewOnesAndExitsZe
   auto peer = cb_->Submit({{ferry::v1::WRITE, (*from_b)->id(), 0, "node-a", "a-landing", 0, 4096}});
   EXPECT_EQ(peer.status().code(), absl::StatusCode::kUnavailable) << peer.status();
   EXPECT_THAT(std::string(peer.status().message()), HasSubstr("draining"));
-  health = CheckHealth(a_->peer_address());
+  health = CheckHealth(dir_, a_->peer_address(), "node-a");
   ASSERT_TRUE(health.ok()) << health.status();
   EXPECT_EQ(*health, HealthStatus::NOT_SERVING) << "readiness must fail while draining";
 

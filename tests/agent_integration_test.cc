@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "client/agent_process.h"
+#include "client/dev_pki.h"
 #include "tests/agent_pair.h"
 #include "client/ferry_client.h"
 #include "gmock/gmock.h"
@@ -288,6 +289,7 @@ TEST(AgentFailureTest, TransferToAStoppedPeerEndsAtItsDeadline) {
 TEST(AgentConfigTest, BadConfigStopsTheAgentWithFileLineAndKey) {
   std::string dir = MakeTempDir();
   AgentSpec spec{"node-x", dir, 0, {}, "tcp:\n  connections: lots\n"};
+  spec.security = "";  // the line number below counts the generated lines before extra_yaml
   auto agent = AgentProcess::Start(spec, absl::Seconds(5));
   ASSERT_FALSE(agent.ok());
   EXPECT_THAT(std::string(agent.status().message()),
@@ -308,6 +310,18 @@ TEST(AgentConfigTest, LocalSocketIsGroupOnlyAndTheTcpListenerIsOptIn) {
   ASSERT_EQ(stat((*agent)->socket().c_str(), &st), 0);
   EXPECT_TRUE(S_ISSOCK(st.st_mode));
   EXPECT_EQ(st.st_mode & 0777, 0660u);
+  // Over TCP only with a certificate of the agent's CA (tests/peer_channel.h's DevPki).
+  auto refused = Client::Connect(local_tcp, absl::Milliseconds(500));
+  ASSERT_FALSE(refused.ok());
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("FERRY_TLS_CA"));
+  auto pki = DevPki::Open(dir);
+  ASSERT_TRUE(pki.ok());
+  auto mine = pki->Issue("ferryctl-user");
+  ASSERT_TRUE(mine.ok());
+  setenv("FERRY_TLS_CA", pki->ca().c_str(), 1);
+  setenv("FERRY_TLS_CERT", mine->cert.c_str(), 1);
+  setenv("FERRY_TLS_KEY", mine->key.c_str(), 1);
+  setenv("FERRY_TLS_NODE", "node-l", 1);
   auto over_tcp = Client::Connect(local_tcp);
   ASSERT_TRUE(over_tcp.ok()) << over_tcp.status();
   auto info = (*over_tcp)->GetInfo();
@@ -318,6 +332,9 @@ TEST(AgentConfigTest, LocalSocketIsGroupOnlyAndTheTcpListenerIsOptIn) {
   auto plain = AgentProcess::Start({"node-m", dir, 0, {}, ""});
   ASSERT_TRUE(plain.ok());
   EXPECT_FALSE(Client::Connect(local_tcp, absl::Milliseconds(300)).ok());
+  for (const char* var : {"FERRY_TLS_CA", "FERRY_TLS_CERT", "FERRY_TLS_KEY", "FERRY_TLS_NODE"}) {
+    unsetenv(var);
+  }
   std::system(("rm -rf " + dir).c_str());
 }
 

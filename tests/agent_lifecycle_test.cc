@@ -29,6 +29,7 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "tests/agent_pair.h"
+#include "tests/peer_channel.h"
 #include "tests/text_file.h"
 #include "transport/tcp/socket.h"
 
@@ -243,7 +244,7 @@ TEST(AgentLifecycleTest, IdleConnectionsUnderALowFdLimitDoNotStopTransfers) {
   ASSERT_TRUE(dst.ok() && src.ok());
   // node-b's data listener, as its Hello tells peers.
   auto peer = ferry::v1::Peer::NewStub(
-      grpc::CreateChannel(pair.b->peer_address(), grpc::InsecureChannelCredentials()));
+      PeerChannelAs(pair.dir, pair.b->peer_address(), "node-b", "probe"));
   grpc::ClientContext ctx;
   ferry::v1::HelloRequest hello;
   hello.set_node("probe");
@@ -469,7 +470,7 @@ TEST(AgentLifecycleTest, HelloRefusesAnotherProtocolVersionNamingBoth) {
   Pair pair;
   ASSERT_TRUE(pair.Start().ok());
   auto peer = ferry::v1::Peer::NewStub(
-      grpc::CreateChannel(pair.a->peer_address(), grpc::InsecureChannelCredentials()));
+      PeerChannelAs(pair.dir, pair.a->peer_address(), "node-a", "old-node"));
   grpc::ClientContext ctx;
   ferry::v1::HelloRequest hello;
   hello.set_node("old-node");

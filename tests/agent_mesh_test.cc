@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "client/agent_process.h"
 #include "client/ferry_client.h"
 #include "gtest/gtest.h"
@@ -21,8 +22,11 @@ constexpr uint64_t kBlock = 64 << 10;
 
 // What an agent may hold whatever its peers: gRPC's own threads (executor, timers, a few
 // sync-server threads), the tcp event loops, the listener, the reaper, the peer-health
-// checker, the main thread.
-uint64_t ThreadBound() { return 2 * std::thread::hardware_concurrency() + 25; }
+// checker, the local socket's acceptor, the main thread; and room for gRPC's global timer
+// pool, which adds threads while timer callbacks are slow (seen here: 10 instead of 2 when
+// 31 peers' TLS handshakes meet a loaded 2-core machine) and lets them go only later. A
+// thread per peer would still show: 31 more.
+uint64_t ThreadBound() { return 2 * std::thread::hardware_concurrency() + 26 + 14; }
 
 TEST(AgentMeshTest, ThirtyTwoAgentsAllToAllKeepThreadsBoundedAndAccountingAtZero) {
   std::string dir = MakeTempDir();
@@ -86,8 +90,16 @@ TEST(AgentMeshTest, ThirtyTwoAgentsAllToAllKeepThreadsBoundedAndAccountingAtZero
   }
   uint64_t most = 0;
   for (int i = 0; i < kAgents; ++i) {
+    // Read again for a moment while above the bound: threads gRPC added for the burst of
+    // 31 peers' calls go as it drains.
     auto info = clients[i]->GetInfo();
     ASSERT_TRUE(info.ok());
+    for (absl::Time until = absl::Now() + absl::Seconds(3);
+         info->threads() >= ThreadBound() && absl::Now() < until;) {
+      absl::SleepFor(absl::Milliseconds(100));
+      info = clients[i]->GetInfo();
+      ASSERT_TRUE(info.ok());
+    }
     most = std::max<uint64_t>(most, info->threads());
     EXPECT_LT(info->threads(), ThreadBound()) << "n" << i << " holds " << info->threads()
                                               << " threads with " << kAgents - 1 << " peers";

@@ -85,6 +85,10 @@ limits:
   tcp_max_connections_per_peer: 17
   tcp_handshake_timeout_ms: 1234
   shutdown_grace_ms: 4321
+security:
+  ca: /etc/ferry/ca.pem
+  cert: /etc/ferry/node.pem
+  key: /etc/ferry/node.key
 )";
 
 constexpr uint64_t kAmpleFds = 1 << 20;
@@ -204,9 +208,12 @@ TEST(AgentOptionsTest, TcpListensOnThePeerApiHostWhenTcpListenIsEmpty) {
   EXPECT_EQ(ProviderOptionsFromConfig(c, kAmpleFds).tcp.listen_address, "10.1.2.3:0");
   c.peer_listen = "[::1]:7300";
   EXPECT_EQ(ProviderOptionsFromConfig(c, kAmpleFds).tcp.listen_address, "[::1]:0");
-  EXPECT_EQ(ProviderOptionsFromConfig(Parse("listen: {peer: \"host-b:7100\"}\n"), kAmpleFds)
-                .tcp.listen_address,
-            "host-b:0");
+  EXPECT_EQ(
+      ProviderOptionsFromConfig(Parse("listen: {peer: \"host-b:7100\"}\nsecurity: {mode: insecure, "
+                                      "allow_insecure_remote: true}\n"),
+                                kAmpleFds)
+          .tcp.listen_address,
+      "host-b:0");
 }
 
 TEST(AgentOptionsTest, TheFdBudgetCapsIncomingConnectionsAndSaysSo) {

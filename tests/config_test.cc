@@ -43,6 +43,7 @@ log: {level: debug}
 topology: /etc/ferry/topo.xml
 nics: {allow: [mlx5_0, mlx5_1], deny: [mlx5_2]}
 policy: {gdr: always, gdr_max_path: pxb, fallback: fail, staging_chunk: 1MiB, staging_depth: 8}
+security: {mode: mtls, ca: /etc/ferry/ca.pem, cert: /etc/ferry/b.pem, key: /etc/ferry/b.key}
 )", "full.yaml");
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->node, "node-b");
@@ -61,6 +62,8 @@ policy: {gdr: always, gdr_max_path: pxb, fallback: fail, staging_chunk: 1MiB, st
   EXPECT_EQ(c->policy.fallback, Fallback::kFail);
   EXPECT_EQ(c->policy.staging_chunk_bytes, 1ull << 20);
   EXPECT_EQ(c->policy.staging_depth, 8u);
+  EXPECT_TRUE(c->security.tls());
+  EXPECT_EQ(c->security.ca, "/etc/ferry/ca.pem");
 }
 
 TEST(ConfigTest, VerbsSectionIsParsedAndChecked) {
@@ -176,12 +179,33 @@ TEST(ConfigTest, ExampleFileDiscoveryBlockIsValid) {
     if (inside) block += line.substr(2) + "\n";
   }
   ASSERT_FALSE(block.empty()) << "no '# discovery:' block in the example";
-  auto c = ParseConfig(block, "example discovery");
+  // Peers from etcd may be anywhere: only with mutual TLS.
+  auto c = ParseConfig(block + "security: {ca: /c.pem, cert: /a.pem, key: /a.key}\n",
+                       "example discovery");
   ASSERT_TRUE(c.ok()) << c.status() << "\n" << block;
   EXPECT_EQ(c->discovery.etcd, (std::vector<std::string>{"127.0.0.1:2379"}));
   EXPECT_EQ(c->discovery.prefix, "/ferry/nodes/");
   EXPECT_EQ(c->discovery.lease_ttl, absl::Seconds(10));
   EXPECT_EQ(c->discovery.advertise, "10.0.0.1:7100");
+}
+
+// The example's security block, uncommented, is what a cluster with peers on other hosts
+// needs: it parses with such peers.
+TEST(ConfigTest, ExampleFileSecurityBlockIsValid) {
+  std::ifstream in(FERRY_SOURCE_DIR "/config/ferry.example.yaml");
+  std::string line, block;
+  bool inside = false;
+  while (std::getline(in, line)) {
+    if (line == "# security:") inside = true;
+    if (inside && line.rfind("#", 0) != 0) break;
+    if (inside && line.rfind("#   #", 0) != 0) block += line.substr(2) + "\n";
+  }
+  ASSERT_FALSE(block.empty()) << "no '# security:' block in the example";
+  auto c = ParseConfig(block + "peers:\n  node-b: 10.0.0.2:7100\n", "example security");
+  ASSERT_TRUE(c.ok()) << c.status() << "\n" << block;
+  EXPECT_TRUE(c->security.tls());
+  EXPECT_EQ(c->security.cert, "/etc/ferry/tls/tls.crt");
+  EXPECT_EQ(c->security.admin_group, "");
 }
 
 TEST(ConfigTest, DiscoveryIsOffByDefaultAndParsed) {
@@ -190,7 +214,7 @@ TEST(ConfigTest, DiscoveryIsOffByDefaultAndParsed) {
   EXPECT_FALSE(off->discovery.enabled());
   auto c = ParseConfig(
       "discovery:\n  etcd: [\"http://10.0.0.5:2379/\", 10.0.0.6:2379]\n  prefix: /x/\n"
-      "  lease_ttl: 2s\n",
+      "  lease_ttl: 2s\nsecurity: {mode: insecure, allow_insecure_remote: true}\n",
       "test.yaml");
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_TRUE(c->discovery.enabled());
@@ -227,7 +251,7 @@ TEST(ConfigTest, DiscoveryMistakesNameTheKey) {
   EXPECT_THAT(ErrorOf("listen:\n  peer: 0.0.0.0:7100\ndiscovery:\n  etcd: [e:2379]\n"),
               HasSubstr("key 'discovery.advertise': needed: listen.peer (0.0.0.0:7100)"));
   EXPECT_TRUE(ParseConfig("listen:\n  peer: 0.0.0.0:7100\ndiscovery:\n  etcd: [e:2379]\n"
-                          "  advertise: 10.0.0.1:7100\n",
+                          "  advertise: 10.0.0.1:7100\nsecurity: {ca: /c, cert: /a, key: /k}\n",
                           "test.yaml")
                   .ok());
 }
@@ -309,6 +333,77 @@ TEST(ConfigTest, MissingFileIsNotFound) {
   auto c = LoadConfigFile("/nonexistent/ferry.yaml");
   EXPECT_EQ(c.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(std::string(c.status().message()), HasSubstr("/nonexistent/ferry.yaml"));
+}
+
+TEST(ConfigTest, WithoutASecuritySectionThePeerApiStaysOnLoopback) {
+  auto c = ParseConfig("peers:\n  node-b: 127.0.0.1:7101\n", "test.yaml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->security.implicit);
+  EXPECT_FALSE(c->security.tls());
+  // Beyond loopback it needs certificates, and says which key took it there.
+  std::string remote = ErrorOf("peers:\n  node-b: 10.0.0.2:7100\n");
+  EXPECT_THAT(remote, HasSubstr("peers.node-b"));
+  EXPECT_THAT(remote, HasSubstr("security.ca, security.cert and security.key"));
+  EXPECT_THAT(ErrorOf("listen:\n  peer: 0.0.0.0:7100\n"), HasSubstr("listen.peer"));
+  EXPECT_THAT(ErrorOf("discovery:\n  etcd: [127.0.0.1:2379]\n"), HasSubstr("discovery"));
+}
+
+TEST(ConfigTest, MutualTlsNeedsItsThreeFiles) {
+  auto c = ParseConfig(
+      "listen:\n  peer: 0.0.0.0:7100\npeers:\n  node-b: 10.0.0.2:7100\n"
+      "security:\n  mode: mtls\n  ca: /etc/ferry/ca.pem\n  cert: /etc/ferry/a.pem\n"
+      "  key: /etc/ferry/a.key\n",
+      "test.yaml");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->security.tls());
+  EXPECT_EQ(c->security.key, "/etc/ferry/a.key");
+  EXPECT_THAT(ErrorOf("security:\n  mode: mtls\n  ca: /x\n  cert: /y\n"),
+              HasSubstr("security.key"));
+  EXPECT_THAT(ErrorOf("security:\n  ca: /x\n"), HasSubstr("security.cert"));
+  EXPECT_THAT(ErrorOf("security:\n  mode: tls\n"), HasSubstr("is not mtls or insecure"));
+  EXPECT_THAT(ErrorOf("security:\n  mode: insecure\n  allow_insecure_remote: yes\n"),
+              HasSubstr("expected true or false"));
+}
+
+TEST(ConfigTest, LocalSocketModeAndGroupAreParsedAndChecked) {
+  auto defaults = ParseConfig("", "t");
+  ASSERT_TRUE(defaults.ok());
+  EXPECT_EQ(defaults->local_socket_mode, 0660u);
+  EXPECT_EQ(defaults->local_socket_group, "");
+  auto c = ParseConfig("listen:\n  local_mode: \"0600\"\n  local_group: ferry\n"
+                       "security:\n  mode: insecure\n  admin_group: ferry-admin\n",
+                       "t");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->local_socket_mode, 0600u);
+  EXPECT_EQ(c->local_socket_group, "ferry");
+  EXPECT_EQ(c->security.admin_group, "ferry-admin");
+  EXPECT_THAT(ErrorOf("listen:\n  local_mode: \"0460\"\n"), HasSubstr("owner rw"));
+  EXPECT_THAT(ErrorOf("listen:\n  local_mode: rw\n"), HasSubstr("listen.local_mode"));
+  EXPECT_THAT(ErrorOf("listen:\n  local_mode: \"01777\"\n"), HasSubstr("listen.local_mode"));
+  // The local API over TCP only with mutual TLS.
+  EXPECT_THAT(ErrorOf("listen:\n  local_tcp: 127.0.0.1:9000\n"),
+              HasSubstr("key 'listen.local_tcp': the local API over TCP needs mutual TLS"));
+}
+
+TEST(ConfigTest, InsecureModeLeavesLoopbackOnlyWhenAllowed) {
+  auto local = ParseConfig("security:\n  mode: insecure\npeers:\n  b: localhost:7101\n", "t");
+  ASSERT_TRUE(local.ok()) << local.status();
+  EXPECT_FALSE(local->security.tls());
+  EXPECT_FALSE(local->security.implicit);
+  std::string refused = ErrorOf("security:\n  mode: insecure\npeers:\n  b: 10.0.0.2:7100\n");
+  EXPECT_THAT(refused, HasSubstr("peers.b"));
+  EXPECT_THAT(refused, HasSubstr("allow_insecure_remote"));
+  auto allowed = ParseConfig(
+      "security:\n  mode: insecure\n  allow_insecure_remote: true\n"
+      "listen:\n  peer: 0.0.0.0:7100\n",
+      "t");
+  ASSERT_TRUE(allowed.ok()) << allowed.status();
+  // Flags are checked the same way once applied (server/main.cc).
+  Config flagged;
+  flagged.peer_listen = "[::1]:7100";
+  EXPECT_TRUE(CheckSecurityReach(flagged).ok());
+  flagged.peers["c"] = "192.168.1.3:7100";
+  EXPECT_THAT(std::string(CheckSecurityReach(flagged).message()), HasSubstr("peers.c"));
 }
 
 TEST(PolicyTest, SettingsApplyOrAreRefusedWithTheKey) {

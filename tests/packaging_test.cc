@@ -187,21 +187,31 @@ TEST(DaemonSetTest, ParsesAndNamesEveryMountTheAgentNeeds) {
   EXPECT_EQ(mounts["/dev/infiniband"], "hostPath:/dev/infiniband");
   EXPECT_EQ(mounts["/run/ferry"], "hostPath:/run/ferry");
   EXPECT_EQ(mounts["/etc/ferry"], "configMap:ferryd-config");
+  EXPECT_EQ(mounts["/etc/ferry-tls"], "hostPath:/etc/ferry/tls");
 
-  // The arguments use those mounts, and readiness asks the port the Peer API listens on.
+  // The arguments use those mounts, and the probes ask through the socket the agent serves
+  // (the Peer API wants a client certificate the kubelet does not have).
   std::vector<std::string> args;
   for (const auto& a : c["args"]) args.push_back(a.as<std::string>());
   EXPECT_THAT(args, ::testing::Contains("--config=/etc/ferry/ferry.yaml"));
   EXPECT_THAT(args, ::testing::Contains("--socket=/run/ferry/ferryd.sock"));
-  const int port = c["readinessProbe"]["grpc"]["port"].as<int>();
-  EXPECT_THAT(args, ::testing::Contains(absl::StrCat("--peer-listen=$(NODE_IP):", port)));
-  EXPECT_EQ(c["livenessProbe"]["grpc"]["port"].as<int>(), port);
+  EXPECT_THAT(args, ::testing::Contains("--peer-listen=$(NODE_IP):7100"));
+  for (const char* probe : {"readinessProbe", "livenessProbe"}) {
+    std::vector<std::string> command;
+    for (const auto& w : c[probe]["exec"]["command"]) command.push_back(w.as<std::string>());
+    EXPECT_THAT(command, ::testing::ElementsAre("ferryctl", "--socket", "/run/ferry/ferryd.sock",
+                                                "info"))
+        << probe;
+  }
 
   // The ConfigMap's ferry.yaml is a valid config whose drain ends before the kubelet kills.
   YAML::Node cm = FindKind(docs, "ConfigMap");
   ASSERT_TRUE(cm["data"]["ferry.yaml"]);
   auto config = config::ParseConfig(cm["data"]["ferry.yaml"].as<std::string>(), "ConfigMap");
   ASSERT_TRUE(config.ok()) << config.status();
+  // Its peers are on other hosts: mutual TLS, with the mounted certificate.
+  EXPECT_EQ(config->security.mode, "mtls");
+  EXPECT_EQ(config->security.cert, "/etc/ferry-tls/tls.crt");
   EXPECT_LT(config->shutdown_grace_ms, pod["terminationGracePeriodSeconds"].as<uint32_t>() * 1000);
 }
 

@@ -4,8 +4,10 @@
         c0 = ferry.Client(nodes["rank0"].socket)
 
 Each agent gets a generated config (its node name, a socket and a free loopback port, every
-other agent as a peer) in a temporary folder. The ferryd binary is $FERRYD, else `ferryd`
-on PATH.
+other agent as a peer) in a temporary folder. The agents talk mutual TLS, as deployed ones
+do: a throwaway CA in that folder signs a certificate for each node (the `openssl`
+command; the C++ launcher does the same, client/dev_pki.h). The ferryd binary is $FERRYD,
+else `ferryd` on PATH.
 """
 
 import contextlib
@@ -60,6 +62,34 @@ def _stop(agent, grace=5.0):
         p.wait()
 
 
+def _openssl(*args):
+    done = subprocess.run(["openssl", *args], capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"openssl {args[0]} failed: {done.stderr[-500:]}")
+
+
+def _dev_certificates(folder, nodes):
+    """A CA in `folder` and a certificate per node (DNS subjectAltName = the node name);
+    returns {node: the `security` section of its config}. P-256 keys: made in milliseconds."""
+    ca, ca_key = os.path.join(folder, "ca.pem"), os.path.join(folder, "ca.key")
+    ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes"]
+    _openssl("req", "-x509", *ec, "-keyout", ca_key, "-out", ca, "-days", "7",
+             "-subj", "/CN=ferry-py CA", "-addext", "basicConstraints=critical,CA:TRUE",
+             "-addext", "keyUsage=critical,keyCertSign,cRLSign")
+    sections = {}
+    for n in nodes:
+        stem = os.path.join(folder, n)
+        with open(stem + ".ext", "w") as f:
+            f.write(f"subjectAltName=DNS:{n}\nextendedKeyUsage=serverAuth,clientAuth\n")
+        _openssl("req", "-new", *ec, "-keyout", stem + ".key", "-out", stem + ".csr",
+                 "-subj", f"/CN={n}")
+        _openssl("x509", "-req", "-in", stem + ".csr", "-CA", ca, "-CAkey", ca_key,
+                 "-CAcreateserial", "-days", "7", "-extfile", stem + ".ext", "-out", stem + ".pem")
+        sections[n] = (f"security:\n  mode: mtls\n  ca: {ca}\n  cert: {stem}.pem\n"
+                       f"  key: {stem}.key\n")
+    return sections
+
+
 @contextlib.contextmanager
 def agents(nodes, host_pool="1GiB", timeout=15.0):
     """Yields {node: Agent} with every agent serving; stops them all on the way out."""
@@ -67,6 +97,7 @@ def agents(nodes, host_pool="1GiB", timeout=15.0):
     started = {}
     try:
         ports = {n: _free_port() for n in nodes}
+        security = _dev_certificates(folder, nodes)
         for n in nodes:
             a = Agent(n, folder, ports[n])
             with open(a.config, "w") as f:
@@ -77,6 +108,7 @@ def agents(nodes, host_pool="1GiB", timeout=15.0):
                     for m in others:
                         f.write(f"  {m}: 127.0.0.1:{ports[m]}\n")
                 f.write(f"host_pool:\n  size: {host_pool}\n")
+                f.write(security[n])
             with open(a.log, "w") as log:
                 a.process = subprocess.Popen([_ferryd(), "--config", a.config], stdout=log,
                                              stderr=subprocess.STDOUT, start_new_session=True)

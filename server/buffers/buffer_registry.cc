@@ -36,6 +36,11 @@ std::string Buffer::owner_label() const {
   return owner_.label;
 }
 
+int64_t Buffer::owner_uid() const {
+  absl::MutexLock lock(&owner_mu_);
+  return owner_.uid;
+}
+
 const fabric::MemoryRegion* Buffer::region(const fabric::RailId& rail) const {
   for (const auto& [id, region] : regions_) {
     if (id == rail) return region.get();

@@ -29,6 +29,10 @@ class GpuPools;
 struct BufferOwner {
   uint64_t session = 0;
   std::string label;  // "session 3 (ferryctl, pid 1234)", for ListBuffers
+  // The uid of the local client that allocated it (SO_PEERCRED); -1: not known (over
+  // local_tcp, or made by the agent itself). Only that uid, root or the admin group may
+  // free it, map it or move its bytes (server/local/local_callers.h).
+  int64_t uid = -1;
 };
 
 class Buffer {
@@ -44,6 +48,7 @@ class Buffer {
   // The owning session (0: the buffer persists). Changes only through BufferRegistry.
   uint64_t owner() const;
   std::string owner_label() const;
+  int64_t owner_uid() const;
   uint64_t size() const { return memory_->size(); }
   char* data() const { return memory_->data(); }
   std::string device() const { return memory_->device(); }

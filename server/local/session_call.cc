@@ -3,6 +3,8 @@
 #include <atomic>
 #include <string>
 
+#include "absl/strings/str_cat.h"
+
 namespace ferry::server {
 namespace {
 
@@ -38,16 +40,26 @@ class SessionReactor : public grpc::ServerWriteReactor<ferry::v1::SessionEvent> 
 }  // namespace
 
 grpc::ServerWriteReactor<ferry::v1::SessionEvent>* StartSessionCall(
-    SessionRegistry* sessions, const ferry::v1::OpenSessionRequest& request) {
-  return new SessionReactor(sessions, sessions->Open(request.client(), request.pid()));
+    SessionRegistry* sessions, const ferry::v1::OpenSessionRequest& request,
+    const std::optional<LocalCaller>& caller) {
+  const uint32_t pid = caller ? static_cast<uint32_t>(caller->pid) : request.pid();
+  const int64_t uid = caller ? static_cast<int64_t>(caller->uid) : -1;
+  return new SessionReactor(sessions, sessions->Open(request.client(), pid, uid));
 }
 
 absl::StatusOr<uint64_t> SessionOfCall(const grpc::ServerContextBase& ctx,
-                                       const SessionRegistry& sessions) {
+                                       const SessionRegistry& sessions,
+                                       const LocalCallers& callers) {
   const auto& metadata = ctx.client_metadata();
   auto it = metadata.find(kSessionMetadata);
   if (it == metadata.end()) return 0;
-  return sessions.Resolve(absl::string_view(it->second.data(), it->second.size()));
+  absl::StatusOr<uint64_t> id =
+      sessions.Resolve(absl::string_view(it->second.data(), it->second.size()));
+  if (!id.ok() || *id == 0) return id;
+  absl::Status allowed = callers.MayUse(callers.Of(ctx), sessions.UidOf(*id),
+                                        absl::StrCat(kSessionMetadata, ": session ", *id));
+  if (!allowed.ok()) return allowed;
+  return id;
 }
 
 }  // namespace ferry::server

@@ -6,12 +6,14 @@
 
 namespace ferry::server {
 
-uint64_t SessionRegistry::Open(const std::string& client, uint32_t pid) {
+uint64_t SessionRegistry::Open(const std::string& client, uint32_t pid, int64_t uid) {
   absl::MutexLock lock(&mu_);
   uint64_t id = next_id_++;
   std::string what = client.empty() ? "client" : client.substr(0, 64);
-  open_.emplace(id, absl::StrCat("session ", id, " (", what, ", pid ", pid, ")"));
-  spdlog::debug("session {} opened by {} (pid {})", id, what, pid);
+  open_.emplace(id, Open_{absl::StrCat("session ", id, " (", what, ", pid ", pid,
+                                       uid >= 0 ? absl::StrCat(", uid ", uid) : "", ")"),
+                          uid});
+  spdlog::debug("session {} opened by {} (pid {}, uid {})", id, what, pid, uid);
   return id;
 }
 
@@ -49,7 +51,14 @@ BufferOwner SessionRegistry::OwnerFor(uint64_t id) const {
   if (id == 0) return {};
   absl::MutexLock lock(&mu_);
   auto it = open_.find(id);
-  return {id, it == open_.end() ? absl::StrCat("session ", id) : it->second};
+  if (it == open_.end()) return {id, absl::StrCat("session ", id)};
+  return {id, it->second.label, it->second.uid};
+}
+
+int64_t SessionRegistry::UidOf(uint64_t id) const {
+  absl::MutexLock lock(&mu_);
+  auto it = open_.find(id);
+  return it == open_.end() ? -1 : it->second.uid;
 }
 
 size_t SessionRegistry::count() const {

@@ -23,8 +23,9 @@ class SessionRegistry {
  public:
   explicit SessionRegistry(BufferRegistry* buffers) : buffers_(buffers) {}
 
-  // A new session for `client` (what it is: "ferryctl", "python") running as `pid`.
-  uint64_t Open(const std::string& client, uint32_t pid);
+  // A new session for `client` (what it is: "ferryctl", "python") running as `pid` and
+  // `uid` (-1: not known).
+  uint64_t Open(const std::string& client, uint32_t pid, int64_t uid = -1);
   // Ends the session and frees every buffer it owns (memory still used by a transfer in
   // flight goes back when that transfer finishes). Idempotent.
   void Close(uint64_t id);
@@ -35,13 +36,19 @@ class SessionRegistry {
   bool IsOpen(uint64_t id) const;
   // What a buffer of the session shows as its owner; "" for session 0 (persists).
   BufferOwner OwnerFor(uint64_t id) const;
+  // The uid that opened session `id` (-1: not known, or not open).
+  int64_t UidOf(uint64_t id) const;
   size_t count() const;
 
  private:
   BufferRegistry* const buffers_;
   mutable absl::Mutex mu_;
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
-  absl::flat_hash_map<uint64_t, std::string> open_ ABSL_GUARDED_BY(mu_);  // id -> label
+  struct Open_ {
+    std::string label;
+    int64_t uid = -1;
+  };
+  absl::flat_hash_map<uint64_t, Open_> open_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace ferry::server

@@ -29,8 +29,12 @@ absl::Status PeerError(const grpc::Status& s, const std::string& what) {
 
 PeerDirectory::PeerDirectory(std::string self, uint64_t incarnation, std::string self_address,
                              std::map<std::string, std::string> peers,
-                             std::vector<fabric::Fabric*> fabrics)
-    : self_(std::move(self)), incarnation_(incarnation), fabrics_(std::move(fabrics)) {
+                             std::vector<fabric::Fabric*> fabrics,
+                             std::shared_ptr<const PeerCredentials> credentials)
+    : self_(std::move(self)),
+      incarnation_(incarnation),
+      fabrics_(std::move(fabrics)),
+      credentials_(credentials ? std::move(credentials) : PeerCredentials::Insecure(false)) {
   links_[self_].address = std::move(self_address);
   for (auto& [name, address] : peers) {
     if (name == self_) continue;
@@ -70,8 +74,7 @@ absl::StatusOr<PeerDirectory::Link*> PeerDirectory::FindLink(const std::string& 
     // busy peer (one out of fds, accepting slowly) would look dead.
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
-    link.channel =
-        grpc::CreateCustomChannel(link.address, grpc::InsecureChannelCredentials(), args);
+    ASSIGN_OR_RETURN(link.channel, credentials_->Dial(node, link.address, args));
     link.stub = ferry::v1::Peer::NewStub(link.channel);
   }
   return &link;

@@ -20,6 +20,7 @@
 #include "ferry/v1/peer.grpc.pb.h"
 #include "grpcpp/channel.h"
 #include "server/leg_mode.h"
+#include "server/peers/peer_credentials.h"
 #include "server/peers/peer_source.h"
 #include "transport/fabric.h"
 
@@ -101,8 +102,11 @@ class PeerDirectory {
   // targets are told on Connect); naming itself as a peer reaches this agent's own Peer
   // service at `self_address`, so local targets need no special case. `peers` are the
   // config file's (PeerSource::kConfig). `fabrics` are in preference order.
+  // `credentials` make every channel to a peer (plaintext when null).
   PeerDirectory(std::string self, uint64_t incarnation, std::string self_address,
-                std::map<std::string, std::string> peers, std::vector<fabric::Fabric*> fabrics);
+                std::map<std::string, std::string> peers, std::vector<fabric::Fabric*> fabrics,
+                std::shared_ptr<const PeerCredentials> credentials = nullptr);
+  const PeerCredentials& credentials() const { return *credentials_; }
 
   bool Known(const std::string& node) const;
   std::vector<std::string> Names() const;
@@ -210,6 +214,7 @@ class PeerDirectory {
   const std::string self_;
   const uint64_t incarnation_;
   const std::vector<fabric::Fabric*> fabrics_;
+  const std::shared_ptr<const PeerCredentials> credentials_;
   mutable absl::Mutex mu_;
   std::map<std::string, Link> links_ ABSL_GUARDED_BY(mu_);
 };

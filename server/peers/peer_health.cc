@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "grpcpp/grpcpp.h"
 
 namespace ferry::server {
@@ -42,16 +43,18 @@ void PeerHealth::Run() {
   }
 }
 
-ferry::v1::Peer::Stub* PeerHealth::StubFor(const std::string& node, const std::string& address) {
+absl::StatusOr<ferry::v1::Peer::Stub*> PeerHealth::StubFor(const std::string& node,
+                                                           const std::string& address) {
   Channel& c = channels_[node];
   if (!c.stub || c.address != address) {
     grpc::ChannelArguments args;
     args.SetInt(GRPC_ARG_USE_LOCAL_SUBCHANNEL_POOL, 1);
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
+    ASSIGN_OR_RETURN(std::shared_ptr<grpc::Channel> channel,
+                     peers_->credentials().Dial(node, address, args));
     c.address = address;
-    c.stub = ferry::v1::Peer::NewStub(
-        grpc::CreateCustomChannel(address, grpc::InsecureChannelCredentials(), args));
+    c.stub = ferry::v1::Peer::NewStub(channel);
   }
   return c.stub.get();
 }
@@ -63,8 +66,10 @@ void PeerHealth::CheckOne(const std::string& node) {
   const absl::Time start = absl::Now();
   if (!view) {
     result.last_error = "no longer a peer";
+  } else if (auto stub_or = StubFor(node, view->address); !stub_or.ok()) {
+    result.last_error = std::string(stub_or.status().message());
   } else {
-    ferry::v1::Peer::Stub* stub = StubFor(node, view->address);
+    ferry::v1::Peer::Stub* stub = *stub_or;
     grpc::ClientContext ctx;
     ctx.set_deadline(absl::ToChronoTime(start + interval_));
     ferry::v1::HealthRequest req;

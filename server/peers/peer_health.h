@@ -46,7 +46,8 @@ class PeerHealth {
   void CheckOne(const std::string& node);
 
   // The check's own stub to `node`'s current address (made or remade as it changes).
-  ferry::v1::Peer::Stub* StubFor(const std::string& node, const std::string& address);
+  absl::StatusOr<ferry::v1::Peer::Stub*> StubFor(const std::string& node,
+                                                 const std::string& address);
 
   PeerDirectory* const peers_;
   const absl::Duration interval_;

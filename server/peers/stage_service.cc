@@ -6,6 +6,7 @@
 #include "absl/synchronization/mutex.h"
 #include "base/grpc_status.h"
 #include "base/status_macros.h"
+#include "server/peers/caller_identity.h"
 #include "spdlog/spdlog.h"
 
 namespace ferry::server {
@@ -24,6 +25,10 @@ class StageCallServer {
                           "open: the first message must be StageOpen");
     }
     const auto& open = first.open();
+    // Who opens the stream is the certificate's node, not StageOpen.from_node.
+    absl::StatusOr<std::string> caller = CallerNode(*ctx_, open.from_node());
+    if (!caller.ok()) return ToGrpcStatus(caller.status());
+    caller_ = *caller;
     auto buffer = deps.buffers->FindByName(open.buffer());
     if (!buffer.ok()) {
       return grpc::Status(grpc::StatusCode::NOT_FOUND,
@@ -271,6 +276,7 @@ class StageCallServer {
   }
 
   grpc::ServerContext* ctx_;
+  std::string caller_;  // the node on the other end
   StageStream* stream_;
   std::shared_ptr<Buffer> buffer_;
   memory::GpuDevice* gpu_ = nullptr;

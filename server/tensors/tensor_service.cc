@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/grpc_status.h"
 #include "server/agent_core.h"
+#include "server/peers/caller_identity.h"
 #include "server/info_protos.h"
 #include "server/local/session_call.h"
 #include "server/tensors/tensor_meta.h"
@@ -35,6 +36,11 @@ bool Draining(AgentCore* core, grpc::Status* refusal) {
 grpc::Status TensorService::Send(grpc::ServerContext* ctx, const ferry::v1::SendRequest* req,
                                  ferry::v1::SendResponse* resp) {
   if (grpc::Status refusal; Draining(core_, &refusal)) return refusal;
+  if (absl::Status mine = MayUseBuffer(core_->local_callers(), *ctx, core_->buffers(),
+                                       req->buffer(), "buffer");
+      !mine.ok()) {
+    return ToGrpcStatus(mine);
+  }
   auto r = core_->tensors().Send(*req, CallDeadline(ctx, req->timeout_ms()), ClientGone(ctx));
   if (!r.ok()) return ToGrpcStatus(r.status());
   *resp = *std::move(r);
@@ -57,11 +63,11 @@ grpc::Status TensorService::Recv(grpc::ServerContext* ctx, const ferry::v1::Recv
     core_->buffers().Free(resp->buffer().id()).IgnoreError();
   } else if (resp->allocated()) {
     // The landing buffer is the receiving client's now: freed when its session ends.
-    auto session = SessionOfCall(*ctx, core_->sessions());
+    auto session = SessionOfCall(*ctx, core_->sessions(), core_->local_callers());
     if (session.ok() && *session != 0) {
-      core_->buffers()
-          .Adopt(resp->buffer().id(), core_->sessions().OwnerFor(*session))
-          .IgnoreError();
+      BufferOwner owner = core_->sessions().OwnerFor(*session);
+      if (auto caller = core_->local_callers().Of(*ctx)) owner.uid = caller->uid;
+      core_->buffers().Adopt(resp->buffer().id(), std::move(owner)).IgnoreError();
       auto buffer = core_->buffers().Get(resp->buffer().id(), "buffer");
       if (buffer.ok()) DescribeBuffer(**buffer, resp->mutable_buffer());
     }
@@ -73,6 +79,11 @@ grpc::Status TensorService::WriteBlocks(grpc::ServerContext* ctx,
                                         const ferry::v1::WriteBlocksRequest* req,
                                         ferry::v1::WriteBlocksResponse* resp) {
   if (grpc::Status refusal; Draining(core_, &refusal)) return refusal;
+  if (absl::Status mine = MayUseBuffer(core_->local_callers(), *ctx, core_->buffers(),
+                                       req->local_buffer(), "local_buffer");
+      !mine.ok()) {
+    return ToGrpcStatus(mine);
+  }
   auto r =
       core_->tensors().WriteBlocks(*req, CallDeadline(ctx, req->timeout_ms()), ClientGone(ctx));
   if (!r.ok()) return ToGrpcStatus(r.status());
@@ -141,6 +152,8 @@ grpc::Status TensorPeerService::Match(grpc::ServerContext* ctx, const ferry::v1:
   if (req->from_node().empty() || req->meta().tag().empty()) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "from_node and meta.tag must be set");
   }
+  absl::StatusOr<std::string> from = CallerNode(*ctx, req->from_node());
+  if (!from.ok()) return ToGrpcStatus(from.status());
   // The receiving side checks the meta itself rather than trusting the sender's agent.
   auto span = tensors::TensorSpanBytes(req->meta(), "meta");
   if (!span.ok()) return ToGrpcStatus(span.status());
@@ -152,7 +165,7 @@ grpc::Status TensorPeerService::Match(grpc::ServerContext* ctx, const ferry::v1:
   absl::Time wait_until =
       std::min(absl::FromChrono(ctx->deadline()),
                absl::Now() + absl::Milliseconds(std::min(req->wait_ms(), 5000u)));
-  auto landing = core_->tensors().matcher().Offer(req->from_node(), req->send_id(), req->meta(),
+  auto landing = core_->tensors().matcher().Offer(*from, req->send_id(), req->meta(),
                                                   req->bytes(),
                                                   absl::FromUnixMillis(req->deadline_unix_ms()),
                                                   wait_until);
@@ -165,27 +178,35 @@ grpc::Status TensorPeerService::Match(grpc::ServerContext* ctx, const ferry::v1:
   return grpc::Status::OK;
 }
 
-grpc::Status TensorPeerService::Complete(grpc::ServerContext*,
+grpc::Status TensorPeerService::Complete(grpc::ServerContext* ctx,
                                          const ferry::v1::CompleteRequest* req,
                                          ferry::v1::CompleteResponse*) {
+  absl::StatusOr<std::string> from = CallerNode(*ctx, req->from_node());
+  if (!from.ok()) return ToGrpcStatus(from.status());
   absl::Status status(static_cast<absl::StatusCode>(req->code()), req->message());
-  return ToGrpcStatus(
-      core_->tensors().matcher().Complete(req->from_node(), req->send_id(), status));
+  return ToGrpcStatus(core_->tensors().matcher().Complete(*from, req->send_id(), status));
 }
 
-grpc::Status TensorPeerService::CancelSend(grpc::ServerContext*,
+grpc::Status TensorPeerService::CancelSend(grpc::ServerContext* ctx,
                                            const ferry::v1::CancelSendRequest* req,
                                            ferry::v1::CancelSendResponse*) {
-  core_->tensors().matcher().Withdraw(req->from_node(), req->send_id(), req->reason());
+  absl::StatusOr<std::string> from = CallerNode(*ctx, req->from_node());
+  if (!from.ok()) return ToGrpcStatus(from.status());
+  core_->tensors().matcher().Withdraw(*from, req->send_id(), req->reason());
   return grpc::Status::OK;
 }
 
-grpc::Status TensorPeerService::Notify(grpc::ServerContext*, const ferry::v1::Notification* req,
+grpc::Status TensorPeerService::Notify(grpc::ServerContext* ctx, const ferry::v1::Notification* req,
                                        ferry::v1::NotifyResponse*) {
   if (req->name().empty()) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "name: must be set");
   }
-  core_->tensors().board().Post(*req);
+  // A consumer waits for a batch from a named node: only that node can say it arrived.
+  absl::StatusOr<std::string> from = CallerNode(*ctx, req->from_node());
+  if (!from.ok()) return ToGrpcStatus(from.status());
+  ferry::v1::Notification posted = *req;
+  posted.set_from_node(*from);
+  core_->tensors().board().Post(posted);
   return grpc::Status::OK;
 }
 
