@@ -38,6 +38,7 @@ bench: build
 	$(BUILD)/bench/ferry-bench --suite staging --out bench/results
 	$(BUILD)/bench/ferry-bench --suite fairness --out bench/results
 	$(BUILD)/bench/ferry-bench --rails 4 --out bench/results
+	$(BUILD)/bench/ferry-bench --suite security --out bench/results
 	$(BUILD)/bench/ferry-engine-bench | tee bench/results/$$(date +%F)-engine.txt
 
 # Not part of `make test`: 64 clients x 1000 WRITE+READ of random sizes with checksums, the

@@ -28,6 +28,7 @@
 #include "bench/ferry_runner.h"
 #include "bench/report.h"
 #include "bench/rails_suite.h"
+#include "bench/security_suite.h"
 #include "bench/staging_suite.h"
 #include "client/agent_process.h"
 
@@ -76,8 +77,8 @@ absl::StatusOr<Options> Parse(int argc, char** argv) {
         o.seconds = 0.2;
         o.long_bytes = 2ull << 30;
         o.kv_blocks = 1024;
-      } else if (v != "standard" && v != "staging" && v != "fairness") {
-        s = absl::InvalidArgumentError("--suite: standard, quick, staging or fairness");
+      } else if (v != "standard" && v != "staging" && v != "fairness" && v != "security") {
+        s = absl::InvalidArgumentError("--suite: standard, quick, staging, fairness or security");
       }
     } else if (f == "--op") {
       if (v == "write") o.ops = {ferry::v1::WRITE};
@@ -199,8 +200,13 @@ int Run(int argc, char** argv) {
   report.machine = DescribeMachine();
   std::printf("ferry-bench on %s\n", report.machine.c_str());
   if (o.rails > 0) o.suite = "rails";
-  if (o.suite == "staging" || o.suite == "fairness" || o.suite == "rails") {
-    if (o.suite == "rails") {
+  if (o.suite == "staging" || o.suite == "fairness" || o.suite == "rails" ||
+      o.suite == "security") {
+    if (o.suite == "security") {
+      SecurityOptions so;
+      so.seconds = std::max(o.seconds, 1.0);
+      if (!RunSecuritySuite(so, report)) return 1;
+    } else if (o.suite == "rails") {
       RailsOptions ro;
       ro.max_rails = o.rails;
       ro.seconds = std::max(o.seconds, 1.0);
