@@ -2,9 +2,9 @@
 # make test   install what is missing, build, run every test (ctest)
 # make bench  install what is missing, build, run the benchmark suite
 # make soak   install what is missing, build, run the soak (minutes; not part of make test)
-# make test-asan  build-asan (ASan + UBSan, -O1): the unit and integration suites
-# make test-tsan  build-tsan (TSan, -O1): the engine and provider tests
-# make fuzz       build-fuzz (clang-14 libFuzzer): each fuzz target FUZZ_SECONDS over its corpus
+# make test-asan  build-asan (clang-14, ASan + UBSan, -O1): the unit and integration suites
+# make test-tsan  build-tsan (gcc, TSan, -O1): the engine and provider tests
+# make fuzz       build-asan's libFuzzer targets, each FUZZ_SECONDS over its seed corpus
 BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
@@ -55,23 +55,36 @@ soak: build
 SAN_CMAKE = -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O1 -g" \
 	-DCMAKE_C_FLAGS_RELWITHDEBINFO="-O1 -g" \
 	-DFERRY_PYTHON=OFF -DFERRY_BENCH=OFF -DFERRY_CUDA=OFF $(CMAKE_FLAGS)
-ASAN_FLAGS = -fsanitize=address,undefined -fno-omit-frame-pointer
 TSAN_FLAGS = -fsanitize=thread -fno-omit-frame-pointer
+SAN_CXX ?= clang++-14
+SAN_CC ?= clang-14
+FUZZ_SECONDS ?= 60
+# One clang-14 build serves test-asan and fuzz: FERRY_FUZZ (CMakeLists.txt) compiles every
+# target with ASan + UBSan and libFuzzer's coverage hooks (no-ops outside a fuzzer), and
+# adds the fuzz_* targets. Two builds of ferry would add a quarter of an hour to CI.
+ASAN_BUILD ?= build-asan
 
-build-asan/CMakeCache.txt:
-	cmake -S . -B build-asan $(SAN_CMAKE) \
-	  -DCMAKE_CXX_FLAGS="$(ASAN_FLAGS)" -DCMAKE_C_FLAGS="$(ASAN_FLAGS)" \
-	  -DCMAKE_EXE_LINKER_FLAGS="$(ASAN_FLAGS)" -DCMAKE_SHARED_LINKER_FLAGS="$(ASAN_FLAGS)"
+$(ASAN_BUILD)/CMakeCache.txt:
+	cmake -S . -B $(ASAN_BUILD) $(SAN_CMAKE) -DFERRY_FUZZ=ON \
+	  -DCMAKE_CXX_COMPILER=$(SAN_CXX) -DCMAKE_C_COMPILER=$(SAN_CC)
 
 # Every unit and integration test but those labelled `nosan` (tests/CMakeLists.txt says why
-# each is). Any report stops the test with a stack (halt_on_error), so ctest fails it.
-test-asan: deps build-asan/CMakeCache.txt
-	cmake --build build-asan -j$(JOBS)
-	cd build-asan && \
-	  ASAN_OPTIONS=halt_on_error=1:detect_leaks=1:abort_on_error=0:strict_string_checks=1:detect_stack_use_after_return=0 \
+# each is). Any report stops the test with a stack (halt_on_error; UBSan aborts by itself,
+# -fno-sanitize-recover), so ctest fails it.
+test-asan: deps $(ASAN_BUILD)/CMakeCache.txt
+	cmake --build $(ASAN_BUILD) -j$(JOBS)
+	cd $(ASAN_BUILD) && \
+	  ASAN_OPTIONS=halt_on_error=1:detect_leaks=1 \
 	  LSAN_OPTIONS=suppressions=$(CURDIR)/tests/sanitizers/lsan.supp:print_suppressions=0 \
 	  UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
 	  ctest --output-on-failure -j$(JOBS) --timeout 900 -L 'unit|integration' -LE nosan
+
+# libFuzzer targets, each run FUZZ_SECONDS over its seeds (tests/fuzz/corpus/<name>): fails
+# on the first crash, leak, UB or broken invariant, leaving the input in
+# $(ASAN_BUILD)/artifacts/.
+fuzz: deps $(ASAN_BUILD)/CMakeCache.txt
+	cmake --build $(ASAN_BUILD) -j$(JOBS) --target fuzz_targets
+	scripts/run-fuzzers $(ASAN_BUILD) $(FUZZ_SECONDS)
 
 build-tsan/CMakeCache.txt:
 	cmake -S . -B build-tsan $(SAN_CMAKE) \
@@ -85,21 +98,6 @@ test-tsan: deps build-tsan/CMakeCache.txt
 	cd build-tsan && \
 	  TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1:suppressions=$(CURDIR)/tests/sanitizers/tsan.supp \
 	  ctest --output-on-failure -j$(JOBS) --timeout 900 -L tsan
-
-# libFuzzer targets built by clang-14 (every ferry library instrumented; FERRY_FUZZ in
-# CMakeLists.txt), each run FUZZ_SECONDS over its seeds (tests/fuzz/corpus/<name>): fails on
-# the first crash, leak, UB or broken invariant, leaving the input in build-fuzz/artifacts/.
-FUZZ_SECONDS ?= 60
-FUZZ_CXX ?= clang++-14
-FUZZ_CC ?= clang-14
-
-build-fuzz/CMakeCache.txt:
-	cmake -S . -B build-fuzz $(SAN_CMAKE) -DFERRY_FUZZ=ON \
-	  -DCMAKE_CXX_COMPILER=$(FUZZ_CXX) -DCMAKE_C_COMPILER=$(FUZZ_CC)
-
-fuzz: deps build-fuzz/CMakeCache.txt
-	cmake --build build-fuzz -j$(JOBS) --target fuzz_targets
-	scripts/run-fuzzers build-fuzz $(FUZZ_SECONDS)
 
 # What CI checks first: every C++ line within .clang-format's 100 columns.
 format-check:
