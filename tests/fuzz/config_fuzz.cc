@@ -24,7 +24,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   Policy policy;
   for (absl::string_view line : absl::StrSplit(text, '\n')) {
-    std::pair<absl::string_view, absl::string_view> kv = absl::StrSplit(line, absl::MaxSplits('=', 1));
+    std::pair<absl::string_view, absl::string_view> kv =
+        absl::StrSplit(line, absl::MaxSplits('=', 1));
     Policy trial = policy;
     if (ApplyPolicySetting(kv.first, kv.second, trial).ok()) {
       if (!ValidatePolicy(trial).ok()) {

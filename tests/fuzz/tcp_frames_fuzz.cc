@@ -218,7 +218,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
                                                    std::move(target));
   w.loop->Post([conn] { conn->Start(absl::Seconds(10)); });
   const std::string got = Exchange(ours.get(), stream);
-  if (!closed.WaitForNotificationWithTimeout(absl::Seconds(20))) Fail("the connection never closed");
+  if (!closed.WaitForNotificationWithTimeout(absl::Seconds(20)))
+    Fail("the connection never closed");
   conn.reset();
 
   if (got.size() > expected.answers.size() || expected.answers.compare(0, got.size(), got) != 0) {

@@ -101,7 +101,8 @@ void Mutex::ReaderUnlock() {
 }
 
 void Mutex::LockWhen(const Condition& cond) {
-  FERRY_REAL(void (*)(Mutex*, const Condition&), "_ZN4absl7debian35Mutex8LockWhenERKNS0_9ConditionE");
+  FERRY_REAL(void (*)(Mutex*, const Condition&),
+             "_ZN4absl7debian35Mutex8LockWhenERKNS0_9ConditionE");
   Wrapped w{&cond, this};
   real(this, Condition(&EvalHeld, &w));
   __tsan_acquire(this);
