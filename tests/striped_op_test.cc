@@ -191,7 +191,8 @@ class StripedOpTest : public ::testing::Test {
   std::vector<std::shared_ptr<HeldEndpoint>> endpoints_;
   std::vector<Lane> lanes_;
   std::vector<Lane> reserve_;
-  RailLedger ledger_{absl::Seconds(1), absl::Seconds(30)};
+  std::shared_ptr<RailLedger> ledger_ =
+      std::make_shared<RailLedger>(absl::Seconds(1), absl::Seconds(30));
   std::shared_ptr<FairQueue> queue_ = std::make_shared<FairQueue>(64 << 20);
   bool wanted_ = true;
   std::optional<StripedOutcome> outcome_;
@@ -212,7 +213,7 @@ TEST_F(StripedOpTest, SlicesAlternateBetweenTheRoutesAndTheOutcomeNamesThem) {
   EXPECT_THAT(outcome_->ours, ElementsAre("tcp:mlx5_0", "tcp:mlx5_1"));
   EXPECT_THAT(outcome_->theirs, ElementsAre("tcp:mlx5_0", "tcp:mlx5_1"));
   EXPECT_THAT(outcome_->retries, IsEmpty());
-  auto snap = ledger_.Snapshot(absl::Now());
+  auto snap = ledger_->Snapshot(absl::Now());
   ASSERT_THAT(snap, SizeIs(2));
   EXPECT_EQ(snap[0].bytes, 2 * kSlice);
   EXPECT_EQ(snap[1].bytes, 2 * kSlice);
@@ -235,8 +236,8 @@ TEST_F(StripedOpTest, ATransportErrorMovesTheSliceToTheOtherRouteAndPausesItsRai
   EXPECT_THAT(outcome_->retries[0], HasSubstr("1 MiB at +1048576 on tcp:mlx5_1->tcp:mlx5_1 "
                                               "failed (connection reset by peer); carried by "
                                               "tcp:mlx5_0->tcp:mlx5_0"));
-  EXPECT_FALSE(ledger_.Usable(Tcp("mlx5_1"), "node-b", absl::Now()));
-  for (const auto& c : ledger_.Snapshot(absl::Now())) {
+  EXPECT_FALSE(ledger_->Usable(Tcp("mlx5_1"), "node-b", absl::Now()));
+  for (const auto& c : ledger_->Snapshot(absl::Now())) {
     if (c.rail == Tcp("mlx5_1")) {
       EXPECT_EQ(c.state, "paused");
       EXPECT_EQ(c.errors, 2u);
@@ -288,7 +289,7 @@ TEST_F(StripedOpTest, ARefusedKeyIsNotRetriedElsewhere) {
   EXPECT_EQ(outcome_->status.code(), absl::StatusCode::kPermissionDenied);
   EXPECT_THAT(outcome_->retries, IsEmpty());
   EXPECT_EQ(endpoints_[1]->posted(), 0u);
-  EXPECT_TRUE(ledger_.Usable(Tcp("mlx5_0"), "node-b", absl::Now()));  // not the wire's fault
+  EXPECT_TRUE(ledger_->Usable(Tcp("mlx5_0"), "node-b", absl::Now()));  // not the wire's fault
 }
 
 TEST_F(StripedOpTest, AnEndedTransferRetriesNothing) {

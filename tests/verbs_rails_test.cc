@@ -217,7 +217,9 @@ class VerbsRailsTest : public ::testing::Test {
     StripedOp::Spec spec{read, 0, 0, kOpBytes, kSliceBytes, kPeer, /*transfer_id=*/1, 0};
     // No `wanted`, as FairQueue::Enqueue allows: nothing cancels this op.
     auto op = std::make_shared<StripedOp>(std::move(spec), Lanes(local), std::vector<Lane>{},
-                                          &ledger, queue, nullptr, [&](StripedOutcome o) {
+                                          // The test's ledger outlives the op it waits for.
+                                          std::shared_ptr<RailLedger>(&ledger, [](auto*) {}),
+                                          queue, nullptr, [&](StripedOutcome o) {
                                             outcome = std::move(o);
                                             done.Notify();
                                           });

@@ -39,7 +39,7 @@ class StageSender : public std::enable_shared_from_this<StageSender>, public Sta
     std::function<void(size_t index, const absl::Status& status, const std::string& provider)>
         settle;
     // Counts each chunk against its rail (per-NIC counters); may be null.
-    RailLedger* ledger = nullptr;
+    std::shared_ptr<RailLedger> ledger;  // may outlive the engine, as StripedOp's
   };
 
   // `planned`: the transfer's ops, held while the pipeline may touch their buffers.

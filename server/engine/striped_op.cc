@@ -15,12 +15,12 @@ std::vector<Lane> Joined(std::vector<Lane> lanes, std::vector<Lane> reserve) {
 }  // namespace
 
 StripedOp::StripedOp(Spec spec, std::vector<Lane> lanes, std::vector<Lane> reserve,
-                     RailLedger* ledger, std::shared_ptr<FairQueue> queue,
+                     std::shared_ptr<RailLedger> ledger, std::shared_ptr<FairQueue> queue,
                      std::function<bool()> wanted, Done done)
     : spec_(std::move(spec)),
       primary_(lanes.size()),
       lanes_(Joined(std::move(lanes), std::move(reserve))),
-      ledger_(ledger),
+      ledger_(std::move(ledger)),
       queue_(std::move(queue)),
       wanted_(std::move(wanted)),
       done_(std::move(done)) {}

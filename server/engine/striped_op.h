@@ -62,7 +62,7 @@ class StripedOp : public std::enable_shared_from_this<StripedOp> {
   // `lanes` is not empty; `reserve` (maybe empty) only takes slices that `lanes` failed.
   // Both stay valid (regions registered) until `done` ran; `queue` is the peer's; `wanted`
   // as FairQueue::Enqueue's.
-  StripedOp(Spec spec, std::vector<Lane> lanes, std::vector<Lane> reserve, RailLedger* ledger,
+  StripedOp(Spec spec, std::vector<Lane> lanes, std::vector<Lane> reserve, std::shared_ptr<RailLedger> ledger,
             std::shared_ptr<FairQueue> queue, std::function<bool()> wanted, Done done);
 
   // The op's slices, for the caller to enqueue on the peer's queue with the rest of its
@@ -79,7 +79,9 @@ class StripedOp : public std::enable_shared_from_this<StripedOp> {
   const Spec spec_;
   const size_t primary_;      // lanes_[0, primary_) are the op's, the rest its reserve
   const std::vector<Lane> lanes_;
-  RailLedger* const ledger_;
+  // Shared, not borrowed: a slice's completion may run after the engine that owns the
+  // ledger is gone (a fabric finishing ops at teardown; ASan saw it).
+  const std::shared_ptr<RailLedger> ledger_;
   const std::shared_ptr<FairQueue> queue_;
   const std::function<bool()> wanted_;
 

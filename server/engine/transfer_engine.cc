@@ -212,7 +212,7 @@ void TransferEngine::Post(const std::shared_ptr<Transfer>& transfer, absl::Time 
       if (!it->second.ok()) {
         // A route that cannot connect is paused like one that broke; the peer's rails may
         // have changed, so the next Rails asks it again.
-        ledger_.Failed(route.ours, node, it->second.status(), false, absl::Now());
+        ledger_->Failed(route.ours, node, it->second.status(), false, absl::Now());
         peers_->Refresh(node);
       }
     }
@@ -240,7 +240,7 @@ void TransferEngine::Post(const std::shared_ptr<Transfer>& transfer, absl::Time 
     }
     const PeerRails& peer_rails = *it->second;
     const absl::Time now = absl::Now();
-    RouteChoice direct = DirectRoutes(*op.local, *op.remote, peer_rails, ledger_, now);
+    RouteChoice direct = DirectRoutes(*op.local, *op.remote, peer_rails, *ledger_, now);
     const ProviderRails& preferred = peer_rails.providers.front();
     const std::string provider = direct.provider.empty() ? preferred.provider : direct.provider;
     // Which way each side moves its bytes, under the policy this transfer runs with; the
@@ -268,7 +268,7 @@ void TransferEngine::Post(const std::shared_ptr<Transfer>& transfer, absl::Time 
       // this peer while any other is left (a paused GPU NIC hands its staging to another).
       ProviderRails staging = preferred;
       std::erase_if(staging.ours, [&](const fabric::RailId& r) {
-        return !ledger_.Usable(r, node, now);
+        return !ledger_->Usable(r, node, now);
       });
       if (staging.ours.empty()) staging.ours = preferred.ours;
       std::optional<Route> route = StagedRoute(staging, candidates, local.nic, remote.nic);
@@ -345,7 +345,7 @@ void TransferEngine::Post(const std::shared_ptr<Transfer>& transfer, absl::Time 
                          op.length, limits.slice_bytes, node, transfer->id(),
                          next_lane_.fetch_add(1, std::memory_order_relaxed)};
     auto striped = std::make_shared<StripedOp>(std::move(spec), std::move(lanes),
-                                               std::move(reserve), &ledger_,
+                                               std::move(reserve), ledger_,
                                                QueueFor(node, limits, routes_to[node]), wanted,
                                                std::move(done));
     std::vector<SliceWork>& to_peer = work[node];
@@ -380,7 +380,7 @@ void TransferEngine::StartStaging(const std::shared_ptr<Transfer>& transfer, Pla
   deps.settle = [this, transfer](size_t index, const absl::Status& s, const std::string& provider) {
     Settle(transfer, index, s, provider);
   };
-  deps.ledger = &ledger_;
+  deps.ledger = ledger_;
   auto sender = std::make_shared<StageSender>(transfer, std::move(planned), std::move(ops),
                                               std::move(deps));
   auto done = std::make_shared<std::atomic<bool>>(false);

@@ -101,7 +101,7 @@ class TransferEngine {
   // how many it ended.
   size_t EndAll(const absl::Status& why);
   // What each rail carried to each peer, and which are paused (GetInfo, `ferryctl nics`).
-  const RailLedger& ledger() const { return ledger_; }
+  const RailLedger& ledger() const { return *ledger_; }
   // Finished transfers added up (GetStats, metrics).
   const TransferStats& stats() const { return stats_; }
   // The running transfers and the most recent finished ones (newest first), at most
@@ -130,7 +130,9 @@ class TransferEngine {
   const EngineDeps deps_;
   BufferRegistry* const buffers_;
   PeerDirectory* const peers_;
-  RailLedger ledger_;
+  // Shared with the striped ops and staging senders, whose completions may come after the
+  // engine is gone.
+  const std::shared_ptr<RailLedger> ledger_ = std::make_shared<RailLedger>();
   TransferStats stats_;
   std::atomic<size_t> next_lane_{0};
 
