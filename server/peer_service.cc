@@ -4,6 +4,7 @@
 #include "base/echo.h"
 #include "base/grpc_status.h"
 #include "server/agent_core.h"
+#include "server/peers/caller_identity.h"
 #include "server/peers/protocol.h"
 #include "server/peers/stage_service.h"
 #include "spdlog/spdlog.h"
@@ -35,17 +36,19 @@ grpc::Status PeerService::Hello(grpc::ServerContext*, const ferry::v1::HelloRequ
   return grpc::Status::OK;
 }
 
-grpc::Status PeerService::Connect(grpc::ServerContext*, const ferry::v1::ConnectRequest* req,
+grpc::Status PeerService::Connect(grpc::ServerContext* ctx, const ferry::v1::ConnectRequest* req,
                                   ferry::v1::ConnectResponse* resp) {
+  // What the fabric admits the connection as (tcp: what scoped exports check).
+  const std::string caller = CallerNode(ctx, req->node());
   for (const auto& fabric : core_->fabrics()) {
     if (fabric->provider() != req->provider()) continue;
     // "" (a peer without rails) takes our first fabric of the provider.
     if (!req->nic().empty() && fabric->rail().nic != req->nic()) continue;
-    auto reply = fabric->AcceptConnect(req->request(), {req->node(), req->incarnation()});
+    auto reply = fabric->AcceptConnect(req->request(), {caller, req->incarnation()});
     if (!reply.ok()) return ToGrpcStatus(reply.status());
     resp->set_reply(*reply);
     resp->set_incarnation(core_->incarnation());
-    spdlog::info("peer {} connected over {}", req->node(), fabric->rail().ToString());
+    spdlog::info("peer {} connected over {}", caller, fabric->rail().ToString());
     return grpc::Status::OK;
   }
   return grpc::Status(
@@ -54,7 +57,7 @@ grpc::Status PeerService::Connect(grpc::ServerContext*, const ferry::v1::Connect
                    req->nic().empty() ? "" : absl::StrCat(" on NIC ", Echo(req->nic()))));
 }
 
-grpc::Status PeerService::ResolveBuffer(grpc::ServerContext*,
+grpc::Status PeerService::ResolveBuffer(grpc::ServerContext* ctx,
                                         const ferry::v1::ResolveBufferRequest* req,
                                         ferry::v1::ResolveBufferResponse* resp) {
   // A peer's new transfer to a draining node fails at its Submit, not half way through
@@ -65,8 +68,14 @@ grpc::Status PeerService::ResolveBuffer(grpc::ServerContext*,
                                      " is draining (it is shutting down) and takes no new "
                                      "transfers"));
   }
+  const std::string caller = CallerNode(ctx, req->from_node());
   auto buffer = core_->buffers().FindByName(req->name());
-  if (!buffer.ok()) {
+  // A buffer not exported to the caller is answered as one that does not exist, word for
+  // word, so that names cannot be probed; the real reason stays in our log.
+  if (!buffer.ok() || !(*buffer)->ExportedTo(caller)) {
+    if (buffer.ok()) {
+      spdlog::debug("ResolveBuffer: buffer '{}' is not exported to {}", req->name(), caller);
+    }
     return grpc::Status(grpc::StatusCode::NOT_FOUND,
                         absl::StrCat("name: no buffer named ", Echo(req->name()), " on ",
                                      core_->config().node));

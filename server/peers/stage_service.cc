@@ -6,6 +6,7 @@
 #include "absl/synchronization/mutex.h"
 #include "base/grpc_status.h"
 #include "base/status_macros.h"
+#include "server/peers/caller_identity.h"
 #include "spdlog/spdlog.h"
 
 namespace ferry::server {
@@ -25,7 +26,8 @@ class StageCallServer {
     }
     const auto& open = first.open();
     auto buffer = deps.buffers->FindByName(open.buffer());
-    if (!buffer.ok()) {
+    // Not exported to the caller: the same answer as no such buffer (as ResolveBuffer).
+    if (!buffer.ok() || !(*buffer)->ExportedTo(CallerNode(ctx_, open.from_node()))) {
       return grpc::Status(grpc::StatusCode::NOT_FOUND,
                           absl::StrCat("open.buffer: no buffer named '", open.buffer(), "'"));
     }

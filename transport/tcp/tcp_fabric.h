@@ -1,6 +1,8 @@
 #pragma once
 // The tcp provider: one-sided WRITE / READ over TCP for nodes without RDMA (and for tests).
-// The target side validates key, bounds and access before touching memory, as an HCA does.
+// The target side admits only sockets that present a session secret AcceptConnect issued
+// (session_secrets.h), and validates key, bounds, access and the region's peer scope before
+// touching memory, as an HCA does (the scope is more than an HCA can check).
 // Payloads go straight from the source region into the socket and from the socket straight
 // into the destination region: one kernel copy per side, none in user space.
 //
