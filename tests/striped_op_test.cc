@@ -291,6 +291,18 @@ TEST_F(StripedOpTest, ARefusedKeyIsNotRetriedElsewhere) {
   EXPECT_TRUE(ledger_.Usable(Tcp("mlx5_0"), "node-b", absl::Now()));  // not the wire's fault
 }
 
+TEST_F(StripedOpTest, ARefusalExplainsTheBrokenConnectionsItCaused) {
+  // tcp and verbs end a connection after a refusal: the slice posted beside the refused one
+  // fails UNAVAILABLE, maybe first. The op reports the refusal.
+  Start(2 * kSlice);
+  endpoints_[0]->Refuse();
+  endpoints_[1]->Refuse();
+  ASSERT_TRUE(endpoints_[0]->CompleteOne(absl::UnavailableError("connection ended")));
+  ASSERT_TRUE(endpoints_[1]->CompleteOne(absl::PermissionDeniedError("remote access refused")));
+  ASSERT_TRUE(outcome_.has_value());
+  EXPECT_EQ(outcome_->status.code(), absl::StatusCode::kPermissionDenied) << outcome_->status;
+}
+
 TEST_F(StripedOpTest, AnEndedTransferRetriesNothing) {
   Start(2 * kSlice);
   wanted_ = false;

@@ -8,9 +8,9 @@
 // each, within kSessionLifetime of being issued: the initiator opens them right after its
 // Connect returns. A spent or expired session admits nothing more; the sockets it admitted
 // live on, each remembering the peer it belongs to. At most kSessionsPerPeer unspent sessions
-// per node (the oldest goes first) and kMaxSessions in all. A node that connects with a new
-// incarnation (it restarted) revokes the unspent sessions of its older incarnations.
-// Thread-safe.
+// per node (the oldest goes first) and kMaxSessions in all (about 100 bytes each). A node that
+// connects with a new incarnation (it restarted) revokes the unspent sessions of its older
+// incarnations. Thread-safe.
 
 #include <array>
 #include <cstdint>
@@ -36,7 +36,10 @@ struct SessionTicket {
 };
 
 inline constexpr absl::Duration kSessionLifetime = absl::Seconds(30);
-inline constexpr uint32_t kSessionsPerPeer = 16;
+// Unspent sessions of one node: room for every endpoint it opens at once (rails times
+// endpoints per peer) while our loops are still admitting the sockets of the earlier ones
+// (64 endpoints connected back to back on a loaded machine had 17 unspent at one time).
+inline constexpr uint32_t kSessionsPerPeer = 256;
 inline constexpr size_t kMaxSessions = 4096;
 // Sockets one session may admit (TcpOptions::connections of the initiator, capped).
 inline constexpr uint32_t kMaxSocketsPerSession = 64;
