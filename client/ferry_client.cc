@@ -95,13 +95,15 @@ absl::StatusOr<ferry::v1::GetInfoResponse> Client::GetInfo() {
   return resp;
 }
 
-absl::StatusOr<std::unique_ptr<Buffer>> Client::Alloc(uint64_t size, const std::string& name,
-                                                      const std::string& device, bool persist) {
+absl::StatusOr<std::unique_ptr<Buffer>> Client::Alloc(
+    uint64_t size, const std::string& name, const std::string& device, bool persist,
+    const std::vector<std::string>& allowed_peers) {
   ferry::v1::AllocBufferRequest req;
   req.set_size(size);
   req.set_name(name);
   req.set_device(device);
   req.set_persist(persist);
+  for (const std::string& peer : allowed_peers) req.add_allowed_peers(peer);
   ferry::v1::AllocBufferResponse resp;
   auto ctx = Context();
   grpc::Status s = stub_->AllocBuffer(ctx.get(), req, &resp);

@@ -78,9 +78,12 @@ class Client {
   absl::StatusOr<ferry::v1::GetInfoResponse> GetInfo();
   // `device`: "host" (default) or "cuda:N" for GPU N's pool. `persist`: the buffer outlives
   // this client's session (until someone frees it), e.g. a named target for peers.
+  // `allowed_peers`: the peer nodes that may reach a named buffer (empty: every peer); to
+  // the others it does not exist.
   absl::StatusOr<std::unique_ptr<Buffer>> Alloc(uint64_t size, const std::string& name = "",
                                                 const std::string& device = "host",
-                                                bool persist = false);
+                                                bool persist = false,
+                                                const std::vector<std::string>& allowed_peers = {});
   absl::Status Free(uint64_t id);
   absl::StatusOr<std::vector<ferry::v1::BufferInfo>> ListBuffers();
   absl::StatusOr<uint64_t> StatRemoteBuffer(const std::string& node, const std::string& name);

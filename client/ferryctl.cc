@@ -25,6 +25,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_split.h"
 #include "base/byte_size.h"
 #include "base/grpc_status.h"
 #include "base/unique_fd.h"
@@ -61,9 +62,10 @@ PATH may be relative, or HOST:PORT for the agent's TCP listener):
                                         service and back: peers move to their other rails
   buffers [--json]                      the agent's buffers and their owners ("persist":
                                         until freed)
-  alloc SIZE [--name NAME] [--device D] [--json]
+  alloc SIZE [--name NAME] [--device D] [--allow-peers NODE,...] [--json]
                                         allocate a buffer (SIZE like 64MiB; D host or cuda:N)
-                                        that persists after ferryctl exits, until `free ID`
+                                        that persists after ferryctl exits, until `free ID`;
+                                        --allow-peers: only these peers may reach it
   free ID                               free a buffer
   put FILE --to NODE:BUFFER [--offset SIZE]
                                         write a file into a (remote) named buffer
@@ -98,7 +100,7 @@ constexpr absl::Duration kTransferTimeout = absl::Seconds(60);
 constexpr absl::string_view kValueOptions[] = {"--socket",   "--name",   "--device",
                                                "--to",       "--offset", "--length",
                                                "--topology", "--config", "--sysfs-root",
-                                               "--reason",   "--recent"};
+                                               "--reason",   "--recent", "--allow-peers"};
 
 // The command line before the command's own options are read.
 struct CommandLine {
@@ -113,7 +115,7 @@ struct CommandLine {
 struct Args {
   std::vector<std::string> words;   // positional
   bool json = false;
-  std::string name, to, device = "host", reason;
+  std::string name, to, device = "host", reason, allow_peers;
   std::optional<uint64_t> offset, length, recent;
 };
 
@@ -208,6 +210,8 @@ std::string ParseArgs(const std::vector<std::string>& rest, Args& a) {
       text = &a.to, what = "NODE:BUFFER";
     } else if (name == "--reason") {
       text = &a.reason, what = "REASON";
+    } else if (name == "--allow-peers") {
+      text = &a.allow_peers, what = "NODE[,NODE...]";
     } else if (name == "--offset") {
       size = &a.offset;
     } else if (name == "--length") {
@@ -524,7 +528,9 @@ int Alloc(Client& c, const Args& a) {
   if (!size.ok()) return Usage(std::string(size.status().message()));
   // Persist: this process ends at once, and the buffer is what it was asked for (e.g. a
   // named target peers write into); a session's buffer would be freed with it.
-  auto buffer = c.Alloc(*size, a.name, a.device, /*persist=*/true);
+  std::vector<std::string> allowed;
+  if (!a.allow_peers.empty()) allowed = absl::StrSplit(a.allow_peers, ',', absl::SkipEmpty());
+  auto buffer = c.Alloc(*size, a.name, a.device, /*persist=*/true, allowed);
   if (!buffer.ok()) return Fail(buffer.status());
   if (a.json) {
     std::cout << client::ProtoToJson((*buffer)->info()) << "\n";

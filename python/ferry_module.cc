@@ -529,15 +529,17 @@ PYBIND11_MODULE(_ferry, m) {
   py::class_<Session, std::shared_ptr<Session>>(m, "Session")
       .def(py::init(&Connect), py::arg("target"), py::arg("timeout") = 5.0)
       .def_readonly("target", &Session::target)
-      .def("alloc", [](std::shared_ptr<Session> s, uint64_t size, const std::string& name) {
+      .def("alloc", [](std::shared_ptr<Session> s, uint64_t size, const std::string& name,
+                       const std::vector<std::string>& allowed_peers) {
              absl::StatusOr<std::unique_ptr<Buffer>> b;
              {
                py::gil_scoped_release release;
-               b = s->client->Alloc(size, name);
+               b = s->client->Alloc(size, name, "host", false, allowed_peers);
              }
              return std::make_shared<PyBuffer>(s, Take(std::move(b)), true);
            },
-           py::arg("size"), py::arg("name") = "")
+           py::arg("size"), py::arg("name") = "",
+           py::arg("allowed_peers") = std::vector<std::string>{})
       .def("free", [](Session& s, uint64_t id) {
         absl::Status st;
         {

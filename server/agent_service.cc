@@ -158,7 +158,8 @@ grpc::Status AgentService::AllocBuffer(grpc::ServerContext* ctx,
     if (req->persist()) owner.label = absl::StrCat("uid ", caller->uid);
   }
   auto buffer =
-      core_->buffers().Allocate(req->size(), req->name(), req->device(), std::move(owner));
+      core_->buffers().Allocate(req->size(), req->name(), req->device(), std::move(owner),
+                                {req->allowed_peers().begin(), req->allowed_peers().end()});
   if (!buffer.ok()) return ToGrpcStatus(buffer.status());
   if (!req->persist() && !core_->sessions().IsOpen(*session)) {
     // The session ended while we allocated: its sweep may have missed this one.

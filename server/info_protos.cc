@@ -30,6 +30,7 @@ struct FillMapping {
 void DescribeBuffer(const Buffer& buffer, ferry::v1::BufferInfo* info) {
   info->set_owner(buffer.owner_label());
   info->set_persist(buffer.owner() == 0);
+  for (const std::string& peer : buffer.allowed_peers()) info->add_allowed_peers(peer);
   info->set_id(buffer.id());
   info->set_name(buffer.name());
   info->set_size(buffer.size());

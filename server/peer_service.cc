@@ -76,7 +76,12 @@ grpc::Status PeerService::ResolveBuffer(grpc::ServerContext* ctx,
                                      "transfers"));
   }
   auto buffer = core_->buffers().FindByName(req->name());
-  if (!buffer.ok()) {
+  // A buffer not exported to the caller is answered as one that does not exist, word for
+  // word, so that names cannot be probed; the real reason stays in our log.
+  if (!buffer.ok() || !(*buffer)->ExportedTo(*caller)) {
+    if (buffer.ok()) {
+      spdlog::debug("ResolveBuffer: buffer '{}' is not exported to {}", req->name(), *caller);
+    }
     return grpc::Status(grpc::StatusCode::NOT_FOUND,
                         absl::StrCat("name: no buffer named ", Echo(req->name()), " on ",
                                      core_->config().node));

@@ -123,6 +123,28 @@ TEST_F(BufferRegistryTest, NamesAreValidated) {
   EXPECT_EQ(agent_.stats().live_regions, 1u) << "refused names register nothing";
 }
 
+TEST_F(BufferRegistryTest, AllowedPeersScopeANamedBuffer) {
+  auto scoped = registry_->Allocate(64, "scoped", "host", {}, {"node-a", "node-c"});
+  ASSERT_TRUE(scoped.ok()) << scoped.status();
+  EXPECT_TRUE((*scoped)->ExportedTo("node-a"));
+  EXPECT_TRUE((*scoped)->ExportedTo("node-c"));
+  EXPECT_FALSE((*scoped)->ExportedTo("node-b"));
+  EXPECT_FALSE((*scoped)->ExportedTo(""));
+  auto open = registry_->Allocate(64, "open");
+  ASSERT_TRUE(open.ok());
+  EXPECT_TRUE((*open)->ExportedTo("node-b")) << "no list: every peer";
+  auto local = registry_->Allocate(64, "");
+  ASSERT_TRUE(local.ok());
+  EXPECT_FALSE((*local)->ExportedTo("node-a")) << "unnamed: nobody";
+  // Peers for a buffer nobody can name, or an empty peer name: refused, registering nothing.
+  EXPECT_EQ(registry_->Allocate(64, "", "host", {}, {"node-a"}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(registry_->Allocate(64, "x", "host", {}, {""}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(registry_->count(), 3u);
+  for (const auto& b : {*scoped, *open, *local}) EXPECT_TRUE(registry_->Free(b->id()).ok());
+}
+
 TEST_F(BufferRegistryTest, NameInUseIsAlreadyExistsUntilFreed) {
   auto first = Allocate(64, "kv");
   auto again = registry_->Allocate(64, "kv");

@@ -28,7 +28,9 @@ struct ProviderCase {
   std::function<absl::StatusOr<std::unique_ptr<Fabric>>()> make;
   // verbs: a refused op moves the QP to the error state (the endpoint is broken and its
   // owner reconnects), and an HCA cannot tell a bad key from a bad range: both are one R_Key
-  // violation, PERMISSION_DENIED. tcp keeps the connection and answers OUT_OF_RANGE.
+  // violation, PERMISSION_DENIED. tcp does the same on purpose (transport/tcp/wire.h): one
+  // refusal, then the connection ends, so that a peer cannot scan keys. The fake tells them
+  // apart and keeps the endpoint (the engine's tests use both shapes).
   bool refusal_breaks_endpoint = false;
   absl::StatusCode out_of_range_code = absl::StatusCode::kOutOfRange;
 };
@@ -71,7 +73,7 @@ std::vector<ProviderCase> Providers() {
              auto f = tcp::TcpFabric::Create(options);
              if (!f.ok()) return f.status();
              return std::unique_ptr<Fabric>(std::move(*f));
-           }},
+           }, true, absl::StatusCode::kPermissionDenied},
           {"verbs_model", MakeVerbsOnModel, true, absl::StatusCode::kPermissionDenied},
           {"fake", [] () -> absl::StatusOr<std::unique_ptr<Fabric>> {
              return std::make_unique<fake::FakeFabric>();
@@ -169,7 +171,7 @@ TEST_P(FabricConformanceTest, WrongKeyIsRefusedWithoutTouchingMemory) {
                                    w.Callback()).ok());
   EXPECT_EQ(w.Wait().code(), absl::StatusCode::kPermissionDenied) << w.Wait();
   EXPECT_EQ(std::count(dst.begin(), dst.end(), 0), 4096);
-  // tcp survives a refusal; verbs breaks and connects again.
+  // The fake survives a refusal; tcp and verbs break and connect again.
   EXPECT_EQ(endpoint_->broken(), GetParam().refusal_breaks_endpoint);
   ReconnectIfBroken();
   Waiter ok;
@@ -429,6 +431,32 @@ TEST_P(FabricConformanceTest, RestrictedRegionRefusesRemoteWritesAndStaysLocal) 
                                    w.Callback()).ok());
   EXPECT_EQ(w.Wait().code(), absl::StatusCode::kPermissionDenied);
   EXPECT_EQ(std::count(dst.begin(), dst.end(), 0), 64);
+}
+
+TEST_P(FabricConformanceTest, RegionScopedToPeersRefusesOtherPeers) {
+  std::vector<char> src(64, 'p'), dst(64, 0);
+  auto src_mr = Register(src, *initiator_, kLocal);
+  auto dst_mr = Register(dst, *target_, kRemoteWrite);
+  absl::Status scoped = dst_mr->RestrictToPeers({"node-y"});
+  if (absl::IsUnimplemented(scoped)) {
+    GTEST_SKIP() << GetParam().name << " cannot scope a key to peers: " << scoped;
+  }
+  ASSERT_TRUE(scoped.ok()) << scoped;
+  // endpoint_ was admitted as an unnamed peer: not node-y.
+  Waiter w;
+  ASSERT_TRUE(endpoint_->PostWrite({src_mr.get(), 0, 64}, {dst_mr->remote_address(), dst_mr->key()},
+                                   w.Callback()).ok());
+  EXPECT_EQ(w.Wait().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(std::count(dst.begin(), dst.end(), 0), 64);
+  endpoint_->Close();
+  auto as_y = ConnectDirect(*initiator_, *target_, {"node-y", 1});
+  ASSERT_TRUE(as_y.ok()) << as_y.status();
+  endpoint_ = std::move(*as_y);
+  Waiter ok;
+  ASSERT_TRUE(endpoint_->PostWrite({src_mr.get(), 0, 64}, {dst_mr->remote_address(), dst_mr->key()},
+                                   ok.Callback()).ok());
+  EXPECT_TRUE(ok.Wait().ok()) << ok.Wait();
+  EXPECT_EQ(std::count(dst.begin(), dst.end(), 'p'), 64);
 }
 
 INSTANTIATE_TEST_SUITE_P(Providers, FabricConformanceTest, ::testing::ValuesIn(Providers()),

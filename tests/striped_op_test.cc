@@ -181,7 +181,7 @@ class StripedOpTest : public ::testing::Test {
 
   std::shared_ptr<StripedOp> Start(uint64_t length) {
     StripedOp::Spec spec{false, 0, 0, length, kSlice, "node-b", 1, 0};
-    auto op = std::make_shared<StripedOp>(spec, lanes_, reserve_, &ledger_, queue_,
+    auto op = std::make_shared<StripedOp>(spec, lanes_, reserve_, ledger_, queue_,
                                           [this] { return wanted_; },
                                           [this](StripedOutcome o) { outcome_ = std::move(o); });
     queue_->Enqueue(1, op->Slices(), [this] { return wanted_; });
@@ -290,6 +290,18 @@ TEST_F(StripedOpTest, ARefusedKeyIsNotRetriedElsewhere) {
   EXPECT_THAT(outcome_->retries, IsEmpty());
   EXPECT_EQ(endpoints_[1]->posted(), 0u);
   EXPECT_TRUE(ledger_->Usable(Tcp("mlx5_0"), "node-b", absl::Now()));  // not the wire's fault
+}
+
+TEST_F(StripedOpTest, ARefusalExplainsTheBrokenConnectionsItCaused) {
+  // tcp and verbs end a connection after a refusal: the slice posted beside the refused one
+  // fails UNAVAILABLE, maybe first. The op reports the refusal.
+  Start(2 * kSlice);
+  endpoints_[0]->Refuse();
+  endpoints_[1]->Refuse();
+  ASSERT_TRUE(endpoints_[0]->CompleteOne(absl::UnavailableError("connection ended")));
+  ASSERT_TRUE(endpoints_[1]->CompleteOne(absl::PermissionDeniedError("remote access refused")));
+  ASSERT_TRUE(outcome_.has_value());
+  EXPECT_EQ(outcome_->status.code(), absl::StatusCode::kPermissionDenied) << outcome_->status;
 }
 
 TEST_F(StripedOpTest, AnEndedTransferRetriesNothing) {

@@ -20,6 +20,7 @@
 #include "gtest/gtest.h"
 #include "tests/completion_waiter.h"
 #include "transport/tcp/socket.h"
+#include "transport/tcp/session_secrets.h"
 #include "transport/tcp/tcp_fabric.h"
 #include "transport/tcp/wire.h"
 
@@ -247,7 +248,8 @@ TEST(TcpEventLoopTest, APeerLeavingMidOpFailsEveryOutstandingOpUnavailableOnce) 
   ASSERT_TRUE(initiator);
   auto pending = initiator->BeginConnect(absl::StrCat("127.0.0.1:", port));
   ASSERT_TRUE(pending.ok());
-  auto ep = (*pending)->Finish("");
+  // The fake target admits anyone: any well-formed session will do.
+  auto ep = (*pending)->Finish(EncodeSessionReply({1, {}}));
   ASSERT_TRUE(ep.ok()) << ep.status();
 
   constexpr int kOps = 32;

@@ -10,6 +10,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
@@ -50,6 +51,14 @@ class MemoryRegion {
   virtual absl::Status RestrictToLocal() {
     return absl::UnimplementedError(registration() + ": access cannot be changed in place");
   }
+  // Scopes the region to peers: from now on only connections AcceptConnect admitted for a
+  // node in `nodes` (PeerInstance::node) may reach it; empty: every admitted peer. Others
+  // are refused as a bad key is. UNIMPLEMENTED where the provider cannot: verbs cannot
+  // scope an rkey to some QPs without memory windows (type 2 MWs bound per QP, which ferry
+  // does not use), so there the agent relies on ResolveBuffer not handing the key out.
+  virtual absl::Status RestrictToPeers(const std::vector<std::string>& nodes) {
+    return absl::UnimplementedError(registration() + ": cannot limit a key to some peers");
+  }
 };
 
 // A byte range of one of our regions.
@@ -69,8 +78,9 @@ struct RemoteSlice {
 // provider holds a lock. (One exception: if the connection breaks while a multi-part op is
 // being posted, the completion may run on the posting thread; so never post while holding a
 // lock the completion takes.) OK, or the reason it failed:
-// PERMISSION_DENIED / OUT_OF_RANGE when the peer refused the key or range (the peer's
-// memory is untouched), UNAVAILABLE when the connection broke.
+// PERMISSION_DENIED when the peer refused the op (key, range, access or export scope: the
+// peer's memory is untouched; tcp and verbs cannot tell which, and their endpoint is broken
+// afterwards), UNAVAILABLE when the connection broke.
 using Completion = absl::AnyInvocable<void(absl::Status) &&>;
 
 // A connection to one peer's fabric. Thread-safe: any thread may post.
@@ -99,7 +109,8 @@ class Endpoint {
 
 // The initiator's half of a connection handshake. The bytes travel to the peer's agent
 // through the Peer gRPC Connect call (no separate socket), which answers with the target's
-// half: verbs exchanges QP number, PSN, LID/GID and MTU this way; tcp needs nothing.
+// half: verbs exchanges QP number, PSN, LID/GID and MTU this way; tcp asks for a session and
+// gets the secret its data sockets must present (transport/tcp/session_secrets.h).
 class PendingConnection {
  public:
   virtual ~PendingConnection() = default;
@@ -156,8 +167,10 @@ class Fabric {
   // this provider.
   virtual absl::StatusOr<std::unique_ptr<PendingConnection>> BeginConnect(
       const std::string& peer_address) = 0;
-  // Target: answers the request of initiator `from` (verbs: creates and readies its QP). The
-  // reply goes back through the same Connect call.
+  // Target: answers the request of initiator `from` (verbs: creates and readies its QP; tcp:
+  // issues the session secret its data sockets must present). The reply goes back through
+  // the same Connect call. `from` must be the authenticated peer: the connection is admitted
+  // as that node, and RestrictToPeers scopes regions by it.
   virtual absl::StatusOr<std::string> AcceptConnect(const std::string& request,
                                                     const PeerInstance& from) = 0;
 

@@ -332,12 +332,13 @@ class Client:
     def node(self):
         return self._s.info()["node"]
 
-    def alloc(self, size, name="", device="host"):
+    def alloc(self, size, name="", device="host", allowed_peers=()):
         """A new agent buffer; named buffers can be written by peers (receive targets, KV
-        caches). Freed when the Buffer (and every view of it) is collected, or by free()."""
+        caches): by the nodes in allowed_peers only, when it lists any. Freed when the Buffer
+        (and every view of it) is collected, or by free()."""
         if device not in ("host", "cpu", ""):
             raise FailedPrecondition(f"device: '{device}' buffers are not available yet (host only)")
-        buf = Buffer(self._s.alloc(int(size), name or ""))
+        buf = Buffer(self._s.alloc(int(size), name or "", [str(p) for p in allowed_peers]))
         self._remember(buf)
         return buf
 

@@ -48,11 +48,25 @@ const fabric::MemoryRegion* Buffer::region(const fabric::RailId& rail) const {
   return nullptr;
 }
 
-absl::StatusOr<std::shared_ptr<Buffer>> BufferRegistry::Allocate(uint64_t size,
-                                                                 const std::string& name,
-                                                                 const std::string& device,
-                                                                 BufferOwner owner) {
+bool Buffer::ExportedTo(const std::string& node) const {
+  if (name_.empty()) return false;
+  return allowed_peers_.empty() ||
+         std::find(allowed_peers_.begin(), allowed_peers_.end(), node) != allowed_peers_.end();
+}
+
+absl::StatusOr<std::shared_ptr<Buffer>> BufferRegistry::Allocate(
+    uint64_t size, const std::string& name, const std::string& device, BufferOwner owner,
+    std::vector<std::string> allowed_peers) {
   if (size == 0) return absl::InvalidArgumentError("size: must be positive");
+  if (!allowed_peers.empty() && name.empty()) {
+    return absl::InvalidArgumentError(
+        "allowed_peers: only a named buffer is exported to peers; name it, or list no peers");
+  }
+  for (size_t i = 0; i < allowed_peers.size(); ++i) {
+    if (allowed_peers[i].empty()) {
+      return absl::InvalidArgumentError(absl::StrCat("allowed_peers[", i, "]: empty node name"));
+    }
+  }
   if (!name.empty()) {
     if (name.size() > kMaxBufferName || name.find_first_of(": \t\n") != std::string::npos) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -80,13 +94,20 @@ absl::StatusOr<std::shared_ptr<Buffer>> BufferRegistry::Allocate(uint64_t size,
   // with the buffer and its reason shows in every transfer that stages it.
   ASSIGN_OR_RETURN(BufferRegistrations registrations,
                    RegisterWithFabrics(*memory, fabrics_for_(*memory), access, gpus_));
+  if (!allowed_peers.empty()) {
+    for (const auto& [rail, region] : registrations.regions) {
+      absl::Status scoped = region->RestrictToPeers(allowed_peers);
+      // verbs: the rkey reaches whoever has it; ResolveBuffer gives it only to those listed.
+      if (!scoped.ok() && !absl::IsUnimplemented(scoped)) return scoped;
+    }
+  }
   absl::MutexLock lock(&mu_);
   if (!name.empty() && by_name_.contains(name)) {
     return absl::AlreadyExistsError(absl::StrCat("name: a buffer named '", name, "' exists"));
   }
   uint64_t id = next_id_++;
   auto buffer = std::make_shared<Buffer>(id, name, std::move(memory), std::move(registrations),
-                                         std::move(owner));
+                                         std::move(owner), std::move(allowed_peers));
   by_id_.emplace(id, buffer);
   if (!name.empty()) by_name_.emplace(name, id);
   return buffer;

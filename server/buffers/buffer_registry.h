@@ -38,13 +38,19 @@ struct BufferOwner {
 class Buffer {
  public:
   Buffer(uint64_t id, std::string name, std::unique_ptr<BufferMemory> memory,
-         BufferRegistrations registrations, BufferOwner owner)
-      : id_(id), name_(std::move(name)), memory_(std::move(memory)),
-        regions_(std::move(registrations.regions)), attempts_(std::move(registrations.attempts)),
-        owner_(std::move(owner)) {}
+         BufferRegistrations registrations, BufferOwner owner,
+         std::vector<std::string> allowed_peers = {})
+      : id_(id), name_(std::move(name)), allowed_peers_(std::move(allowed_peers)),
+        memory_(std::move(memory)), regions_(std::move(registrations.regions)),
+        attempts_(std::move(registrations.attempts)), owner_(std::move(owner)) {}
 
   uint64_t id() const { return id_; }
   const std::string& name() const { return name_; }
+  // The peer nodes a named buffer is exported to; empty: every authenticated peer.
+  const std::vector<std::string>& allowed_peers() const { return allowed_peers_; }
+  // Whether peer `node` may resolve and reach it (a named buffer that lists it, or lists
+  // nobody). Unnamed buffers are exported to nobody.
+  bool ExportedTo(const std::string& node) const;
   // The owning session (0: the buffer persists). Changes only through BufferRegistry.
   uint64_t owner() const;
   std::string owner_label() const;
@@ -66,6 +72,7 @@ class Buffer {
  private:
   const uint64_t id_;
   const std::string name_;
+  const std::vector<std::string> allowed_peers_;
   // Declared before regions_ so it is destroyed after them: every key is revoked (and
   // remote accesses drained) before the memory goes back to its pool.
   std::unique_ptr<BufferMemory> memory_;
@@ -94,11 +101,16 @@ class BufferRegistry {
       : BufferRegistry(pool, gpus, [fabrics](const BufferMemory&) { return fabrics; }) {}
 
   // `device`: "" or "host", or "cuda:N". Named buffers are exported to peers (remote read
-  // and write); unnamed ones are not. ALREADY_EXISTS for a name in use, NOT_FOUND for a GPU
-  // this agent does not have, RESOURCE_EXHAUSTED when the pool is full.
+  // and write): to those in `allowed_peers`, or to every peer when it is empty; unnamed ones
+  // to nobody. The scope holds on the tcp data plane too (MemoryRegion::RestrictToPeers);
+  // verbs cannot scope an rkey, so there only ResolveBuffer's refusal keeps the key from
+  // others. ALREADY_EXISTS for a name in use, NOT_FOUND for a GPU this agent does not have,
+  // RESOURCE_EXHAUSTED when the pool is full, INVALID_ARGUMENT for allowed peers of an
+  // unnamed buffer.
   absl::StatusOr<std::shared_ptr<Buffer>> Allocate(uint64_t size, const std::string& name,
                                                    const std::string& device = "host",
-                                                   BufferOwner owner = {});
+                                                   BufferOwner owner = {},
+                                                   std::vector<std::string> allowed_peers = {});
   // Frees whoever owns it (the agent's own bookkeeping). NOT_FOUND for an unknown or
   // already freed id.
   absl::Status Free(uint64_t id);

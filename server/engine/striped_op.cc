@@ -69,6 +69,20 @@ int StripedOp::OtherLane(size_t failed) const {
   return -1;
 }
 
+namespace {
+
+// A peer's refusal explains the UNAVAILABLE slices it caused: tcp and verbs end a connection
+// after a refused op (transport/tcp/wire.h; an RC QP after IBV_WC_REM_ACCESS_ERR), so the
+// slices posted to it meanwhile fail UNAVAILABLE and may finish first. The op reports the
+// refusal (the engine then names the freed buffer), not the broken connection.
+bool ExplainsUnavailable(const absl::Status& first, const absl::Status& now) {
+  return first.code() == absl::StatusCode::kUnavailable &&
+         (now.code() == absl::StatusCode::kPermissionDenied ||
+          now.code() == absl::StatusCode::kOutOfRange);
+}
+
+}  // namespace
+
 void StripedOp::OnSlice(const SliceRange& slice, size_t lane, absl::Status status) {
   const Route& route = lanes_[lane].route;
   if (status.ok()) {
@@ -97,7 +111,7 @@ void StripedOp::OnSlice(const SliceRange& slice, size_t lane, absl::Status statu
             status.message(), " (", route.ToString(), "; no other route to ", spec_.peer,
             " left for this op)"));
       }
-    } else if (error_.ok()) {
+    } else if (error_.ok() || ExplainsUnavailable(error_, status)) {
       error_ = status;
     }
     if (!again && --open_ == 0) {

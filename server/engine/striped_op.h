@@ -62,8 +62,9 @@ class StripedOp : public std::enable_shared_from_this<StripedOp> {
   // `lanes` is not empty; `reserve` (maybe empty) only takes slices that `lanes` failed.
   // Both stay valid (regions registered) until `done` ran; `queue` is the peer's; `wanted`
   // as FairQueue::Enqueue's.
-  StripedOp(Spec spec, std::vector<Lane> lanes, std::vector<Lane> reserve, std::shared_ptr<RailLedger> ledger,
-            std::shared_ptr<FairQueue> queue, std::function<bool()> wanted, Done done);
+  StripedOp(Spec spec, std::vector<Lane> lanes, std::vector<Lane> reserve,
+            std::shared_ptr<RailLedger> ledger, std::shared_ptr<FairQueue> queue,
+            std::function<bool()> wanted, Done done);
 
   // The op's slices, for the caller to enqueue on the peer's queue with the rest of its
   // batch (FairQueue::Enqueue). Call once, on an op held by a shared_ptr.

@@ -106,7 +106,14 @@ bool Transfer::SettleLocked(size_t index, const absl::Status& status, const std:
     bytes_done_ += lengths_[index];
   } else {
     ++failed_;
-    if (first_error_.ok()) {
+    // A refusal explains the UNAVAILABLE failures it caused: tcp and verbs end a connection
+    // after a refused op (wire.h, IBV_WC_REM_ACCESS_ERR), and the ops posted to it meanwhile
+    // may settle before the refused one. The result names the refusal (a buffer freed while
+    // the op ran), not the broken connection.
+    const bool explains = first_error_.code() == absl::StatusCode::kUnavailable &&
+                          (status.code() == absl::StatusCode::kAborted ||
+                           status.code() == absl::StatusCode::kPermissionDenied);
+    if (first_error_.ok() || explains) {
       first_error_ =
           absl::Status(status.code(), absl::StrCat("ops[", index, "]: ", status.message()));
     }

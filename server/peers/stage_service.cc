@@ -30,7 +30,8 @@ class StageCallServer {
     if (!caller.ok()) return ToGrpcStatus(caller.status());
     caller_ = *caller;
     auto buffer = deps.buffers->FindByName(open.buffer());
-    if (!buffer.ok()) {
+    // Not exported to the caller: the same answer as no such buffer (as ResolveBuffer).
+    if (!buffer.ok() || !(*buffer)->ExportedTo(caller_)) {
       return grpc::Status(grpc::StatusCode::NOT_FOUND,
                           absl::StrCat("open.buffer: no buffer named '", open.buffer(), "'"));
     }

@@ -108,9 +108,11 @@ absl::Status RecvMatcher::MatchLocked(PendingOffer& offer, Recv& recv) {
   std::shared_ptr<Buffer> landing = spec.buffer;
   bool allocated = false;
   if (bad.ok() && !landing && offer.bytes > 0) {
-    // Named so the sender's agent can resolve and WRITE into it; unique per receive.
+    // Named so the sender's agent can resolve and WRITE into it; unique per receive, and
+    // exported to that sender only.
     auto made = buffers_->Allocate(
-        offer.bytes, absl::StrCat("ferry.recv.", recv.id, ".", absl::Hex(offer.send_id)));
+        offer.bytes, absl::StrCat("ferry.recv.", recv.id, ".", absl::Hex(offer.send_id)), "host",
+        {}, {offer.from_node});
     if (!made.ok()) {
       bad = absl::Status(made.status().code(),
                          absl::StrCat("the ", who, " on ", node_, " cannot allocate ", offer.bytes,

@@ -57,7 +57,10 @@ def req(op, id=0, address=0, length=0, key=0, imm=0, magic=REQ):
     return struct.pack("<IIQQQII", magic, op, id, address, length, key, imm)
 
 
-hello = req(HELLO, imm=2)
+# The first header's id "SESSION!" is the harness's placeholder: it puts the session and
+# secret of a ticket it issued there (address and length hold the secret on the wire).
+SESSION = 0x214E4F4953534553
+hello = req(HELLO, id=SESSION, imm=3)
 tcp = {
     "hello": hello,
     "write": hello + req(WRITE, 1, RW, 16, KEY1) + bytes(range(16)),
@@ -70,7 +73,8 @@ tcp = {
     "bad_key": hello + req(WRITE, 9, RW, 4, 12345) + b"drop" + req(READ, 10, RW, 4, 0),
     "bad_op": hello + req(9, 11, RW, 4, KEY1),
     "no_hello": req(WRITE, 1, RW, 4, KEY1) + b"evil",
-    "old_version": req(HELLO, imm=1) + req(READ, 1, RW, 4, KEY1),
+    "old_version": req(HELLO, id=SESSION, imm=2) + req(READ, 1, RW, 4, KEY1),
+    "unknown_session": req(HELLO, id=12345, address=1, imm=3) + req(READ, 1, RW, 4, KEY1),
     "bad_magic": hello + req(READ, 1, RW, 4, KEY1) + req(READ, 2, RW, 4, KEY1, magic=0),
     "truncated_payload": hello + req(WRITE, 1, RW, 100, KEY1) + b"short",
     "zero_length": hello + req(WRITE, 1, RW + 4096, 0, KEY1) + req(READ, 2, RW + 4096, 0, KEY1),

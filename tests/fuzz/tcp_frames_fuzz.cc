@@ -5,9 +5,11 @@
 // comes back is checked against a model of the wire contract in wire.h:
 //  - no byte outside a region is read or written (each region is its own heap block, so ASan
 //    sees any access beyond it; the kernel's copies are checked by its recv/sendmsg hooks);
-//  - a connection whose first frame is not a hello answers nothing and touches nothing;
+//  - a connection whose first frame is not a version 3 hello presenting the live session's
+//    secret answers nothing and touches nothing;
 //  - answers come in request order, carry the request id, and refuse exactly what the region
-//    table must refuse (unknown key, out of bounds, wrong access, unknown op);
+//    table must refuse (unknown key, out of bounds, wrong access: one code; unknown op), after
+//    which nothing more is answered or written (the target ends the connection);
 //  - a READ returns the bytes the region holds after the WRITEs before it;
 //  - what came back is a prefix of the model's answers: WRITE acks wait to be coalesced, and
 //    a connection that reads the end of the stream (or a bad header) closes without sending
@@ -15,7 +17,9 @@
 //    left loses them.
 // Region keys are random (RegionTable::Add), so inputs name the two regions by the
 // placeholders "KEY1" and "KEY2" (little-endian u32 fields), which this harness replaces
-// with the real keys before sending.
+// with the real keys before sending; likewise a first header whose id is "SESSION!" gets the
+// session and secret of a ticket issued for this input (SessionSecrets::Issue), as a peer's
+// hello carries what its Connect call returned.
 
 #include <poll.h>
 #include <sys/socket.h>
@@ -37,6 +41,7 @@
 #include "transport/fabric.h"
 #include "transport/tcp/event_loop.h"
 #include "transport/tcp/incoming_connection.h"
+#include "transport/tcp/session_secrets.h"
 #include "transport/tcp/region_table.h"
 #include "transport/tcp/wire.h"
 
@@ -49,6 +54,7 @@ constexpr uint64_t kRwAddress = 0x10000000;
 constexpr uint64_t kRoAddress = 0x20000000;
 constexpr uint32_t kPlaceholderRw = 0x3159454b;  // "KEY1"
 constexpr uint32_t kPlaceholderRo = 0x3259454b;  // "KEY2"
+constexpr uint64_t kPlaceholderSession = 0x214e4f4953534553;  // "SESSION!"
 
 [[noreturn]] void Fail(const char* what) {
   fprintf(stderr, "tcp_frames_fuzz: %s\n", what);
@@ -66,6 +72,8 @@ struct World {
   std::unique_ptr<EventLoop> loop;
   RegionTable table;
   ServedCounters served;
+  SessionSecrets sessions;
+  AdmissionCounters admission;
   Region rw{kRwAddress, fabric::kRemoteWrite | fabric::kRemoteRead, 0, nullptr};
   Region ro{kRoAddress, fabric::kRemoteRead, 0, nullptr};
 };
@@ -79,8 +87,10 @@ World& TheWorld() {
     w->loop = std::move(*loop);
     for (Region* r : {&w->rw, &w->ro}) {
       r->memory.reset(new char[kRegionBytes]);
-      r->key = w->table.Add(reinterpret_cast<const char*>(r->address), r->memory.get(),
-                            kRegionBytes, r->access);
+      auto key = w->table.Add(reinterpret_cast<const char*>(r->address), r->memory.get(),
+                              kRegionBytes, r->access);
+      if (!key.ok()) Fail("cannot add a region");
+      r->key = *key;
     }
     return w;
   }();
@@ -96,7 +106,7 @@ struct Expected {
   std::vector<char> rw, ro;  // the regions' bytes after the stream
 };
 
-Expected Model(const std::string& stream, const World& w) {
+Expected Model(const std::string& stream, const World& w, const SessionTicket& ticket) {
   Expected e;
   e.rw.resize(kRegionBytes);
   e.ro.resize(kRegionBytes);
@@ -115,6 +125,8 @@ Expected Model(const std::string& stream, const World& w) {
   if (!next(h) || h.magic != kRequestMagic || h.op != WireOp::kHello || h.imm != kWireVersion) {
     return e;
   }
+  const SessionTicket shown = TicketOfHello(h);
+  if (shown.session != ticket.session || shown.secret != ticket.secret) return e;
   while (next(h)) {
     if (h.magic != kRequestMagic) return e;  // dropped, unanswered
     ResponseHeader r = {kResponseMagic, Refusal::kNone, h.id, 0};
@@ -127,29 +139,30 @@ Expected Model(const std::string& stream, const World& w) {
     const Region* region = h.key == w.rw.key ? &w.rw : h.key == w.ro.key ? &w.ro : nullptr;
     std::vector<char>* bytes = region == &w.rw ? &e.rw : &e.ro;
     const uint32_t need = write ? fabric::kRemoteWrite : fabric::kRemoteRead;
-    if (region == nullptr) {
-      r.refusal = Refusal::kBadKey;
-    } else if (h.address < region->address || h.address - region->address > kRegionBytes ||
-               h.length > kRegionBytes - (h.address - region->address)) {
-      r.refusal = Refusal::kOutOfBounds;
-    } else if ((region->access & need) != need) {
-      r.refusal = Refusal::kAccess;
+    if (region == nullptr || h.address < region->address ||
+        h.address - region->address > kRegionBytes ||
+        h.length > kRegionBytes - (h.address - region->address) ||
+        (region->access & need) != need) {
+      // One answer whatever the reason; the connection ends after it.
+      r.refusal = Refusal::kRefused;
+      e.answers.append(reinterpret_cast<const char*>(&r), sizeof(r));
+      return e;
     }
     const uint64_t offset = region ? h.address - region->address : 0;
     if (write) {
       // A payload lands as it arrives, straight into the region: one the stream cut short
       // has landed in part, with no ack and no notification.
       const uint64_t have = std::min<uint64_t>(h.length, stream.size() - at);
-      if (r.refusal == Refusal::kNone) memcpy(bytes->data() + offset, stream.data() + at, have);
+      memcpy(bytes->data() + offset, stream.data() + at, have);
       if (have < h.length) return e;
-      if (r.refusal == Refusal::kNone && h.op == WireOp::kWriteImm) ++e.notifies;
+      if (h.op == WireOp::kWriteImm) ++e.notifies;
       at += h.length;
       e.answers.append(reinterpret_cast<const char*>(&r), sizeof(r));
       continue;
     }
-    if (r.refusal == Refusal::kNone) r.length = h.length;
+    r.length = h.length;
     e.answers.append(reinterpret_cast<const char*>(&r), sizeof(r));
-    if (r.refusal == Refusal::kNone) e.answers.append(bytes->data() + offset, h.length);
+    e.answers.append(bytes->data() + offset, h.length);
   }
   return e;
 }
@@ -190,7 +203,21 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace ferry::tcp;
   World& w = TheWorld();
   std::string stream(reinterpret_cast<const char*>(data), size);
-  for (size_t i = 0; i + 4 <= stream.size(); ++i) {
+  // A session per input: one socket, spent by this connection's hello.
+  auto ticket = w.sessions.Issue({"fuzz", 1}, 1);
+  if (!ticket.ok()) Fail("no random bytes for a session");
+  if (stream.size() >= sizeof(RequestHeader)) {
+    RequestHeader first;
+    memcpy(&first, stream.data(), sizeof(first));
+    if (first.id == kPlaceholderSession) {
+      const RequestHeader hello = MakeHello(*ticket);
+      first.id = hello.id;
+      first.address = hello.address;
+      first.length = hello.length;
+      memcpy(stream.data(), &first, sizeof(first));
+    }
+  }
+  for (size_t i = sizeof(RequestHeader); i + 4 <= stream.size(); ++i) {
     uint32_t v;
     memcpy(&v, stream.data() + i, 4);
     if (v == kPlaceholderRw) memcpy(stream.data() + i, &w.rw.key, 4);
@@ -200,7 +227,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     w.rw.memory[i] = Pattern(i, kRwAddress);
     w.ro.memory[i] = Pattern(i, kRoAddress);
   }
-  const Expected expected = Model(stream, w);
+  const Expected expected = Model(stream, w, *ticket);
 
   int fds[2];
   if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0, fds) != 0) {
@@ -214,6 +241,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   target.notify = [&notifies](uint32_t) { ++notifies; };
   target.closed = [&closed](IncomingConnection*) { closed.Notify(); };
   target.served = &w.served;
+  target.sessions = &w.sessions;
+  target.admission = &w.admission;
   auto conn = std::make_shared<IncomingConnection>(ferry::UniqueFd(fds[1]), "fuzz", w.loop.get(),
                                                    std::move(target));
   w.loop->Post([conn] { conn->Start(absl::Seconds(10)); });

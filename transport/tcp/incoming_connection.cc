@@ -17,11 +17,44 @@ namespace {
 // connections get their turn (level-triggered epoll calls it again at once).
 constexpr uint64_t kRoundBytes = 4 << 20;
 constexpr size_t kSinkBytes = 64 << 10;
+// After a refusal: how long the peer has to read it and close before we close anyway.
+constexpr absl::Duration kDiscardTimeout = absl::Seconds(2);
 
 bool WouldBlock(int err) { return err == EAGAIN || err == EWOULDBLOCK; }
 
 uint32_t NeededAccess(WireOp op) {
   return op == WireOp::kRead ? fabric::kRemoteRead : fabric::kRemoteWrite;
+}
+
+// A flood of bad connections or requests is logged now and then, not once per frame.
+bool LogThis(uint64_t count) { return count % 1000 == 1; }
+
+const char* RefusedHelloReason(SessionSecrets::Refused why) {
+  switch (why) {
+    case SessionSecrets::Refused::kUnknown:
+      return "an unknown or spent session";
+    case SessionSecrets::Refused::kWrongSecret:
+      return "a wrong secret";
+    case SessionSecrets::Refused::kExpired:
+      return "an expired session";
+  }
+  return "?";
+}
+
+const char* RegionCheckReason(RegionCheck check) {
+  switch (check) {
+    case RegionCheck::kOk:
+      return "ok";
+    case RegionCheck::kUnknownKey:
+      return "unknown or revoked key";
+    case RegionCheck::kOutOfBounds:
+      return "range outside the region";
+    case RegionCheck::kAccess:
+      return "access the region does not give";
+    case RegionCheck::kPeer:
+      return "region not exported to this peer";
+  }
+  return "?";
 }
 
 }  // namespace
@@ -46,8 +79,12 @@ void IncomingConnection::Start(absl::Duration handshake) {
   loop_->RunAfter(handshake, [weak = weak_from_this(), handshake] {
     auto self = weak.lock();
     if (self == nullptr || self->phase_ != Phase::kHello) return;
-    spdlog::debug("tcp: closing a connection from {} that sent no hello within {}", self->source_,
-                  absl::FormatDuration(handshake));
+    uint64_t count = self->target_.admission->unauthenticated.fetch_add(1) + 1;
+    if (LogThis(count)) {
+      spdlog::warn("tcp: closing a connection from {} that sent no hello within {} ({} "
+                   "unauthenticated so far)",
+                   self->source_, absl::FormatDuration(handshake), count);
+    }
     self->Close();
   });
 }
@@ -95,11 +132,11 @@ void IncomingConnection::ReadRequests() {
   uint64_t received = 0;
   while (phase_ != Phase::kClosed && !output_pending() && received < kRoundBytes) {
     ssize_t n;
-    if (phase_ == Phase::kPayload) {
-      // Into the pinned region, or (refused: touch nothing) into the sink.
-      n = write_pin_ ? recv(fd_.get(), write_into_, write_left_, MSG_DONTWAIT)
-                     : recv(fd_.get(), sink_.data(), std::min<uint64_t>(write_left_, sink_.size()),
-                            MSG_DONTWAIT);
+    if (phase_ == Phase::kDiscard) {
+      n = recv(fd_.get(), sink_.data(), sink_.size(), MSG_DONTWAIT);
+    } else if (phase_ == Phase::kPayload) {
+      // Into the pinned region (a refused WRITE never gets here: it ends the connection).
+      n = recv(fd_.get(), write_into_, write_left_, MSG_DONTWAIT);
     } else {
       n = recv(fd_.get(), reinterpret_cast<char*>(&header_) + header_have_,
                sizeof(header_) - header_have_, MSG_DONTWAIT);
@@ -116,8 +153,9 @@ void IncomingConnection::ReadRequests() {
       return;
     }
     received += static_cast<uint64_t>(n);
+    if (phase_ == Phase::kDiscard) continue;
     if (phase_ == Phase::kPayload) {
-      if (write_pin_) write_into_ += n;
+      write_into_ += n;
       write_left_ -= static_cast<uint64_t>(n);
       if (write_left_ == 0) FinishWrite();
       continue;
@@ -130,7 +168,8 @@ void IncomingConnection::ReadRequests() {
   }
   // The socket is empty, or this round's share is spent (and nothing more may come to wake
   // us): the waiting acks go now.
-  if (phase_ != Phase::kClosed && !acks_.empty() && !output_pending()) {
+  if (phase_ != Phase::kClosed && phase_ != Phase::kDiscard && !acks_.empty() &&
+      !output_pending()) {
     QueueOutput(nullptr, 0, std::nullopt);
     Flush();
   }
@@ -138,17 +177,35 @@ void IncomingConnection::ReadRequests() {
 
 void IncomingConnection::OnHeader() {
   if (phase_ == Phase::kHello) {
-    if (header_.magic != kRequestMagic || header_.op != WireOp::kHello ||
-        header_.imm != kWireVersion) {
-      spdlog::warn("tcp: closing a connection from {} whose first frame is not a version {} hello",
-                   source_, kWireVersion);
-      Close();
-      return;
-    }
-    phase_ = Phase::kHeader;
+    OnHello();
     return;
   }
   OnRequest();
+}
+
+void IncomingConnection::OnHello() {
+  // Nothing but this one header is read before the secret is checked, and nothing is
+  // answered to a connection without one: a scanner learns only that the port is open.
+  const char* why = "a first frame that is not a version 3 hello";
+  static_assert(kWireVersion == 3, "update the message above");
+  if (header_.magic == kRequestMagic && header_.op == WireOp::kHello &&
+      header_.imm == kWireVersion) {
+    SessionTicket ticket = TicketOfHello(header_);
+    SessionSecrets::Refused refused = SessionSecrets::Refused::kUnknown;
+    auto admitted = target_.sessions->Admit(ticket.session, ticket.secret, &refused);
+    if (admitted) {
+      peer_ = std::move(admitted->peer);
+      phase_ = Phase::kHeader;
+      return;
+    }
+    why = RefusedHelloReason(refused);
+  }
+  uint64_t count = target_.admission->unauthenticated.fetch_add(1) + 1;
+  if (LogThis(count)) {
+    spdlog::warn("tcp: closing a connection from {} with {} ({} unauthenticated so far)",
+                 source_, why, count);
+  }
+  Close();
 }
 
 void IncomingConnection::OnRequest() {
@@ -161,46 +218,77 @@ void IncomingConnection::OnRequest() {
   ResponseHeader resp = {kResponseMagic, Refusal::kNone, req.id, 0};
   bool is_write = req.op == WireOp::kWrite || req.op == WireOp::kWriteImm;
   if (!is_write && req.op != WireOp::kRead) {
-    // The payload length of an unknown op cannot be trusted: answer, then close.
+    // The payload length of an unknown op cannot be trusted: answer, then end.
     resp.refusal = Refusal::kBadOp;
-    acks_.push_back(resp);
-    close_after_output_ = true;
-    QueueOutput(nullptr, 0, std::nullopt);
-    Flush();
+    RefuseAndEnd(resp);
     return;
   }
   std::optional<RegionTable::Access> access;
-  resp.refusal =
-      target_.regions->Acquire(req.key, req.address, req.length, NeededAccess(req.op), access);
+  RegionCheck check = target_.regions->Acquire(req.key, req.address, req.length,
+                                               NeededAccess(req.op), peer_.node, access);
+  if (check != RegionCheck::kOk) {
+    std::atomic<uint64_t>& counter =
+        check == RegionCheck::kUnknownKey    ? target_.admission->refused_key
+        : check == RegionCheck::kOutOfBounds ? target_.admission->refused_bounds
+        : check == RegionCheck::kAccess      ? target_.admission->refused_access
+                                             : target_.admission->refused_peer;
+    uint64_t count = counter.fetch_add(1) + 1;
+    if (LogThis(count)) {
+      spdlog::warn("tcp: refused a {} of {} bytes at 0x{:x} key 0x{:x} from {} ({}): {}; closing "
+                   "the connection ({} such so far)",
+                   req.op == WireOp::kRead ? "READ" : "WRITE", req.length, req.address, req.key,
+                   peer_.node, source_, RegionCheckReason(check), count);
+    }
+    // One answer whatever the reason (wire.h). A refused WRITE's payload is not read into
+    // anything: the connection only drains from here on.
+    resp.refusal = Refusal::kRefused;
+    RefuseAndEnd(resp);
+    return;
+  }
   if (is_write) {
-    // Refused writes still carry their payload on the stream: drain it, touch nothing.
     write_answer_ = resp;
     write_left_ = req.length;
     write_imm_ = req.imm;
-    write_notify_ = req.op == WireOp::kWriteImm && resp.refusal == Refusal::kNone;
-    if (access) {
-      target_.served->written.fetch_add(req.length, std::memory_order_relaxed);
-      target_.served->ops.fetch_add(1, std::memory_order_relaxed);
-      write_into_ = access->data();
-      write_pin_.emplace(std::move(*access));
-    } else if (sink_.empty()) {
-      sink_.resize(kSinkBytes);
-    }
+    write_notify_ = req.op == WireOp::kWriteImm;
+    target_.served->written.fetch_add(req.length, std::memory_order_relaxed);
+    target_.served->ops.fetch_add(1, std::memory_order_relaxed);
+    write_into_ = access->data();
+    write_pin_.emplace(std::move(*access));
     phase_ = Phase::kPayload;
     if (write_left_ == 0) FinishWrite();
     return;
   }
   // A READ answer goes out at once, behind the acks that were waiting, its payload straight
   // from the pinned region.
-  if (access) {
-    resp.length = req.length;
-    target_.served->read.fetch_add(req.length, std::memory_order_relaxed);
-    target_.served->ops.fetch_add(1, std::memory_order_relaxed);
-  }
+  resp.length = req.length;
+  target_.served->read.fetch_add(req.length, std::memory_order_relaxed);
+  target_.served->ops.fetch_add(1, std::memory_order_relaxed);
   acks_.push_back(resp);
-  char* payload = access ? access->data() : nullptr;
+  char* payload = access->data();
   QueueOutput(payload, resp.length, std::move(access));
   Flush();
+}
+
+void IncomingConnection::RefuseAndEnd(const ResponseHeader& resp) {
+  acks_.push_back(resp);
+  end_after_output_ = true;
+  QueueOutput(nullptr, 0, std::nullopt);
+  Flush();
+}
+
+void IncomingConnection::StartDiscard() {
+  // Our side ends (the peer reads the refusal, then EOF) while unread bytes stay unread: a
+  // close() now would make the kernel send a reset and drop the refusal if it has not left.
+  if (shutdown(fd_.get(), SHUT_WR) != 0) {
+    spdlog::debug("tcp: connection from {}: shutdown(SHUT_WR): {}", source_, strerror(errno));
+    Close();
+    return;
+  }
+  phase_ = Phase::kDiscard;
+  if (sink_.empty()) sink_.resize(kSinkBytes);
+  loop_->RunAfter(kDiscardTimeout, [weak = weak_from_this()] {
+    if (auto self = weak.lock()) self->Close();
+  });
 }
 
 void IncomingConnection::FinishWrite() {
@@ -259,7 +347,10 @@ void IncomingConnection::Flush() {
   out_payload_ = nullptr;
   out_pin_.reset();
   out_sent_ = out_total_ = 0;
-  if (close_after_output_) Close();
+  if (end_after_output_) {
+    end_after_output_ = false;
+    StartDiscard();
+  }
 }
 
 }  // namespace ferry::tcp

@@ -1,7 +1,9 @@
 #pragma once
 // The target side of one accepted connection, driven by one of the fabric's incoming event
-// loops: hello within the handshake timeout, then request after request, each validated by
-// the region table before any memory is touched, answered in request order. A payload that
+// loops: a hello with a live session secret within the handshake timeout (anything else and
+// it closes without an answer), then request after request, each validated by the region
+// table for the admitted peer before any memory is touched, answered in request order. A
+// refused request is answered, and the connection then ends (see wire.h). A payload that
 // spans several wakeups keeps its region pinned across them. All state lives on the loop
 // thread; other threads only ask it to close.
 
@@ -18,7 +20,9 @@
 #include "absl/time/time.h"
 #include "base/unique_fd.h"
 #include "transport/tcp/event_loop.h"
+#include "transport/fabric.h"
 #include "transport/tcp/region_table.h"
+#include "transport/tcp/session_secrets.h"
 #include "transport/tcp/wire.h"
 
 namespace ferry::tcp {
@@ -29,6 +33,16 @@ struct ServedCounters {
   std::atomic<uint64_t> written{0};
   std::atomic<uint64_t> read{0};
   std::atomic<uint64_t> ops{0};
+};
+
+// Why incoming connections were closed, for ListenerStats; shared like ServedCounters.
+struct AdmissionCounters {
+  std::atomic<uint64_t> unauthenticated{0};  // no hello, or no live session and secret in it
+  // Requests refused (each ended its connection), by the reason only we know.
+  std::atomic<uint64_t> refused_key{0};
+  std::atomic<uint64_t> refused_bounds{0};
+  std::atomic<uint64_t> refused_access{0};
+  std::atomic<uint64_t> refused_peer{0};  // a region not exported to the connection's peer
 };
 
 class IncomingConnection : public EventLoop::Handler,
@@ -43,6 +57,9 @@ class IncomingConnection : public EventLoop::Handler,
     std::function<void(IncomingConnection*)> closed;
     // Accepted WRITEs and READs are counted here.
     ServedCounters* served;
+    // Admits the hello's session.
+    SessionSecrets* sessions;
+    AdmissionCounters* admission;
   };
 
   // `fd` is accepted and non-blocking; nothing happens until Start runs on `loop`.
@@ -56,12 +73,17 @@ class IncomingConnection : public EventLoop::Handler,
   void Close();
 
   const std::string& source() const { return source_; }
+  // Loop thread: whom the hello admitted the connection for (empty node before that).
+  const fabric::PeerInstance& peer() const { return peer_; }
   EventLoop* loop() const { return loop_; }
 
   void OnEvents(uint32_t events) override;
 
  private:
-  enum class Phase { kHello, kHeader, kPayload, kClosed };
+  // kDiscard: a refusal went out; nothing more is read into memory or answered, only drained
+  // until the peer closes (or a timer does), so that the kernel does not reset the connection
+  // before the refusal reached the peer.
+  enum class Phase { kHello, kHeader, kPayload, kDiscard, kClosed };
 
   // Reads requests until the socket is empty, an answer must go out first, or this round's
   // share is spent.
@@ -69,6 +91,12 @@ class IncomingConnection : public EventLoop::Handler,
   // A whole header is in: hello check, or validation and the start of the request.
   void OnHeader();
   void OnRequest();
+  // Admits the connection to the hello's session, or closes it without an answer.
+  void OnHello();
+  // Answers `resp` (a refusal) after the waiting acks, then ends the connection.
+  void RefuseAndEnd(const ResponseHeader& resp);
+  // The refusal is out: stop sending, drain until the peer leaves.
+  void StartDiscard();
   // The WRITE payload is in (or drained): unpin, notify, queue the ack.
   void FinishWrite();
   // Moves the coalesced acks (and a READ answer with its payload) to the output.
@@ -83,6 +111,7 @@ class IncomingConnection : public EventLoop::Handler,
   EventLoop* const loop_;
   const Target target_;
   std::optional<uint64_t> token_;
+  fabric::PeerInstance peer_;
   uint32_t interest_ = 0;
   Phase phase_ = Phase::kHello;
 
@@ -110,7 +139,8 @@ class IncomingConnection : public EventLoop::Handler,
   std::optional<RegionTable::Access> out_pin_;
   uint64_t out_sent_ = 0;
   uint64_t out_total_ = 0;
-  bool close_after_output_ = false;  // an unknown op: its payload length cannot be trusted
+  // A refusal is in the output: the connection ends once it is out.
+  bool end_after_output_ = false;
 };
 
 }  // namespace ferry::tcp

@@ -1,23 +1,21 @@
 #include "transport/tcp/region_table.h"
 
-#include <random>
-
 #include "base/byte_range.h"
+#include "base/random_bytes.h"
 
 namespace ferry::tcp {
 
-uint32_t RegionTable::Add(const char* address, char* memory, uint64_t length, uint32_t access) {
+absl::StatusOr<uint32_t> RegionTable::Add(const char* address, char* memory, uint64_t length,
+                                          uint32_t access) {
   absl::MutexLock lock(&mu_);
-  if (!seeded_) {
-    // Random start so that keys from an agent's previous life are unlikely to be valid.
-    next_key_ = std::random_device{}() | 1u;
-    seeded_ = true;
+  uint32_t key = 0;
+  // A collision is rare (the table holds thousands of 2^32 keys): draw again.
+  while (key == 0 || entries_.contains(key)) {
+    auto drawn = RandomValue<uint32_t>();
+    if (!drawn.ok()) return drawn.status();
+    key = *drawn;
   }
-  uint32_t key;
-  do {
-    key = next_key_++;
-  } while (key == 0 || entries_.contains(key));
-  entries_.emplace(key, Entry{reinterpret_cast<uint64_t>(address), memory, length, access});
+  entries_.emplace(key, Entry{reinterpret_cast<uint64_t>(address), memory, length, access, {}});
   return key;
 }
 
@@ -37,20 +35,29 @@ void RegionTable::SetAccess(uint32_t key, uint32_t access) {
   if (it != entries_.end()) it->second.access = access;
 }
 
-Refusal RegionTable::Acquire(uint32_t key, uint64_t address, uint64_t length, uint32_t access,
-                             std::optional<Access>& out) {
+void RegionTable::SetAllowedPeers(uint32_t key, const std::vector<std::string>& nodes) {
   absl::MutexLock lock(&mu_);
   auto it = entries_.find(key);
-  if (it == entries_.end() || it->second.removing) return Refusal::kBadKey;
+  if (it != entries_.end()) it->second.allowed_peers = {nodes.begin(), nodes.end()};
+}
+
+RegionCheck RegionTable::Acquire(uint32_t key, uint64_t address, uint64_t length,
+                                 uint32_t access, const std::string& peer,
+                                 std::optional<Access>& out) {
+  absl::MutexLock lock(&mu_);
+  auto it = entries_.find(key);
+  if (it == entries_.end() || it->second.removing) return RegionCheck::kUnknownKey;
   Entry& e = it->second;
+  // Before bounds and access: a peer the region is not exported to learns nothing of it.
+  if (!e.allowed_peers.empty() && !e.allowed_peers.contains(peer)) return RegionCheck::kPeer;
   // Written so that no sum can overflow.
   if (address < e.address || !RangeFits(address - e.address, length, e.length)) {
-    return Refusal::kOutOfBounds;
+    return RegionCheck::kOutOfBounds;
   }
-  if ((e.access & access) != access) return Refusal::kAccess;
+  if ((e.access & access) != access) return RegionCheck::kAccess;
   ++e.users;
   out.emplace(this, key, e.memory + (address - e.address));
-  return Refusal::kNone;
+  return RegionCheck::kOk;
 }
 
 void RegionTable::Release(uint32_t key) {

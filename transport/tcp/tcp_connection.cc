@@ -320,7 +320,10 @@ absl::Status TcpConnection::AnswerLocked(const ResponseHeader& resp, Finished& f
   if (resp.refusal != Refusal::kNone) {
     finished.emplace_back(std::move(front.done), Refused(resp.refusal, front.header));
     outstanding_.pop_front();
-    return absl::OkStatus();
+    // The target ends the connection after a refusal (wire.h), as an RC QP enters the error
+    // state after IBV_WC_REM_ACCESS_ERR and flushes the work requests behind it: the ops
+    // behind this one fail UNAVAILABLE, and the endpoint's owner connects again.
+    return absl::AbortedError("the peer refused an op and ends the connection");
   }
   if (front.header.op == WireOp::kRead) {
     // Exactly what was asked: more would run past the destination slice.
@@ -344,12 +347,13 @@ absl::Status TcpConnection::Refused(Refusal refusal, const RequestHeader& h) con
       absl::StrFormat("%s of %d bytes at 0x%x key 0x%x on %s",
                       h.op == WireOp::kRead ? "READ" : "WRITE", h.length, h.address, h.key, peer_);
   switch (refusal) {
-    case Refusal::kBadKey:
-      return absl::PermissionDeniedError(absl::StrCat("remote key unknown or revoked: ", what));
-    case Refusal::kOutOfBounds:
-      return absl::OutOfRangeError(absl::StrCat("range outside the remote region: ", what));
-    case Refusal::kAccess:
-      return absl::PermissionDeniedError(absl::StrCat("remote region does not allow it: ", what));
+    case Refusal::kRefused:
+      // The target does not say which (so that answers do not reveal which keys exist); its
+      // own log and ListenerStats do.
+      return absl::PermissionDeniedError(
+          absl::StrCat("remote access refused: key, bounds or access rights: ", what));
+    case Refusal::kBadOp:
+      return absl::InternalError(absl::StrCat("peer does not know the op: ", what));
     default:
       return absl::InternalError(absl::StrCat("peer refused the op: ", what));
   }

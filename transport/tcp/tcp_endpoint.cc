@@ -20,6 +20,7 @@ constexpr uint64_t kStripeAlign = 4096;
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<TcpEndpoint>> TcpEndpoint::Connect(const std::string& address,
+                                                                  const SessionTicket& ticket,
                                                                   uint32_t connections,
                                                                   uint64_t stripe_min_bytes,
                                                                   EventLoopPool* loops,
@@ -36,7 +37,7 @@ absl::StatusOr<std::unique_ptr<TcpEndpoint>> TcpEndpoint::Connect(const std::str
   for (uint32_t i = 0; i < connections; ++i) {
     auto fd = ConnectTcp(address, source_host);
     if (!fd.ok()) return close_made(fd.status());
-    const RequestHeader hello = {kRequestMagic, WireOp::kHello, 0, 0, 0, 0, kWireVersion};
+    const RequestHeader hello = MakeHello(ticket);
     absl::Status said = SendAll(fd->get(), &hello, sizeof(hello));
     if (!said.ok()) return close_made(said);
     // Consecutive loops: one endpoint's stripes move on several threads at once.

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "transport/fabric.h"
+#include "transport/tcp/session_secrets.h"
 
 namespace ferry::tcp {
 
@@ -18,9 +19,11 @@ class TcpConnection;
 
 class TcpEndpoint : public fabric::Endpoint {
  public:
-  // Connects (blocking: connect and hello) and hands the sockets to `loops`, which must
-  // outlive the endpoint's Close.
+  // Connects (blocking: connect, and a hello that presents `ticket`, the session the peer's
+  // AcceptConnect issued for `connections` sockets) and hands the sockets to `loops`, which
+  // must outlive the endpoint's Close.
   static absl::StatusOr<std::unique_ptr<TcpEndpoint>> Connect(const std::string& address,
+                                                              const SessionTicket& ticket,
                                                               uint32_t connections,
                                                               uint64_t stripe_min_bytes,
                                                               EventLoopPool* loops,

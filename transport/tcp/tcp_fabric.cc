@@ -26,12 +26,15 @@ class TcpPendingConnection : public fabric::PendingConnection {
         connections_(connections),
         stripe_min_bytes_(stripe_min_bytes),
         loops_(loops),
-        source_host_(std::move(source_host)) {}
+        source_host_(std::move(source_host)),
+        request_(EncodeSessionRequest(connections)) {}
 
   const std::string& request() const override { return request_; }
   absl::StatusOr<std::shared_ptr<fabric::Endpoint>> Finish(const std::string& reply) override {
-    auto endpoint =
-        TcpEndpoint::Connect(address_, connections_, stripe_min_bytes_, loops_, source_host_);
+    auto ticket = DecodeSessionReply(reply, address_);
+    if (!ticket.ok()) return ticket.status();
+    auto endpoint = TcpEndpoint::Connect(address_, *ticket, connections_, stripe_min_bytes_,
+                                         loops_, source_host_);
     if (!endpoint.ok()) return endpoint.status();
     return std::shared_ptr<fabric::Endpoint>(std::move(*endpoint));
   }
@@ -48,7 +51,11 @@ class TcpPendingConnection : public fabric::PendingConnection {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<TcpFabric>> TcpFabric::Create(const TcpOptions& options) {
-  if (options.connections == 0) return absl::InvalidArgumentError("tcp: connections must be >= 1");
+  if (options.connections == 0 || options.connections > kMaxSocketsPerSession) {
+    return absl::InvalidArgumentError(absl::StrCat("tcp: connections must be 1 to ",
+                                                   kMaxSocketsPerSession, ", not ",
+                                                   options.connections));
+  }
   uint16_t port = 0;
   auto listener = ListenTcp(options.listen_address, &port);
   if (!listener.ok()) return listener.status();
@@ -170,9 +177,13 @@ absl::StatusOr<std::unique_ptr<fabric::MemoryRegion>> TcpFabric::Register(void* 
     }
     memory = pages.get();
   }
-  uint32_t key = regions_.Add(static_cast<char*>(data), memory, length, access);
+  auto key = regions_.Add(static_cast<char*>(data), memory, length, access);
+  if (!key.ok()) {
+    return absl::Status(key.status().code(), absl::StrCat("tcp: registering ", length,
+                                                          " bytes: ", key.status().message()));
+  }
   return std::unique_ptr<fabric::MemoryRegion>(
-      new TcpRegion(&regions_, data, memory, std::move(pages), length, key));
+      new TcpRegion(&regions_, data, memory, std::move(pages), length, *key));
 }
 
 absl::StatusOr<std::unique_ptr<fabric::PendingConnection>> TcpFabric::BeginConnect(
@@ -183,11 +194,13 @@ absl::StatusOr<std::unique_ptr<fabric::PendingConnection>> TcpFabric::BeginConne
 }
 
 absl::StatusOr<std::string> TcpFabric::AcceptConnect(const std::string& request,
-                                                     const fabric::PeerInstance&) {
-  // A tcp incoming connection ends with its socket: nothing outlives a gone peer.
-  if (!request.empty()) return absl::InvalidArgumentError("tcp: unexpected handshake bytes");
+                                                     const fabric::PeerInstance& from) {
+  ASSIGN_OR_RETURN(uint32_t sockets, DecodeSessionRequest(request));
   RETURN_IF_ERROR(health());
-  return std::string();
+  // A tcp incoming connection ends with its socket: nothing else outlives a gone peer, and
+  // an unspent session expires by itself.
+  ASSIGN_OR_RETURN(SessionTicket ticket, sessions_.Issue(from, sockets));
+  return EncodeSessionReply(ticket);
 }
 
 void TcpFabric::SetImmediateHandler(ImmediateHandler handler) {
@@ -286,7 +299,8 @@ bool TcpFabric::Serve(UniqueFd fd, const std::string& source) {
   }
   IncomingConnection::Target target = {
       &regions_, [this](uint32_t imm) { Notify(imm); },
-      [this](IncomingConnection* conn) { OnIncomingClosed(conn); }, &served_};
+      [this](IncomingConnection* conn) { OnIncomingClosed(conn); }, &served_, &sessions_,
+      &admission_};
   auto conn = std::make_shared<IncomingConnection>(std::move(fd), source,
                                                    incoming_loops_->Next(), std::move(target));
   const absl::Duration handshake = absl::Milliseconds(options_.handshake_timeout_ms);
@@ -317,6 +331,11 @@ ListenerStats TcpFabric::listener_stats() const {
   absl::MutexLock lock(&mu_);
   ListenerStats stats = stats_;
   stats.open = limits_.total();
+  stats.unauthenticated = admission_.unauthenticated.load(std::memory_order_relaxed);
+  stats.refused_key = admission_.refused_key.load(std::memory_order_relaxed);
+  stats.refused_bounds = admission_.refused_bounds.load(std::memory_order_relaxed);
+  stats.refused_access = admission_.refused_access.load(std::memory_order_relaxed);
+  stats.refused_peer = admission_.refused_peer.load(std::memory_order_relaxed);
   return stats;
 }
 

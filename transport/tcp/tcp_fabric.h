@@ -1,6 +1,8 @@
 #pragma once
 // The tcp provider: one-sided WRITE / READ over TCP for nodes without RDMA (and for tests).
-// The target side validates key, bounds and access before touching memory, as an HCA does.
+// The target side admits only sockets that present a session secret AcceptConnect issued
+// (session_secrets.h), and validates key, bounds, access and the region's peer scope before
+// touching memory, as an HCA does (the scope is more than an HCA can check).
 // Payloads go straight from the source region into the socket and from the socket straight
 // into the destination region: one kernel copy per side, none in user space.
 //
@@ -25,6 +27,7 @@
 #include "transport/tcp/incoming_connection.h"
 #include "transport/tcp/incoming_limits.h"
 #include "transport/tcp/region_table.h"
+#include "transport/tcp/session_secrets.h"
 #include "transport/tcp/wire.h"
 
 namespace ferry::tcp {
@@ -54,6 +57,13 @@ struct TcpOptions {
 struct ListenerStats {
   uint64_t accepted = 0;       // connections admitted
   uint64_t refused = 0;        // closed at once: over a cap
+  // Closed without an answer: no hello in time, or one without a live session and secret.
+  uint64_t unauthenticated = 0;
+  // Requests refused (each ends its connection; peers are told only "refused"), by reason.
+  uint64_t refused_key = 0;     // unknown or revoked key
+  uint64_t refused_bounds = 0;  // range outside the region
+  uint64_t refused_access = 0;  // access the region does not give
+  uint64_t refused_peer = 0;    // a region not exported to the connection's peer
   uint64_t accept_errors = 0;  // accept() failures waited out (EMFILE, ENOBUFS, ...)
   uint32_t open = 0;           // incoming connections now
 };
@@ -82,11 +92,17 @@ class TcpFabric : public fabric::Fabric {
   std::string address() const override { return address_; }
   absl::StatusOr<std::unique_ptr<fabric::MemoryRegion>> Register(void* data, uint64_t length,
                                                                  uint32_t access) override;
-  // tcp needs no handshake bytes: the connection is the sockets Finish() opens.
+  // The request asks for a session of TcpOptions::connections sockets; Finish() parses the
+  // reply's session secret and presents it in the hello of every socket it opens.
   absl::StatusOr<std::unique_ptr<fabric::PendingConnection>> BeginConnect(
       const std::string& peer_address) override;
+  // Issues a session (session_secrets.h) for `from`: its secret admits the sockets asked
+  // for, as `from.node`, within kSessionLifetime. A newer incarnation of a node revokes
+  // the unspent sessions of the older ones.
   absl::StatusOr<std::string> AcceptConnect(const std::string& request,
                                             const fabric::PeerInstance& from) override;
+  // Unspent sessions (tests).
+  size_t open_sessions() const { return sessions_.size(); }
   void SetImmediateHandler(ImmediateHandler handler) override;
 
  private:
@@ -107,7 +123,9 @@ class TcpFabric : public fabric::Fabric {
   const std::string address_;
   const std::string source_host_;  // the listen host: where a rail's connections leave from
   RegionTable regions_;
+  SessionSecrets sessions_;
   ServedCounters served_;
+  AdmissionCounters admission_;
   UniqueFd listener_;
   IncomingLimits limits_;
 

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "transport/fabric.h"
 #include "transport/tcp/region_table.h"
@@ -34,6 +35,10 @@ class TcpRegion : public fabric::MemoryRegion {
   std::string registration() const override { return "tcp"; }
   absl::Status RestrictToLocal() override {
     table_->SetAccess(key_, fabric::kLocal);
+    return absl::OkStatus();
+  }
+  absl::Status RestrictToPeers(const std::vector<std::string>& nodes) override {
+    table_->SetAllowedPeers(key_, nodes);
     return absl::OkStatus();
   }
 
