@@ -37,7 +37,7 @@ absl::StatusOr<gid_t> LookupGroup(const std::string& name, const std::string& ke
   std::vector<char> scratch(16384);
   int err = getgrnam_r(name.c_str(), &entry, scratch.data(), scratch.size(), &found);
   if (err != 0) {
-    return absl::ErrnoToStatus(err, absl::StrCat(key, ": getgrnam_r(", name, "): ", strerror(err)));
+    return absl::ErrnoToStatus(err, absl::StrCat(key, ": getgrnam_r(", name, ")"));
   }
   if (found == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(key, ": no group named '", name, "'"));

@@ -17,9 +17,8 @@
 namespace ferry::server {
 namespace {
 
-absl::Status Errno(const std::string& call) {
-  return absl::ErrnoToStatus(errno, absl::StrCat(call, ": ", strerror(errno)));
-}
+// ErrnoToStatus appends errno's description itself: "bind(/run/ferry.sock): Permission denied".
+absl::Status Errno(const std::string& call) { return absl::ErrnoToStatus(errno, call); }
 
 }  // namespace
 
