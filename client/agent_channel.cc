@@ -5,13 +5,12 @@
 
 #include <cerrno>
 #include <cstdlib>
-#include <fstream>
-#include <sstream>
 #include <memory>
 #include <string>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "base/text_file.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "grpcpp/support/channel_arguments.h"
@@ -52,11 +51,11 @@ absl::StatusOr<std::string> ReadEnvFile(const char* var) {
         "FERRY_TLS_CERT, FERRY_TLS_KEY (PEM files of a certificate from the agent's CA) and "
         "FERRY_TLS_NODE (the agent's node name); ", var, " is not set"));
   }
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat(var, ": cannot read ", path));
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
+  absl::StatusOr<std::string> text = ReadTextFile(path);
+  if (!text.ok()) {
+    return absl::Status(text.status().code(), absl::StrCat(var, ": ", text.status().message()));
+  }
+  return text;
 }
 
 // The local API over TCP: the agent's own certificate must name FERRY_TLS_NODE, and ours,

@@ -3,10 +3,8 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <fstream>
 #include <functional>
 #include <set>
-#include <sstream>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
@@ -16,6 +14,7 @@
 #include "base/byte_size.h"
 #include "base/echo.h"
 #include "base/status_macros.h"
+#include "base/text_file.h"
 #include "yaml-cpp/yaml.h"
 
 namespace ferry::config {
@@ -548,14 +547,6 @@ absl::StatusOr<YAML::Node> ParseYaml(absl::string_view yaml, absl::string_view o
   }
 }
 
-absl::StatusOr<std::string> ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read config file '", path, "'"));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
 }  // namespace
 
 absl::StatusOr<Config> ParseConfig(absl::string_view yaml, absl::string_view origin) {
@@ -573,8 +564,12 @@ absl::StatusOr<Config> ParseConfig(absl::string_view yaml, absl::string_view ori
 }
 
 absl::StatusOr<Config> LoadConfigFile(const std::string& path) {
-  ASSIGN_OR_RETURN(std::string text, ReadFile(path));
-  ASSIGN_OR_RETURN(Config config, ParseConfig(text, path));
+  absl::StatusOr<std::string> text = ReadTextFile(path);
+  if (!text.ok()) {
+    return absl::Status(text.status().code(),
+                        absl::StrCat("config file: ", text.status().message()));
+  }
+  ASSIGN_OR_RETURN(Config config, ParseConfig(*text, path));
   config.source_path = path;
   return config;
 }

@@ -1,11 +1,9 @@
 #include "server/peers/peer_credentials.h"
 
-#include <fstream>
-#include <sstream>
-
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "base/text_file.h"
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 
@@ -13,19 +11,17 @@ namespace ferry::server {
 namespace {
 
 absl::StatusOr<std::string> ReadPem(const std::string& key, const std::string& path) {
-  std::ifstream in(path);
-  if (!in) {
+  absl::StatusOr<std::string> text = ReadTextFile(path);
+  if (!text.ok()) {
     return absl::FailedPreconditionError(
-        absl::StrCat("security.", key, ": cannot read ", path, ": ", strerror(errno)));
+        absl::StrCat("security.", key, ": ", text.status().message()));
   }
-  std::stringstream text;
-  text << in.rdbuf();
   // gRPC would only say "handshake failed" much later, on the first peer call.
-  if (!absl::StrContains(text.str(), "-----BEGIN ")) {
+  if (!absl::StrContains(*text, "-----BEGIN ")) {
     return absl::FailedPreconditionError(
         absl::StrCat("security.", key, ": ", path, " is not a PEM file (no -----BEGIN line)"));
   }
-  return text.str();
+  return text;
 }
 
 }  // namespace
