@@ -126,7 +126,20 @@ size_t OpenFds() {
   return n;
 }
 
+// ASan/UBSan's runtime needs descriptors of its own while it checks and reports: UBSan's vptr
+// check probes the vtable through a pipe (sanitizer_common's IsAccessibleMemoryRange), and
+// the symbolizer starts over a socketpair. Out of fds on purpose, the vptr check fails on a
+// valid object ("object has invalid vptr", from inside libspdlog). `make test` runs it.
+#if defined(__has_feature)
+#if __has_feature(address_sanitizer)
+#define FERRY_SANITIZER_NEEDS_FDS 1
+#endif
+#endif
+
 TEST(TcpListenerTest, TheListenerOutlivesAProcessOutOfFds) {
+#ifdef FERRY_SANITIZER_NEEDS_FDS
+  GTEST_SKIP() << "the sanitizer runtime needs fds of its own; runs in the plain build";
+#endif
   auto fabric = TcpFabric::Create({});
   ASSERT_TRUE(fabric.ok());
   auto hp = ParseHostPort((*fabric)->address());
