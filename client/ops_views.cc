@@ -18,16 +18,18 @@ std::string HumanBytes(uint64_t bytes) {
 }
 
 std::string FormatPeers(const ferry::v1::ListPeersResponse& peers) {
-  constexpr const char* kRow = "%-12s %-22s %-11s %9s %-16s %5s %-7s %s\n";
+  // KEPT: its answers we keep / ours it keeps (ResolveBuffer, until revoked).
+  constexpr const char* kRow = "%-12s %-22s %-11s %9s %-16s %5s %-7s %-7s %s\n";
   std::string out = absl::StrFormat(kRow, "PEER", "ADDRESS", "HEALTH", "RTT", "INCARNATION",
-                                    "CONNS", "SOURCE", "RAILS");
+                                    "CONNS", "KEPT", "SOURCE", "RAILS");
   std::string errors;
   for (const auto& p : peers.peers()) {
     const std::string rtt =
         p.health() == "ok" ? absl::StrFormat("%.2f ms", p.rtt_us() / 1000.0) : "-";
     absl::StrAppendFormat(&out, kRow, p.node(), p.address(), p.health(), rtt,
                           p.incarnation() ? absl::StrFormat("%x", p.incarnation()) : "-",
-                          absl::StrCat(p.endpoints()), p.source(),
+                          absl::StrCat(p.endpoints()),
+                          absl::StrCat(p.kept_answers(), "/", p.answers_held()), p.source(),
                           p.rails().empty() ? "-" : absl::StrJoin(p.rails(), " "));
     if (p.health() == "unreachable") {
       absl::StrAppend(&errors, "  ", p.node(), ": ", p.last_error(),

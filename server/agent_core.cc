@@ -93,6 +93,10 @@ absl::StatusOr<std::unique_ptr<AgentCore>> AgentCore::Create(const config::Confi
   core->peers_ = std::make_unique<PeerDirectory>(config.node, core->incarnation_,
                                                  config.peer_listen, config.peers, fabrics,
                                                  credentials);
+  core->leases_ = std::make_unique<ExportLeases>(config.node, core->peers_.get());
+  core->buffers_->OnUnexport([leases = core->leases_.get()](const std::vector<std::string>& names) {
+    leases->Revoke(names, "freed or unexported");
+  });
   core->peer_health_ = std::make_unique<PeerHealth>(core->peers_.get());
   EngineDeps deps;
   deps.buffers = core->buffers_.get();
@@ -173,11 +177,14 @@ AgentCore::~AgentCore() {
   //    calls use the peers' stubs: the peers go after it.
   // 4. Sessions, then buffers (revoking their keys; memory back to its pool), bounce pools
   //    (their chunks' keys), GPU pools, the fabrics that made every key, the host pool last.
+  // 0. Nobody is told of the buffers freed below: peers learn of a restart by our incarnation.
+  if (buffers_) buffers_->OnUnexport(nullptr);
   for (const auto& f : fabrics_) f->StopServing();
   tensors_.reset();
   peer_health_.reset();  // its Health calls use the peers' stubs
   if (peers_) peers_->CloseAll();
   engine_.reset();
+  leases_.reset();
   peers_.reset();
   sessions_.reset();
   buffers_.reset();

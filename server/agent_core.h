@@ -21,6 +21,7 @@
 #include "server/local/local_callers.h"
 #include "server/local/sessions.h"
 #include "server/policy_store.h"
+#include "server/peers/export_leases.h"
 #include "server/peers/peer_directory.h"
 #include "server/peers/peer_health.h"
 #include "server/tensors/tensor_state.h"
@@ -46,6 +47,9 @@ class AgentCore {
   // Who each local connection is (SO_PEERCRED), for the owner checks of the local API.
   LocalCallers& local_callers() { return *local_callers_; }
   PeerDirectory& peers() { return *peers_; }
+  // The peers keeping our ResolveBuffer answers, revoked when a name is freed or unexported
+  // (the buffer registry's hook), the policy changes or the agent drains.
+  ExportLeases& leases() { return *leases_; }
   // Background Health checks of every peer (`ferryctl peers`, metrics).
   const PeerHealth& peer_health() const { return *peer_health_; }
   TransferEngine& engine() { return *engine_; }
@@ -87,6 +91,7 @@ class AgentCore {
   std::unique_ptr<SessionRegistry> sessions_;
   std::unique_ptr<LocalCallers> local_callers_;
   std::unique_ptr<PeerDirectory> peers_;
+  std::unique_ptr<ExportLeases> leases_;
   std::unique_ptr<PeerHealth> peer_health_;
   std::unique_ptr<TransferEngine> engine_;
   // Send/Recv matching and notifications (uses the engine, buffers and peers).

@@ -317,6 +317,8 @@ grpc::Status AgentService::SetPolicy(grpc::ServerContext*, const ferry::v1::SetP
         grpc::StatusCode::INVALID_ARGUMENT,
         absl::StrCat("settings: ", snapshot.status().message(), " (policy unchanged)"));
   }
+  // Peers' kept answers say how we took writes under the old policy.
+  core_->leases().RevokeAll("policy changed");
   FillPolicy(**snapshot, resp);
   return grpc::Status::OK;
 }

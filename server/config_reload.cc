@@ -97,6 +97,7 @@ ReloadReport ApplyReload(AgentCore& core, config::Config& running, const config:
                                           over.empty() ? "" : "; run-time settings kept on top:",
                                           over));
     running.policy = next.policy;
+    core.leases().RevokeAll("policy reloaded");  // answers kept by peers name the old one
   } else {
     report.not_applied.push_back(absl::StrCat("policy: refused, the current one stays: ",
                                               policy.status().message()));

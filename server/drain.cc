@@ -34,6 +34,9 @@ DrainOutcome Drain(AgentCore& core, absl::Duration grace, const std::function<bo
   core.drain_hooks().RunAll();
   TransferEngine& engine = core.engine();
   engine.BeginDrain();
+  // Peers that kept our answers ask again, and are refused (ResolveBuffer says draining);
+  // each answers once its transfers on those answers are done (up to two seconds).
+  core.leases().RevokeAll("draining");
   outcome.running = engine.active();
   const absl::Time start = absl::Now();
   const absl::Time end = start + grace;

@@ -1,6 +1,10 @@
 #include "server/peer_service.h"
 
+#include <algorithm>
+
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "base/echo.h"
 #include "base/grpc_status.h"
 #include "server/agent_core.h"
@@ -67,6 +71,25 @@ grpc::Status PeerService::ResolveBuffer(grpc::ServerContext* ctx,
                                         ferry::v1::ResolveBufferResponse* resp) {
   absl::StatusOr<std::string> caller = CallerNode(*ctx, req->from_node());
   if (!caller.ok()) return ToGrpcStatus(caller.status());
+  auto buffer = core_->buffers().FindByName(req->name());
+  // A buffer not exported to the caller is answered as one that does not exist, word for
+  // word, so that names cannot be probed; the real reason stays in our log.
+  auto unknown = [&] {
+    return grpc::Status(grpc::StatusCode::NOT_FOUND,
+                        absl::StrCat("name: no buffer named ", Echo(req->name()), " on ",
+                                     core_->config().node));
+  };
+  if (!buffer.ok() || !(*buffer)->ExportedTo(*caller)) {
+    if (buffer.ok()) {
+      spdlog::debug("ResolveBuffer: buffer '{}' is not exported to {}", req->name(), *caller);
+    }
+    return unknown();
+  }
+  // Granted before the drain flag, the policy and the name are read (again): a revocation
+  // that ran before the grant changed one of them, and this answer says so (or is refused).
+  const bool revocable = core_->leases().CanGrant(*caller) &&
+                         !absl::StartsWith(req->name(), kLandingNamePrefix);
+  if (revocable) core_->leases().Grant(req->name(), *caller);
   // A peer's new transfer to a draining node fails at its Submit, not half way through
   // (server/drain.h); transfers that resolved earlier go on.
   if (core_->engine().draining()) {
@@ -75,17 +98,8 @@ grpc::Status PeerService::ResolveBuffer(grpc::ServerContext* ctx,
                                      " is draining (it is shutting down) and takes no new "
                                      "transfers"));
   }
-  auto buffer = core_->buffers().FindByName(req->name());
-  // A buffer not exported to the caller is answered as one that does not exist, word for
-  // word, so that names cannot be probed; the real reason stays in our log.
-  if (!buffer.ok() || !(*buffer)->ExportedTo(*caller)) {
-    if (buffer.ok()) {
-      spdlog::debug("ResolveBuffer: buffer '{}' is not exported to {}", req->name(), *caller);
-    }
-    return grpc::Status(grpc::StatusCode::NOT_FOUND,
-                        absl::StrCat("name: no buffer named ", Echo(req->name()), " on ",
-                                     core_->config().node));
-  }
+  auto again = core_->buffers().FindByName(req->name());
+  if (!again.ok() || *again != *buffer) return unknown();  // freed meanwhile
   resp->set_size((*buffer)->size());
   for (const auto& [rail, region] : (*buffer)->regions()) {
     auto* key = resp->add_keys();
@@ -113,6 +127,28 @@ grpc::Status PeerService::ResolveBuffer(grpc::ServerContext* ctx,
   resp->set_policy_generation(snapshot->generation);
   resp->set_device((*buffer)->device());
   resp->set_incarnation(core_->incarnation());
+  resp->set_revocable(revocable);
+  return grpc::Status::OK;
+}
+
+grpc::Status PeerService::Revoke(grpc::ServerContext* ctx, const ferry::v1::RevokeRequest* req,
+                                 ferry::v1::RevokeResponse* resp) {
+  absl::StatusOr<std::string> caller = CallerNode(*ctx, req->from_node());
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
+  std::vector<std::string> names(req->names().begin(), req->names().end());
+  auto dropped = core_->peers().kept_answers().Revoke(*caller, names, req->all());
+  resp->set_dropped(static_cast<uint32_t>(dropped.size()));
+  // The exporter frees the memory once we answer: our transfers on these answers finish
+  // first, or are given until the call's deadline.
+  const absl::Time deadline = absl::FromChrono(ctx->deadline());
+  if (!ResolveCache::Drained(dropped, std::min(deadline, absl::Now() + absl::Seconds(2)))) {
+    spdlog::warn("revoke from {} ({}): a transfer still uses one of its {} answer(s)", *caller,
+                 req->reason(), dropped.size());
+  }
+  if (!dropped.empty()) {
+    spdlog::debug("revoke from {} ({}): dropped {} kept answer(s)", *caller, req->reason(),
+                  dropped.size());
+  }
   return grpc::Status::OK;
 }
 

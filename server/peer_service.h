@@ -17,6 +17,8 @@ class PeerService final : public ferry::v1::Peer::Service {
                        ferry::v1::ConnectResponse*) override;
   grpc::Status ResolveBuffer(grpc::ServerContext*, const ferry::v1::ResolveBufferRequest*,
                              ferry::v1::ResolveBufferResponse*) override;
+  grpc::Status Revoke(grpc::ServerContext*, const ferry::v1::RevokeRequest*,
+                      ferry::v1::RevokeResponse*) override;
   grpc::Status Health(grpc::ServerContext*, const ferry::v1::HealthRequest*,
                       ferry::v1::HealthResponse*) override;
   grpc::Status Stage(

@@ -19,7 +19,9 @@ void DescribePeers(AgentCore& core, ferry::v1::ListPeersResponse* out) {
       for (const auto& rail : view->rails) p->add_rails(rail.ToString());
       p->set_endpoints(static_cast<uint32_t>(view->endpoints));
       p->set_incarnation(view->incarnation);
+      p->set_kept_answers(static_cast<uint32_t>(view->kept_answers));
     }
+    p->set_answers_held(static_cast<uint32_t>(core.leases().HeldBy(node)));
     p->set_health(!check.checked ? "unchecked" : check.healthy ? "ok" : "unreachable");
     p->set_rtt_us(static_cast<uint64_t>(absl::ToInt64Microseconds(check.rtt)));
     if (check.incarnation != 0) p->set_incarnation(check.incarnation);

@@ -71,6 +71,8 @@ TEST(OpsViewsTest, PeersTransfersAndStatsAsTables) {
   ok->set_endpoints(4);
   ok->set_source("etcd");
   ok->add_rails("tcp:mlx5_0");
+  ok->set_kept_answers(3);
+  ok->set_answers_held(1);
   auto* gone = peers.add_peers();
   gone->set_node("node-c");
   gone->set_health("unreachable");
@@ -78,7 +80,7 @@ TEST(OpsViewsTest, PeersTransfersAndStatsAsTables) {
   gone->set_last_ok_ms_ago(3200);
   const std::string p = FormatPeers(peers);
   EXPECT_THAT(p, HasSubstr("node-b       10.0.0.2:7100          ok            0.25 ms abc"));
-  EXPECT_THAT(p, HasSubstr("etcd    tcp:mlx5_0"));
+  EXPECT_THAT(p, HasSubstr("    4 3/1     etcd    tcp:mlx5_0"));
   EXPECT_THAT(p, HasSubstr("  node-c: Health: failed to connect (last answer 3.2 s ago)"));
 
   ferry::v1::ListTransfersResponse transfers;

@@ -117,6 +117,7 @@ absl::Status BufferRegistry::Free(uint64_t id) { return FreeFor(id, kAnySession)
 
 absl::Status BufferRegistry::FreeFor(uint64_t id, uint64_t session) {
   std::shared_ptr<Buffer> buffer;
+  std::vector<std::string> names;
   {
     // The owner check and the removal under one lock: no Adopt or second Free in between.
     absl::MutexLock lock(&mu_);
@@ -130,8 +131,9 @@ absl::Status BufferRegistry::FreeFor(uint64_t id, uint64_t session) {
     }
     buffer = std::move(it->second);
     by_id_.erase(it);
-    ForgetName(*buffer);
+    if (ForgetName(*buffer)) names.push_back(buffer->name());
   }
+  TellUnexported(names);
   // `buffer` may still be held by transfers; the memory goes back when they finish.
   return absl::OkStatus();
 }
@@ -139,6 +141,7 @@ absl::Status BufferRegistry::FreeFor(uint64_t id, uint64_t session) {
 size_t BufferRegistry::FreeOwnedBy(uint64_t session) {
   if (session == 0) return 0;
   std::vector<std::shared_ptr<Buffer>> freed;
+  std::vector<std::string> names;
   {
     absl::MutexLock lock(&mu_);
     for (auto it = by_id_.begin(); it != by_id_.end();) {
@@ -146,11 +149,12 @@ size_t BufferRegistry::FreeOwnedBy(uint64_t session) {
         ++it;
         continue;
       }
-      ForgetName(*it->second);
+      if (ForgetName(*it->second)) names.push_back(it->second->name());
       freed.push_back(std::move(it->second));
       by_id_.erase(it++);
     }
   }
+  TellUnexported(names);
   // Dropped here, outside the lock: revoking keys may wait for remote accesses.
   return freed.size();
 }
@@ -161,10 +165,22 @@ absl::Status BufferRegistry::Unknown(const std::string& field, uint64_t id) cons
       absl::StrCat(field, ": buffer ", id, handed_out ? " was freed" : " does not exist"));
 }
 
-void BufferRegistry::ForgetName(const Buffer& buffer) {
+bool BufferRegistry::ForgetName(const Buffer& buffer) {
   // Only while the name is still this buffer's: after Unexport another buffer may hold it.
   auto it = by_name_.find(buffer.name());
-  if (it != by_name_.end() && it->second == buffer.id()) by_name_.erase(it);
+  if (it == by_name_.end() || it->second != buffer.id()) return false;
+  by_name_.erase(it);
+  return true;
+}
+
+void BufferRegistry::TellUnexported(const std::vector<std::string>& names) {
+  if (names.empty()) return;
+  Unexported hook;
+  {
+    absl::MutexLock lock(&mu_);
+    hook = on_unexport_;
+  }
+  if (hook) hook(names);
 }
 
 absl::Status BufferRegistry::Adopt(uint64_t id, BufferOwner owner) {
@@ -176,13 +192,15 @@ absl::Status BufferRegistry::Adopt(uint64_t id, BufferOwner owner) {
 
 absl::Status BufferRegistry::Unexport(uint64_t id) {
   std::shared_ptr<Buffer> buffer;
+  std::vector<std::string> names;
   {
     absl::MutexLock lock(&mu_);
     auto it = by_id_.find(id);
     if (it == by_id_.end()) return Unknown("id", id);
     buffer = it->second;
-    ForgetName(*buffer);
+    if (ForgetName(*buffer)) names.push_back(buffer->name());
   }
+  TellUnexported(names);
   for (const auto& [rail, region] : buffer->regions()) {
     absl::Status s = region->RestrictToLocal();
     if (!s.ok()) {

@@ -85,6 +85,10 @@ class Buffer {
 
 // The longest buffer name (a longer one names no buffer, and is refused as such).
 inline constexpr size_t kMaxBufferName = 256;
+// Names the agent gives a receive's landing buffer: written once by one sender, then
+// unexported. Their ResolveBuffer answers are not kept (a revocation per receive would
+// cost every receive a peer call).
+inline constexpr char kLandingNamePrefix[] = "ferry.recv.";
 
 class BufferRegistry {
  public:
@@ -99,6 +103,16 @@ class BufferRegistry {
   // Every buffer with every one of `fabrics`.
   BufferRegistry(memory::HostPool* pool, GpuPools* gpus, std::vector<fabric::Fabric*> fabrics)
       : BufferRegistry(pool, gpus, [fabrics](const BufferMemory&) { return fabrics; }) {}
+
+  // Called with the names that stop being exported (Free, FreeFor, FreeOwnedBy, Unexport),
+  // outside the registry's lock and before the registry lets go of the buffers: peers that
+  // kept an answer for a name are told (server/peers/export_leases.h) while its keys still
+  // reach it. Set once before use; an empty function (teardown) calls nothing.
+  using Unexported = std::function<void(const std::vector<std::string>& names)>;
+  void OnUnexport(Unexported hook) {
+    absl::MutexLock lock(&mu_);
+    on_unexport_ = std::move(hook);
+  }
 
   // `device`: "" or "host", or "cuda:N". Named buffers are exported to peers (remote read
   // and write): to those in `allowed_peers`, or to every peer when it is empty; unnamed ones
@@ -139,8 +153,10 @@ class BufferRegistry {
   // NOT_FOUND naming `field`: "was freed" for an id we handed out, else "does not exist".
   absl::Status Unknown(const std::string& field, uint64_t id) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Drops `buffer`'s name from by_name_ if the name still maps to it.
-  void ForgetName(const Buffer& buffer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops `buffer`'s name from by_name_ if the name still maps to it; true when it did.
+  bool ForgetName(const Buffer& buffer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Runs on_unexport_ (copied under the lock) for `names`, if any.
+  void TellUnexported(const std::vector<std::string>& names) ABSL_LOCKS_EXCLUDED(mu_);
 
   memory::HostPool* const pool_;
   GpuPools* const gpus_;
@@ -149,6 +165,7 @@ class BufferRegistry {
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   absl::flat_hash_map<uint64_t, std::shared_ptr<Buffer>> by_id_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, uint64_t> by_name_ ABSL_GUARDED_BY(mu_);
+  Unexported on_unexport_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace ferry::server

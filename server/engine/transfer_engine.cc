@@ -64,7 +64,8 @@ absl::StatusOr<std::vector<PlannedOp>> TransferEngine::Plan(const ferry::v1::Sub
                                                    " ops is more than limits.max_ops_per_submit (",
                                                    limits.max_ops_per_submit, ")"));
   }
-  // One ResolveBuffer per distinct remote buffer in the batch, not per op.
+  // One answer per distinct remote buffer in the batch, not per op: kept from an earlier
+  // transfer where the peer allows (no call), else one ResolveBuffer.
   std::map<std::pair<std::string, std::string>, std::shared_ptr<const RemoteBuffer>> remotes;
   std::vector<PlannedOp> planned(request.ops_size());
   for (int i = 0; i < request.ops_size(); ++i) {
@@ -105,12 +106,12 @@ absl::StatusOr<std::vector<PlannedOp>> TransferEngine::Plan(const ferry::v1::Sub
     auto key = std::make_pair(op.peer(), op.remote_buffer());
     auto it = remotes.find(key);
     if (it == remotes.end()) {
-      auto resolved = peers_->Resolve(op.peer(), op.remote_buffer(), deadline);
+      auto resolved = peers_->ResolveKept(op.peer(), op.remote_buffer(), deadline);
       if (!resolved.ok()) {
         return absl::Status(resolved.status().code(),
                             absl::StrCat(f, "remote_buffer: ", resolved.status().message()));
       }
-      it = remotes.emplace(key, std::make_shared<const RemoteBuffer>(*resolved)).first;
+      it = remotes.emplace(key, *std::move(resolved)).first;
     }
     p.remote = it->second;
     if (!RangeFits(op.remote_offset(), op.length(), p.remote->size)) {
@@ -195,6 +196,12 @@ absl::Status RemoteOutcome(absl::Status status, const PlannedOp& op) {
 
 void TransferEngine::Settle(const std::shared_ptr<Transfer>& transfer, size_t index,
                             const absl::Status& status, const std::string& provider) {
+  if (!status.ok()) {
+    // Whatever failed, the next transfer asks the peer again rather than trust the answer.
+    if (PlannedOps ops = transfer->ops(); ops && index < ops->size()) {
+      peers_->kept_answers().Forget((*ops)[index].remote);
+    }
+  }
   if (transfer->Settle(index, status, provider)) OnFinished(transfer->id());
 }
 
@@ -239,6 +246,15 @@ void TransferEngine::Post(const std::shared_ptr<Transfer>& transfer, absl::Time 
       continue;
     }
     const PeerRails& peer_rails = *it->second;
+    if (op.remote->incarnation != 0 && peer_rails.incarnation != op.remote->incarnation) {
+      // Its keys were made by the agent that ran before: none of them reaches anything now.
+      Settle(transfer, i,
+             absl::AbortedError(absl::StrCat("remote_buffer: ", node, " restarted since ",
+                                             Echo(op.remote->name),
+                                             " was resolved; submit the transfer again")),
+             "");
+      continue;
+    }
     const absl::Time now = absl::Now();
     RouteChoice direct = DirectRoutes(*op.local, *op.remote, peer_rails, *ledger_, now);
     const ProviderRails& preferred = peer_rails.providers.front();

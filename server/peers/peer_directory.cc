@@ -114,7 +114,39 @@ absl::StatusOr<RemoteBuffer> PeerDirectory::Resolve(const std::string& node,
   out.nic = resp.nic();
   out.path = resp.path();
   out.backend = resp.backend();
+  out.revocable = resp.revocable();
   return out;
+}
+
+absl::StatusOr<std::shared_ptr<const RemoteBuffer>> PeerDirectory::ResolveKept(
+    const std::string& node, const std::string& name, absl::Time deadline) {
+  if (auto kept = kept_.Find(node, name)) {
+    // A connection to the peer that broke says it may have restarted (a process that exits
+    // resets its sockets): then ask again, which finds out, rather than fail on old keys.
+    absl::MutexLock lock(&mu_);
+    auto it = links_.find(node);
+    const bool broken =
+        it == links_.end() ||
+        std::any_of(it->second.endpoints.begin(), it->second.endpoints.end(),
+                    [](const auto& e) { return e.second == nullptr || e.second->broken(); });
+    if (!broken) return kept;
+    kept_.Revoke(node, {}, true);
+  }
+  const uint64_t epoch = kept_.Epoch(node);
+  ASSIGN_OR_RETURN(RemoteBuffer fresh, Resolve(node, name, deadline));
+  auto answer = std::make_shared<const RemoteBuffer>(std::move(fresh));
+  {
+    // An answer from an incarnation other than the one our endpoints reach is not kept:
+    // the peer restarted between the Hello and this answer (or the other way round).
+    absl::MutexLock lock(&mu_);
+    auto it = links_.find(node);
+    if (it == links_.end() || (it->second.incarnation != 0 &&
+                               it->second.incarnation != answer->incarnation)) {
+      return answer;
+    }
+    kept_.Keep(epoch, answer);
+  }
+  return answer;
 }
 
 absl::StatusOr<std::shared_ptr<ferry::v1::Peer::Stub>> PeerDirectory::Stub(
@@ -221,6 +253,7 @@ std::string PeerDirectory::SetSourceLocked(
     if (link.sources.empty()) {
       for (auto& [key, e] : link.endpoints) closing.push_back(std::move(e));
       links_.erase(it);
+      kept_.Revoke(node, {}, true);
       return absl::StrCat("peer ", node, " removed");
     }
   }
@@ -240,6 +273,7 @@ std::string PeerDirectory::SetSourceLocked(
   link.welcome.reset();
   for (auto& [key, e] : link.endpoints) closing.push_back(std::move(e));
   link.endpoints.clear();
+  kept_.Revoke(node, {}, true);  // another agent may answer at the new address
   return change;
 }
 
@@ -288,10 +322,13 @@ absl::StatusOr<PeerRails> PeerDirectory::RailsLocked(const std::string& node,
             absl::StrCat("peer ", node, " was removed (config, etcd or RemovePeer)"));
       }
       Link& l = found->second;
-      // A restarted peer forgot every connection we had: they go.
+      // A restarted peer forgot every connection we had and every answer it gave: they go.
+      // (The first Hello finds answers kept before it; the engine checks each answer's
+      // incarnation against the Hello's before it uses one.)
       if (l.incarnation != said.incarnation) {
         for (auto& [key, e] : l.endpoints) closing.push_back(std::move(e));
         l.endpoints.clear();
+        if (l.incarnation != 0) kept_.Revoke(node, {}, true);
       }
       l.incarnation = said.incarnation;
       l.welcome = said;
@@ -411,7 +448,19 @@ std::optional<PeerDirectory::View> PeerDirectory::ViewOf(const std::string& node
     for (const auto& [rail, address] : l.welcome->rails) v.rails.push_back(rail);
   }
   for (const auto& [key, e] : l.endpoints) v.endpoints += e && !e->broken();
+  v.kept_answers = kept_.KeptFrom(node);
   return v;
+}
+
+void PeerDirectory::Answered(const std::string& node, uint64_t incarnation) {
+  absl::MutexLock lock(&mu_);
+  auto it = links_.find(node);
+  if (it == links_.end() || it->second.incarnation == 0 ||
+      it->second.incarnation == incarnation) {
+    return;
+  }
+  it->second.welcome.reset();
+  kept_.Revoke(node, {}, true);
 }
 
 void PeerDirectory::Refresh(const std::string& node) {

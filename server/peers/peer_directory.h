@@ -22,48 +22,11 @@
 #include "server/leg_mode.h"
 #include "server/peers/peer_credentials.h"
 #include "server/peers/peer_source.h"
+#include "server/peers/remote_buffer.h"
+#include "server/peers/resolve_cache.h"
 #include "transport/fabric.h"
 
 namespace ferry::server {
-
-// How one of the peer's fabrics reaches byte 0 of a buffer.
-struct RemoteKey {
-  fabric::RailId rail;  // the peer's rail
-  fabric::RemoteSlice slice;
-};
-
-// A buffer on a peer, as its agent exported it.
-struct RemoteBuffer {
-  std::string node;
-  std::string name;
-  uint64_t size = 0;
-  std::string device;
-  // Byte 0 of the buffer, per peer fabric that can reach it directly.
-  std::vector<RemoteKey> keys;
-  uint64_t incarnation = 0;
-  // How the peer takes writes into it (staged: through the Stage call), and why; the NIC
-  // and path class on the peer's side. A mode word this agent does not know is kUnavailable.
-  LegMode mode = LegMode::kHost;
-  std::string reason;
-  std::string nic;
-  std::string path;
-  std::string backend;
-
-  // The key of the peer's first fabric of `provider`, or nullptr.
-  const fabric::RemoteSlice* KeyFor(const std::string& provider) const {
-    for (const auto& k : keys) {
-      if (k.rail.provider == provider) return &k.slice;
-    }
-    return nullptr;
-  }
-  // The key of the peer's fabric `rail`, or nullptr.
-  const fabric::RemoteSlice* KeyFor(const fabric::RailId& rail) const {
-    for (const auto& k : keys) {
-      if (k.rail == rail) return &k.slice;
-    }
-    return nullptr;
-  }
-};
 
 // One way to a peer: our fabric and the peer's fabric it connects to (same provider).
 struct Route {
@@ -112,9 +75,15 @@ class PeerDirectory {
   std::vector<std::string> Names() const;
 
   // NOT_FOUND for a node that is not a peer or a buffer it does not have; UNAVAILABLE
-  // when the peer does not answer.
+  // when the peer does not answer. Always asks the peer.
   absl::StatusOr<RemoteBuffer> Resolve(const std::string& node, const std::string& name,
                                        absl::Time deadline);
+  // As Resolve, but a kept answer (the peer said it revokes it; kept_answers()) costs no
+  // call, and a new revocable answer is kept. The peer restarting or moving drops them.
+  absl::StatusOr<std::shared_ptr<const RemoteBuffer>> ResolveKept(const std::string& node,
+                                                                  const std::string& name,
+                                                                  absl::Time deadline);
+  ResolveCache& kept_answers() { return kept_; }
   // The rails to `node` (a Hello when there is no answer yet, the last is older than
   // kHelloTtl (rails come back after maintenance), the peer restarted since `incarnation`
   // (0: any), or Refresh asked for one). FAILED_PRECONDITION when the two
@@ -131,6 +100,9 @@ class PeerDirectory {
   // Forgets `node`'s Hello, so the next Rails asks again (a route to it failed: its rails
   // may have changed).
   void Refresh(const std::string& node);
+  // `node` answered a Health call with `incarnation`: if it restarted since its last Hello,
+  // its kept answers go and the next Rails says hello again.
+  void Answered(const std::string& node, uint64_t incarnation);
   // Our fabric of `rail`, or nullptr.
   fabric::Fabric* FabricOf(const fabric::RailId& rail) const;
 
@@ -141,6 +113,7 @@ class PeerDirectory {
     std::vector<fabric::RailId> rails;
     uint64_t incarnation = 0;
     size_t endpoints = 0;
+    size_t kept_answers = 0;  // its ResolveBuffer answers this agent keeps
   };
   std::optional<View> ViewOf(const std::string& node) const;
   // The Peer stub for `node` (Stage calls); NOT_FOUND for an unknown node. Shared: a peer
@@ -217,6 +190,7 @@ class PeerDirectory {
   const std::shared_ptr<const PeerCredentials> credentials_;
   mutable absl::Mutex mu_;
   std::map<std::string, Link> links_ ABSL_GUARDED_BY(mu_);
+  ResolveCache kept_;  // its own lock, taken after mu_ where both are
 };
 
 }  // namespace ferry::server

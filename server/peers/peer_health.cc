@@ -79,6 +79,7 @@ void PeerHealth::CheckOne(const std::string& node) {
       result.healthy = true;
       result.rtt = absl::Now() - start;
       result.incarnation = resp.incarnation();
+      peers_->Answered(node, resp.incarnation());  // a restart drops what we kept of it
     } else if (s.ok()) {
       result.last_error = absl::StrCat("the agent there calls itself '", resp.node(), "'");
     } else {

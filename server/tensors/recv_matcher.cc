@@ -111,8 +111,8 @@ absl::Status RecvMatcher::MatchLocked(PendingOffer& offer, Recv& recv) {
     // Named so the sender's agent can resolve and WRITE into it; unique per receive, and
     // exported to that sender only.
     auto made = buffers_->Allocate(
-        offer.bytes, absl::StrCat("ferry.recv.", recv.id, ".", absl::Hex(offer.send_id)), "host",
-        {}, {offer.from_node});
+        offer.bytes, absl::StrCat(kLandingNamePrefix, recv.id, ".", absl::Hex(offer.send_id)),
+        "host", {}, {offer.from_node});
     if (!made.ok()) {
       bad = absl::Status(made.status().code(),
                          absl::StrCat("the ", who, " on ", node_, " cannot allocate ", offer.bytes,

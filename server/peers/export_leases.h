@@ -1,0 +1,56 @@
+#pragma once
+// The exporter's side of kept ResolveBuffer answers (server/peers/resolve_cache.h is the
+// asker's): which peers keep an answer for which of our buffer names, and calling them to
+// drop it (Peer.Revoke) before it goes stale: a named buffer freed or unexported, the
+// policy changed, the agent drains. A revocation returns once every holder answered or the
+// timeout passed; only then does the caller let the buffer's memory and keys go, so a key
+// a peer kept never reaches memory that was given to something else.
+//
+// Not covered: a peer this agent no longer knows (removed from config, etcd or RemovePeer)
+// cannot be called back; it keeps its answers until it restarts or we do.
+
+#include <cstdint>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "server/peers/peer_directory.h"
+
+namespace ferry::server {
+
+class ExportLeases {
+ public:
+  static constexpr absl::Duration kRevokeTimeout = absl::Seconds(2);
+
+  // `peers` must outlive this; `self` names us in the Revoke calls.
+  ExportLeases(std::string self, PeerDirectory* peers) : self_(std::move(self)), peers_(peers) {}
+
+  // Whether an answer to `node` may be kept: only a peer we can call back.
+  bool CanGrant(const std::string& node) const { return peers_->Known(node); }
+  // Records that `node` keeps our answer for `name`. Call it after finding the buffer and
+  // before reading what the answer says (policy, drain), then look the name up again: a
+  // revocation that ran before the grant is then seen by the second lookup.
+  void Grant(const std::string& name, const std::string& node);
+  // Calls every holder of any of `names` to drop them (`reason` goes to their log).
+  void Revoke(const std::vector<std::string>& names, const std::string& reason);
+  // Calls every holder of anything to drop all of it.
+  void RevokeAll(const std::string& reason);
+  // How many of our names `node` keeps an answer for.
+  size_t HeldBy(const std::string& node) const;
+
+ private:
+  // One Revoke per node, all at once; waits for them.
+  void Call(const std::map<std::string, std::vector<std::string>>& by_node, bool all,
+            const std::string& reason);
+
+  const std::string self_;
+  PeerDirectory* const peers_;
+  mutable absl::Mutex mu_;
+  std::map<std::string, std::set<std::string>> holders_ ABSL_GUARDED_BY(mu_);  // name -> nodes
+};
+
+}  // namespace ferry::server

@@ -1,0 +1,58 @@
+#pragma once
+// The ResolveBuffer answers this agent keeps, per peer, so that a transfer to a buffer it
+// resolved before costs no peer call. Only answers the peer marked `revocable` are kept:
+// that peer calls Revoke before an answer goes stale (the buffer freed or unexported, its
+// policy changed, it drains), and a peer that restarted (new incarnation) or moved loses all
+// of its answers here. A transfer that fails on a kept answer drops it too (Forget).
+//
+// The race a cache must not lose: an answer in flight while the peer revokes it. Each peer
+// has an epoch, bumped by every revocation; an answer is kept only if no revocation of that
+// peer came between asking (Epoch) and keeping (Keep).
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "server/peers/remote_buffer.h"
+
+namespace ferry::server {
+
+class ResolveCache {
+ public:
+  // The kept answer for `name` on `node`, or nullptr.
+  std::shared_ptr<const RemoteBuffer> Find(const std::string& node, const std::string& name);
+  // `node`'s epoch now: take it before asking the peer, and hand it to Keep.
+  uint64_t Epoch(const std::string& node) const;
+  // Keeps `answer` (for answer->node, answer->name) unless that peer revoked anything since
+  // `epoch`. Returns whether it was kept.
+  bool Keep(uint64_t epoch, std::shared_ptr<const RemoteBuffer> answer);
+  // Drops `node`'s answers for `names` (every one when `all`) and bumps its epoch. Returns
+  // the dropped answers, still referenced where a transfer holds them: Drained() says when
+  // none is.
+  std::vector<std::weak_ptr<const RemoteBuffer>> Revoke(const std::string& node,
+                                                        const std::vector<std::string>& names,
+                                                        bool all);
+  // Drops `answer` if it is still the kept one for its buffer (a transfer on it failed).
+  void Forget(const std::shared_ptr<const RemoteBuffer>& answer);
+  // How many answers from `node` are kept.
+  size_t KeptFrom(const std::string& node) const;
+
+  // Waits until no one holds any of `answers` or `deadline` passes; true when none is held.
+  static bool Drained(const std::vector<std::weak_ptr<const RemoteBuffer>>& answers,
+                      absl::Time deadline);
+
+ private:
+  struct Peer {
+    uint64_t epoch = 0;
+    std::map<std::string, std::shared_ptr<const RemoteBuffer>> answers;  // by buffer name
+  };
+  mutable absl::Mutex mu_;
+  std::map<std::string, Peer> peers_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace ferry::server

@@ -1,0 +1,181 @@
+// Kept ResolveBuffer answers with two real agents: node-a keeps node-b's answer after the
+// first transfer (ListPeers' kept_answers on node-a, answers_held on node-b), and loses it
+// before it could reach the wrong memory: when node-b frees the buffer (the name reused
+// then reaches the new buffer, with the new size), changes its policy, or restarts. A
+// node-b that does not know node-a answers without letting it keep anything, and nobody
+// but node-b can revoke node-b's answers.
+
+#include <cstring>
+#include <string>
+
+#include "client/ferry_client.h"
+#include "ferry/v1/peer.grpc.pb.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "tests/agent_pair.h"
+#include "tests/peer_channel.h"
+
+namespace ferry {
+namespace {
+
+constexpr uint64_t kSize = 1 << 20;
+
+// node-a's view of `node` (kept_answers: node's answers node-a keeps; answers_held: how
+// many of node-a's names node keeps).
+ferry::v1::PeerInfo PeerOf(Client& client, const std::string& node) {
+  ferry::v1::ListPeersResponse peers;
+  grpc::ClientContext ctx;
+  EXPECT_TRUE(client.stub().ListPeers(&ctx, {}, &peers).ok());
+  for (const auto& p : peers.peers()) {
+    if (p.node() == node) return p;
+  }
+  ADD_FAILURE() << "no peer " << node;
+  return {};
+}
+
+class AgentKeptAnswersTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(pair_.Start().ok());
+    auto src = pair_.ca->Alloc(kSize);
+    ASSERT_TRUE(src.ok()) << src.status();
+    src_ = std::move(*src);
+    Fill(*src_, 7);
+  }
+  // node-a writes its whole source into node-b's `name`.
+  absl::Status WriteAll(const std::string& name, uint64_t length = kSize) {
+    return pair_.ca->Write(*src_, 0, "node-b", name, 0, length);
+  }
+  Pair pair_;
+  std::unique_ptr<Buffer> src_;
+};
+
+TEST_F(AgentKeptAnswersTest, TheSecondTransferToABufferUsesTheKeptAnswer) {
+  auto dst = pair_.cb->Alloc(kSize, "kept");
+  ASSERT_TRUE(dst.ok()) << dst.status();
+  EXPECT_EQ(PeerOf(*pair_.ca, "node-b").kept_answers(), 0u);
+  ASSERT_TRUE(WriteAll("kept").ok());
+  EXPECT_EQ(PeerOf(*pair_.ca, "node-b").kept_answers(), 1u);
+  EXPECT_EQ(PeerOf(*pair_.cb, "node-a").answers_held(), 1u);
+  Fill(*src_, 8);
+  ASSERT_TRUE(WriteAll("kept").ok());
+  EXPECT_EQ(0, std::memcmp(src_->data(), (*dst)->data(), kSize));
+  EXPECT_EQ(PeerOf(*pair_.ca, "node-b").kept_answers(), 1u);
+}
+
+TEST_F(AgentKeptAnswersTest, FreeingTheBufferRevokesTheAnswerBeforeFreeReturns) {
+  auto dst = pair_.cb->Alloc(kSize, "reused");
+  ASSERT_TRUE(dst.ok()) << dst.status();
+  ASSERT_TRUE(WriteAll("reused").ok());
+  ASSERT_EQ(PeerOf(*pair_.ca, "node-b").kept_answers(), 1u);
+
+  ASSERT_TRUE(pair_.cb->Free((*dst)->id()).ok());
+  dst->reset();
+  // No polling: Free returned after node-a confirmed.
+  EXPECT_EQ(PeerOf(*pair_.ca, "node-b").kept_answers(), 0u);
+  EXPECT_EQ(PeerOf(*pair_.cb, "node-a").answers_held(), 0u);
+  absl::Status gone = WriteAll("reused");
+  EXPECT_EQ(gone.code(), absl::StatusCode::kNotFound) << gone;
+
+  // The name again, half the size: node-a sees the new buffer, not the answer it had.
+  auto smaller = pair_.cb->Alloc(kSize / 2, "reused");
+  ASSERT_TRUE(smaller.ok()) << smaller.status();
+  std::memset((*smaller)->data(), 0, kSize / 2);
+  absl::Status too_long = WriteAll("reused");
+  EXPECT_EQ(too_long.code(), absl::StatusCode::kOutOfRange) << too_long;
+  Fill(*src_, 9);
+  ASSERT_TRUE(WriteAll("reused", kSize / 2).ok());
+  EXPECT_EQ(0, std::memcmp(src_->data(), (*smaller)->data(), kSize / 2));
+}
+
+TEST_F(AgentKeptAnswersTest, APolicyChangeRevokesEveryAnswer) {
+  auto one = pair_.cb->Alloc(kSize, "one");
+  auto two = pair_.cb->Alloc(kSize, "two");
+  ASSERT_TRUE(one.ok() && two.ok());
+  ASSERT_TRUE(WriteAll("one").ok());
+  ASSERT_TRUE(WriteAll("two").ok());
+  ASSERT_EQ(PeerOf(*pair_.ca, "node-b").kept_answers(), 2u);
+  ASSERT_TRUE(pair_.cb->SetPolicy({{"fallback", "fail"}}).ok());
+  EXPECT_EQ(PeerOf(*pair_.ca, "node-b").kept_answers(), 0u);
+  EXPECT_EQ(PeerOf(*pair_.cb, "node-a").answers_held(), 0u);
+  ASSERT_TRUE(WriteAll("one").ok());  // host memory: the new policy still takes it
+}
+
+TEST_F(AgentKeptAnswersTest, ARestartedPeerIsAskedAgain) {
+  auto dst = pair_.cb->Alloc(kSize, "again");
+  ASSERT_TRUE(dst.ok());
+  ASSERT_TRUE(WriteAll("again").ok());
+  ASSERT_EQ(PeerOf(*pair_.ca, "node-b").kept_answers(), 1u);
+  dst->reset();
+  pair_.cb.reset();
+  pair_.b->Kill();
+  ASSERT_TRUE(pair_.StartB().ok());
+  auto fresh = pair_.cb->Alloc(kSize, "again");
+  ASSERT_TRUE(fresh.ok());
+  std::memset((*fresh)->data(), 0, kSize);
+  Fill(*src_, 10);
+  absl::Status s = WriteAll("again");
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(0, std::memcmp(src_->data(), (*fresh)->data(), kSize));
+}
+
+TEST_F(AgentKeptAnswersTest, OnlyTheExporterRevokesItsAnswers) {
+  auto dst = pair_.cb->Alloc(kSize, "mine");
+  ASSERT_TRUE(dst.ok());
+  ASSERT_TRUE(WriteAll("mine").ok());
+  ASSERT_EQ(PeerOf(*pair_.ca, "node-b").kept_answers(), 1u);
+  // node-c, with a good certificate of its own, claims to be node-b: refused.
+  auto as_c = ferry::v1::Peer::NewStub(
+      PeerChannelAs(pair_.dir, pair_.a->peer_address(), "node-a", "node-c"));
+  ferry::v1::RevokeRequest forged;
+  forged.set_from_node("node-b");
+  forged.set_all(true);
+  ferry::v1::RevokeResponse resp;
+  grpc::ClientContext ctx;
+  grpc::Status s = as_c->Revoke(&ctx, forged, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
+  // As itself, node-c drops only what node-a keeps of node-c's: nothing.
+  ferry::v1::RevokeRequest own;
+  own.set_from_node("node-c");
+  own.set_all(true);
+  grpc::ClientContext ctx2;
+  ASSERT_TRUE(as_c->Revoke(&ctx2, own, &resp).ok());
+  EXPECT_EQ(resp.dropped(), 0u);
+  EXPECT_EQ(PeerOf(*pair_.ca, "node-b").kept_answers(), 1u);
+}
+
+TEST(AgentKeptAnswersOneWayTest, AnExporterThatCannotCallBackLetsNothingBeKept) {
+  Pair pair;
+  pair.dir = MakeTempDir();
+  auto pa = PickFreePort();
+  auto pb = PickFreePort();
+  ASSERT_TRUE(pa.ok() && pb.ok());
+  pair.port_a = *pa;
+  pair.port_b = *pb;
+  // node-b has no peers: it answers node-a (authenticated by its certificate) but could not
+  // tell it when the answer goes stale.
+  auto b = AgentProcess::Start({"node-b", pair.dir, pair.port_b, {}, ""});
+  ASSERT_TRUE(b.ok()) << b.status();
+  pair.b = std::move(*b);
+  auto a = AgentProcess::Start(pair.SpecA(""));
+  ASSERT_TRUE(a.ok()) << a.status();
+  pair.a = std::move(*a);
+  auto ca = Client::Connect(pair.a->socket());
+  auto cb = Client::Connect(pair.b->socket());
+  ASSERT_TRUE(ca.ok() && cb.ok());
+  pair.ca = std::move(*ca);
+  pair.cb = std::move(*cb);
+  auto src = pair.ca->Alloc(kSize);
+  auto dst = pair.cb->Alloc(kSize, "unkept");
+  ASSERT_TRUE(src.ok() && dst.ok());
+  for (int i = 0; i < 3; ++i) {
+    ASSERT_TRUE(pair.ca->Write(**src, 0, "node-b", "unkept", 0, kSize).ok());
+  }
+  EXPECT_EQ(PeerOf(*pair.ca, "node-b").kept_answers(), 0u);
+  ASSERT_TRUE(pair.cb->Free((*dst)->id()).ok());
+  absl::Status gone = pair.ca->Write(**src, 0, "node-b", "unkept", 0, kSize);
+  EXPECT_EQ(gone.code(), absl::StatusCode::kNotFound) << gone;
+}
+
+}  // namespace
+}  // namespace ferry

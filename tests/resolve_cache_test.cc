@@ -1,0 +1,90 @@
+// The asker's cache of ResolveBuffer answers: only revocable answers are kept, an answer
+// that was on its way while the peer revoked is not kept, Forget drops only the answer a
+// failed transfer used, and Drained waits for the transfers still holding one.
+
+#include "server/peers/resolve_cache.h"
+
+#include <thread>
+
+#include "absl/time/clock.h"
+#include "gtest/gtest.h"
+
+namespace ferry::server {
+namespace {
+
+std::shared_ptr<const RemoteBuffer> Answer(const std::string& node, const std::string& name,
+                                           bool revocable = true) {
+  auto a = std::make_shared<RemoteBuffer>();
+  a->node = node;
+  a->name = name;
+  a->size = 4096;
+  a->revocable = revocable;
+  return a;
+}
+
+TEST(ResolveCacheTest, KeepsOnlyRevocableAnswers) {
+  ResolveCache cache;
+  EXPECT_FALSE(cache.Keep(cache.Epoch("b"), Answer("b", "x", false)));
+  EXPECT_EQ(cache.Find("b", "x"), nullptr);
+  auto kept = Answer("b", "x");
+  EXPECT_TRUE(cache.Keep(cache.Epoch("b"), kept));
+  EXPECT_EQ(cache.Find("b", "x"), kept);
+  EXPECT_EQ(cache.Find("c", "x"), nullptr);  // per peer
+  EXPECT_EQ(cache.KeptFrom("b"), 1u);
+}
+
+TEST(ResolveCacheTest, AnAnswerInFlightDuringARevocationIsNotKept) {
+  ResolveCache cache;
+  const uint64_t asked = cache.Epoch("b");
+  // The peer revokes (a name it is freeing) while our question is on its way...
+  EXPECT_TRUE(cache.Revoke("b", {"x"}, false).empty());
+  // ...so the answer that arrives after is used once and not kept.
+  EXPECT_FALSE(cache.Keep(asked, Answer("b", "x")));
+  EXPECT_EQ(cache.KeptFrom("b"), 0u);
+  // Another peer's revocations do not matter.
+  const uint64_t c_asked = cache.Epoch("c");
+  cache.Revoke("b", {}, true);
+  EXPECT_TRUE(cache.Keep(c_asked, Answer("c", "x")));
+}
+
+TEST(ResolveCacheTest, RevokeDropsTheNamedAnswersOrAll) {
+  ResolveCache cache;
+  for (const char* name : {"x", "y", "z"}) cache.Keep(cache.Epoch("b"), Answer("b", name));
+  EXPECT_EQ(cache.Revoke("b", {"y", "nothing"}, false).size(), 1u);
+  EXPECT_EQ(cache.Find("b", "y"), nullptr);
+  EXPECT_NE(cache.Find("b", "x"), nullptr);
+  EXPECT_EQ(cache.Revoke("b", {}, true).size(), 2u);
+  EXPECT_EQ(cache.KeptFrom("b"), 0u);
+}
+
+TEST(ResolveCacheTest, ForgetDropsOnlyTheAnswerThatFailed) {
+  ResolveCache cache;
+  auto old_answer = Answer("b", "x");
+  cache.Keep(cache.Epoch("b"), old_answer);
+  cache.Forget(old_answer);
+  EXPECT_EQ(cache.Find("b", "x"), nullptr);
+  // A transfer on the old answer failing after a newer one was kept leaves the newer.
+  auto newer = Answer("b", "x");
+  cache.Keep(cache.Epoch("b"), newer);
+  cache.Forget(old_answer);
+  EXPECT_EQ(cache.Find("b", "x"), newer);
+  cache.Forget(nullptr);
+}
+
+TEST(ResolveCacheTest, DrainedWaitsForTheTransfersThatHoldAnAnswer) {
+  ResolveCache cache;
+  cache.Keep(cache.Epoch("b"), Answer("b", "x"));
+  std::shared_ptr<const RemoteBuffer> in_use = cache.Find("b", "x");
+  auto dropped = cache.Revoke("b", {"x"}, false);
+  ASSERT_EQ(dropped.size(), 1u);
+  EXPECT_FALSE(ResolveCache::Drained(dropped, absl::Now() + absl::Milliseconds(20)));
+  std::thread finishes([&] {
+    absl::SleepFor(absl::Milliseconds(30));
+    in_use.reset();
+  });
+  EXPECT_TRUE(ResolveCache::Drained(dropped, absl::Now() + absl::Seconds(10)));
+  finishes.join();
+}
+
+}  // namespace
+}  // namespace ferry::server
