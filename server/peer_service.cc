@@ -88,7 +88,8 @@ grpc::Status PeerService::ResolveBuffer(grpc::ServerContext* ctx,
   // Granted before the drain flag, the policy and the name are read (again): a revocation
   // that ran before the grant changed one of them, and this answer says so (or is refused).
   const bool revocable = core_->leases().CanGrant(*caller) &&
-                         !absl::StartsWith(req->name(), kLandingNamePrefix);
+                         !absl::StartsWith(req->name(), kLandingNamePrefix) &&
+                         !core_->engine().draining();
   if (revocable) core_->leases().Grant(req->name(), *caller);
   // A peer's new transfer to a draining node fails at its Submit, not half way through
   // (server/drain.h); transfers that resolved earlier go on.
@@ -135,15 +136,19 @@ grpc::Status PeerService::Revoke(grpc::ServerContext* ctx, const ferry::v1::Revo
                                  ferry::v1::RevokeResponse* resp) {
   absl::StatusOr<std::string> caller = CallerNode(*ctx, req->from_node());
   if (!caller.ok()) return ToGrpcStatus(caller.status());
+  // Answers are asked of, and kept for, peers in our directory only: another caller has
+  // nothing here to revoke (and leaves nothing behind).
+  if (!core_->peers().Known(*caller)) return grpc::Status::OK;
   std::vector<std::string> names(req->names().begin(), req->names().end());
   auto dropped = core_->peers().kept_answers().Revoke(*caller, names, req->all());
   resp->set_dropped(static_cast<uint32_t>(dropped.size()));
   // The exporter frees the memory once we answer: our transfers on these answers finish
-  // first, or are given until the call's deadline.
-  const absl::Time deadline = absl::FromChrono(ctx->deadline());
+  // first. Answered before the caller's deadline, so that it learns either way.
+  const absl::Time deadline = absl::FromChrono(ctx->deadline()) - absl::Milliseconds(200);
   if (!ResolveCache::Drained(dropped, std::min(deadline, absl::Now() + absl::Seconds(2)))) {
-    spdlog::warn("revoke from {} ({}): a transfer still uses one of its {} answer(s)", *caller,
-                 req->reason(), dropped.size());
+    return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                        absl::StrCat("dropped ", dropped.size(), " answer(s), but a transfer on ",
+                                     "one of them is still running"));
   }
   if (!dropped.empty()) {
     spdlog::debug("revoke from {} ({}): dropped {} kept answer(s)", *caller, req->reason(),

@@ -22,6 +22,7 @@ void DescribePeers(AgentCore& core, ferry::v1::ListPeersResponse* out) {
       p->set_kept_answers(static_cast<uint32_t>(view->kept_answers));
     }
     p->set_answers_held(static_cast<uint32_t>(core.leases().HeldBy(node)));
+    p->set_answers_granted(core.leases().GrantedTo(node));
     p->set_health(!check.checked ? "unchecked" : check.healthy ? "ok" : "unreachable");
     p->set_rtt_us(static_cast<uint64_t>(absl::ToInt64Microseconds(check.rtt)));
     if (check.incarnation != 0) p->set_incarnation(check.incarnation);

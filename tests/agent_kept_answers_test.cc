@@ -1,13 +1,16 @@
 // Kept ResolveBuffer answers with two real agents: node-a keeps node-b's answer after the
-// first transfer (ListPeers' kept_answers on node-a, answers_held on node-b), and loses it
-// before it could reach the wrong memory: when node-b frees the buffer (the name reused
-// then reaches the new buffer, with the new size), changes its policy, or restarts. A
-// node-b that does not know node-a answers without letting it keep anything, and nobody
-// but node-b can revoke node-b's answers.
+// first transfer and asks node-b nothing after (ListPeers: kept_answers on node-a,
+// answers_held and answers_granted on node-b), and loses it before it could reach the wrong
+// memory: when node-b frees the buffer (Free returns after the transfer on it finished; the
+// name reused then reaches the new buffer, with the new size), when the owning session
+// ends, when node-b changes its policy or restarts. A node-b that does not know node-a
+// answers without letting it keep anything, and nobody but node-b revokes its answers.
 
 #include <cstring>
 #include <string>
+#include <vector>
 
+#include "absl/time/clock.h"
 #include "client/ferry_client.h"
 #include "ferry/v1/peer.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
@@ -57,10 +60,55 @@ TEST_F(AgentKeptAnswersTest, TheSecondTransferToABufferUsesTheKeptAnswer) {
   ASSERT_TRUE(WriteAll("kept").ok());
   EXPECT_EQ(PeerOf(*pair_.ca, "node-b").kept_answers(), 1u);
   EXPECT_EQ(PeerOf(*pair_.cb, "node-a").answers_held(), 1u);
-  Fill(*src_, 8);
-  ASSERT_TRUE(WriteAll("kept").ok());
-  EXPECT_EQ(0, std::memcmp(src_->data(), (*dst)->data(), kSize));
+  EXPECT_EQ(PeerOf(*pair_.cb, "node-a").answers_granted(), 1u);
+  for (uint32_t seed = 8; seed < 11; ++seed) {
+    Fill(*src_, seed);
+    ASSERT_TRUE(WriteAll("kept").ok());
+    EXPECT_EQ(0, std::memcmp(src_->data(), (*dst)->data(), kSize));
+  }
+  // Every ResolveBuffer node-a makes is granted (node-b knows it): still one, so the three
+  // writes after the first asked node-b nothing.
+  EXPECT_EQ(PeerOf(*pair_.cb, "node-a").answers_granted(), 1u);
   EXPECT_EQ(PeerOf(*pair_.ca, "node-b").kept_answers(), 1u);
+}
+
+TEST_F(AgentKeptAnswersTest, FreeWaitsForTheTransferThatUsesTheKeptAnswer) {
+  constexpr uint64_t kBig = 64ull << 20;
+  auto big = pair_.ca->Alloc(kBig);
+  auto dst = pair_.cb->Alloc(kBig, "busy");
+  ASSERT_TRUE(big.ok() && dst.ok());
+  ASSERT_TRUE(pair_.ca->Write(**big, 0, "node-b", "busy", 0, 4096).ok());  // kept now
+  std::vector<OpSpec> ops;
+  for (int i = 0; i < 4; ++i)
+    ops.push_back({ferry::v1::WRITE, (*big)->id(), 0, "node-b", "busy", 0, kBig});
+  auto id = pair_.ca->Submit(ops, absl::Seconds(30));
+  ASSERT_TRUE(id.ok()) << id.status();
+  // The transfer holds the kept answer: node-b's Free revokes it and returns only once the
+  // transfer let go of it, so the transfer is not cut off by its keys going away.
+  ASSERT_TRUE(pair_.cb->Free((*dst)->id()).ok());
+  auto result = pair_.ca->Wait(*id, absl::Seconds(30));
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->state(), ferry::v1::SUCCEEDED) << result->message();
+  EXPECT_EQ(PeerOf(*pair_.ca, "node-b").kept_answers(), 0u);
+}
+
+TEST_F(AgentKeptAnswersTest, ASessionEndingRevokesWhatItOwned) {
+  auto dst = pair_.cb->Alloc(kSize, "owned");
+  ASSERT_TRUE(dst.ok());
+  ASSERT_TRUE(WriteAll("owned").ok());
+  ASSERT_EQ(PeerOf(*pair_.ca, "node-b").kept_answers(), 1u);
+  dst->reset();
+  pair_.cb.reset();  // node-b frees the session's buffers once it sees the client gone
+  absl::Time give_up = absl::Now() + absl::Seconds(10);
+  while (PeerOf(*pair_.ca, "node-b").kept_answers() != 0 && absl::Now() < give_up) {
+    absl::SleepFor(absl::Milliseconds(20));
+  }
+  EXPECT_EQ(PeerOf(*pair_.ca, "node-b").kept_answers(), 0u);
+  absl::Status gone = WriteAll("owned");
+  EXPECT_EQ(gone.code(), absl::StatusCode::kNotFound) << gone;
+  auto cb = Client::Connect(pair_.b->socket());
+  ASSERT_TRUE(cb.ok());
+  pair_.cb = std::move(*cb);
 }
 
 TEST_F(AgentKeptAnswersTest, FreeingTheBufferRevokesTheAnswerBeforeFreeReturns) {

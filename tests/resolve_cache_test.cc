@@ -1,6 +1,7 @@
-// The asker's cache of ResolveBuffer answers: only revocable answers are kept, an answer
-// that was on its way while the peer revoked is not kept, Forget drops only the answer a
-// failed transfer used, and Drained waits for the transfers still holding one.
+// The asker's cache of ResolveBuffer answers: answers for one buffer are shared, an answer
+// that was on its way while the peer revoked is refused (neither kept nor used), Forget
+// drops only the answer a failed transfer used, and Drained waits for the transfers still
+// holding one.
 
 #include "server/peers/resolve_cache.h"
 
@@ -12,23 +13,24 @@
 namespace ferry::server {
 namespace {
 
-std::shared_ptr<const RemoteBuffer> Answer(const std::string& node, const std::string& name,
-                                           bool revocable = true) {
+std::shared_ptr<const RemoteBuffer> Answer(const std::string& node, const std::string& name) {
   auto a = std::make_shared<RemoteBuffer>();
   a->node = node;
   a->name = name;
   a->size = 4096;
-  a->revocable = revocable;
+  a->revocable = true;
   return a;
 }
 
-TEST(ResolveCacheTest, KeepsOnlyRevocableAnswers) {
+TEST(ResolveCacheTest, TwoAnswersForOneBufferShareTheFirstKept) {
   ResolveCache cache;
-  EXPECT_FALSE(cache.Keep(cache.Epoch("b"), Answer("b", "x", false)));
-  EXPECT_EQ(cache.Find("b", "x"), nullptr);
-  auto kept = Answer("b", "x");
-  EXPECT_TRUE(cache.Keep(cache.Epoch("b"), kept));
-  EXPECT_EQ(cache.Find("b", "x"), kept);
+  auto first = Answer("b", "x");
+  auto second = Answer("b", "x");
+  // Two transfers asked at once: both use the first answer kept, so a revocation that
+  // finds it finds every transfer that uses it.
+  EXPECT_EQ(cache.Keep(cache.Epoch("b"), first), first);
+  EXPECT_EQ(cache.Keep(cache.Epoch("b"), second), first);
+  EXPECT_EQ(cache.Find("b", "x"), first);
   EXPECT_EQ(cache.Find("c", "x"), nullptr);  // per peer
   EXPECT_EQ(cache.KeptFrom("b"), 1u);
 }
@@ -38,13 +40,13 @@ TEST(ResolveCacheTest, AnAnswerInFlightDuringARevocationIsNotKept) {
   const uint64_t asked = cache.Epoch("b");
   // The peer revokes (a name it is freeing) while our question is on its way...
   EXPECT_TRUE(cache.Revoke("b", {"x"}, false).empty());
-  // ...so the answer that arrives after is used once and not kept.
-  EXPECT_FALSE(cache.Keep(asked, Answer("b", "x")));
+  // ...so the answer that arrives after is neither kept nor to be used.
+  EXPECT_EQ(cache.Keep(asked, Answer("b", "x")), nullptr);
   EXPECT_EQ(cache.KeptFrom("b"), 0u);
   // Another peer's revocations do not matter.
   const uint64_t c_asked = cache.Epoch("c");
   cache.Revoke("b", {}, true);
-  EXPECT_TRUE(cache.Keep(c_asked, Answer("c", "x")));
+  EXPECT_NE(cache.Keep(c_asked, Answer("c", "x")), nullptr);
 }
 
 TEST(ResolveCacheTest, RevokeDropsTheNamedAnswersOrAll) {

@@ -21,7 +21,7 @@ class SessionReactor : public grpc::ServerWriteReactor<ferry::v1::SessionEvent> 
   }
   void OnCancel() override { FinishOnce(grpc::Status::CANCELLED); }
   void OnDone() override {
-    sessions_->Close(id_);
+    sessions_->CloseSoon(id_);  // not here: freeing may call peers (sessions.h says why)
     delete this;
   }
 

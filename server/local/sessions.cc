@@ -17,11 +17,49 @@ uint64_t SessionRegistry::Open(const std::string& client, uint32_t pid, int64_t 
   return id;
 }
 
+SessionRegistry::~SessionRegistry() {
+  std::thread sweeper;
+  {
+    absl::MutexLock lock(&mu_);
+    stopping_ = true;
+    sweeper = std::move(sweeper_);
+  }
+  if (sweeper.joinable()) sweeper.join();
+}
+
 void SessionRegistry::Close(uint64_t id) {
   {
     absl::MutexLock lock(&mu_);
     if (open_.erase(id) == 0) return;
   }
+  FreeOf(id);
+}
+
+void SessionRegistry::CloseSoon(uint64_t id) {
+  absl::MutexLock lock(&mu_);
+  if (open_.erase(id) == 0) return;
+  to_sweep_.push_back(id);
+  if (!sweeper_.joinable()) sweeper_ = std::thread([this] { Sweep(); });
+}
+
+void SessionRegistry::Sweep() {
+  while (true) {
+    uint64_t id = 0;
+    {
+      absl::MutexLock lock(&mu_);
+      auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stopping_ || !to_sweep_.empty();
+      };
+      mu_.Await(absl::Condition(&ready));
+      if (to_sweep_.empty()) return;  // stopping, and nothing left to free
+      id = to_sweep_.front();
+      to_sweep_.pop_front();
+    }
+    FreeOf(id);
+  }
+}
+
+void SessionRegistry::FreeOf(uint64_t id) {
   // After the erase: an Allocate racing with this close either lands before the sweep (and
   // is swept) or sees the session closed and frees its buffer itself.
   size_t freed = buffers_->FreeOwnedBy(id);

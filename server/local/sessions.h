@@ -5,7 +5,9 @@
 // the pools' accounting returns to zero however clients leave.
 
 #include <cstdint>
+#include <deque>
 #include <string>
+#include <thread>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
@@ -22,6 +24,8 @@ inline constexpr char kSessionMetadata[] = "ferry-session";
 class SessionRegistry {
  public:
   explicit SessionRegistry(BufferRegistry* buffers) : buffers_(buffers) {}
+  // Runs the sweeps CloseSoon queued, then stops its thread.
+  ~SessionRegistry();
 
   // A new session for `client` (what it is: "ferryctl", "python") running as `pid` and
   // `uid` (-1: not known).
@@ -29,6 +33,11 @@ class SessionRegistry {
   // Ends the session and frees every buffer it owns (memory still used by a transfer in
   // flight goes back when that transfer finishes). Idempotent.
   void Close(uint64_t id);
+  // Close for a caller that must not block (gRPC's callback threads: a peer call made there
+  // cannot complete until the callback returns): the session is closed now, and its buffers
+  // are freed on the registry's own thread, since freeing may call the peers that kept
+  // their answers (server/peers/export_leases.h).
+  void CloseSoon(uint64_t id);
 
   // The session a call names in its metadata value (`value` empty: none, 0).
   // FAILED_PRECONDITION naming the key for a malformed id or one that is not open.
@@ -49,6 +58,12 @@ class SessionRegistry {
     int64_t uid = -1;
   };
   absl::flat_hash_map<uint64_t, Open_> open_ ABSL_GUARDED_BY(mu_);
+  // Closed sessions whose buffers the sweeper frees; started on first use.
+  void Sweep();
+  void FreeOf(uint64_t id);
+  std::deque<uint64_t> to_sweep_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread sweeper_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace ferry::server

@@ -12,6 +12,13 @@ namespace ferry::server {
 void ExportLeases::Grant(const std::string& name, const std::string& node) {
   absl::MutexLock lock(&mu_);
   holders_[name].insert(node);
+  ++granted_[node];
+}
+
+uint64_t ExportLeases::GrantedTo(const std::string& node) const {
+  absl::MutexLock lock(&mu_);
+  auto it = granted_.find(node);
+  return it == granted_.end() ? 0 : it->second;
 }
 
 void ExportLeases::Revoke(const std::vector<std::string>& names, const std::string& reason) {

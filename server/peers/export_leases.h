@@ -39,8 +39,10 @@ class ExportLeases {
   void Revoke(const std::vector<std::string>& names, const std::string& reason);
   // Calls every holder of anything to drop all of it.
   void RevokeAll(const std::string& reason);
-  // How many of our names `node` keeps an answer for.
+  // How many of our names `node` keeps an answer for, and how many answers it was granted
+  // in all (one per ResolveBuffer it made that could be kept).
   size_t HeldBy(const std::string& node) const;
+  uint64_t GrantedTo(const std::string& node) const;
 
  private:
   // One Revoke per node, all at once; waits for them.
@@ -51,6 +53,7 @@ class ExportLeases {
   PeerDirectory* const peers_;
   mutable absl::Mutex mu_;
   std::map<std::string, std::set<std::string>> holders_ ABSL_GUARDED_BY(mu_);  // name -> nodes
+  std::map<std::string, uint64_t> granted_ ABSL_GUARDED_BY(mu_);  // node -> grants so far
 };
 
 }  // namespace ferry::server

@@ -120,33 +120,42 @@ absl::StatusOr<RemoteBuffer> PeerDirectory::Resolve(const std::string& node,
 
 absl::StatusOr<std::shared_ptr<const RemoteBuffer>> PeerDirectory::ResolveKept(
     const std::string& node, const std::string& name, absl::Time deadline) {
-  if (auto kept = kept_.Find(node, name)) {
-    // A connection to the peer that broke says it may have restarted (a process that exits
-    // resets its sockets): then ask again, which finds out, rather than fail on old keys.
-    absl::MutexLock lock(&mu_);
-    auto it = links_.find(node);
-    const bool broken =
-        it == links_.end() ||
-        std::any_of(it->second.endpoints.begin(), it->second.endpoints.end(),
-                    [](const auto& e) { return e.second == nullptr || e.second->broken(); });
-    if (!broken) return kept;
-    kept_.Revoke(node, {}, true);
-  }
-  const uint64_t epoch = kept_.Epoch(node);
-  ASSIGN_OR_RETURN(RemoteBuffer fresh, Resolve(node, name, deadline));
-  auto answer = std::make_shared<const RemoteBuffer>(std::move(fresh));
-  {
-    // An answer from an incarnation other than the one our endpoints reach is not kept:
-    // the peer restarted between the Hello and this answer (or the other way round).
-    absl::MutexLock lock(&mu_);
-    auto it = links_.find(node);
-    if (it == links_.end() || (it->second.incarnation != 0 &&
-                               it->second.incarnation != answer->incarnation)) {
-      return answer;
+  for (int attempt = 0; attempt < kResolveAttempts; ++attempt) {
+    if (auto kept = kept_.Find(node, name)) {
+      // A connection to the peer that broke says it may have restarted (a process that
+      // exits resets its sockets): then ask again, which finds out, rather than fail on old
+      // keys.
+      absl::MutexLock lock(&mu_);
+      auto it = links_.find(node);
+      const bool broken =
+          it == links_.end() ||
+          std::any_of(it->second.endpoints.begin(), it->second.endpoints.end(),
+                      [](const auto& e) { return e.second == nullptr || e.second->broken(); });
+      if (!broken) return kept;
+      kept_.Revoke(node, {}, true);
     }
-    kept_.Keep(epoch, answer);
+    const uint64_t epoch = kept_.Epoch(node);
+    ASSIGN_OR_RETURN(RemoteBuffer fresh, Resolve(node, name, deadline));
+    auto answer = std::make_shared<const RemoteBuffer>(std::move(fresh));
+    // Not revocable: asked for this transfer alone, as every transfer did before answers
+    // were kept.
+    if (!answer->revocable) return answer;
+    {
+      // An answer from an incarnation other than the one our endpoints reach is not kept:
+      // the peer restarted between the Hello and this answer (the engine then refuses it).
+      absl::MutexLock lock(&mu_);
+      auto it = links_.find(node);
+      if (it == links_.end() ||
+          (it->second.incarnation != 0 && it->second.incarnation != answer->incarnation)) {
+        return answer;
+      }
+    }
+    if (auto used = kept_.Keep(epoch, std::move(answer))) return used;
+    // Revoked on its way (the buffer freed, the policy changed): ask again.
   }
-  return answer;
+  return absl::UnavailableError(absl::StrCat("ResolveBuffer(", name, ") on ", node,
+                                             ": revoked ", kResolveAttempts,
+                                             " times while the answer was on its way"));
 }
 
 absl::StatusOr<std::shared_ptr<ferry::v1::Peer::Stub>> PeerDirectory::Stub(

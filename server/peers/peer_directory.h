@@ -60,6 +60,7 @@ struct PeerRails {
 class PeerDirectory {
  public:
   static constexpr absl::Duration kHelloTtl = absl::Seconds(2);
+  static constexpr int kResolveAttempts = 3;
 
   // `self` is this agent's node name and `incarnation` its AgentCore::incarnation() (what
   // targets are told on Connect); naming itself as a peer reaches this agent's own Peer
@@ -79,7 +80,9 @@ class PeerDirectory {
   absl::StatusOr<RemoteBuffer> Resolve(const std::string& node, const std::string& name,
                                        absl::Time deadline);
   // As Resolve, but a kept answer (the peer said it revokes it; kept_answers()) costs no
-  // call, and a new revocable answer is kept. The peer restarting or moving drops them.
+  // call, and a new revocable answer is kept. The peer restarting or moving drops them. An
+  // answer the peer revoked while it was on its way is not used: it asks again (up to
+  // kResolveAttempts times, then UNAVAILABLE).
   absl::StatusOr<std::shared_ptr<const RemoteBuffer>> ResolveKept(const std::string& node,
                                                                   const std::string& name,
                                                                   absl::Time deadline);

@@ -21,14 +21,13 @@ uint64_t ResolveCache::Epoch(const std::string& node) const {
   return peer == peers_.end() ? 0 : peer->second.epoch;
 }
 
-bool ResolveCache::Keep(uint64_t epoch, std::shared_ptr<const RemoteBuffer> answer) {
-  if (!answer->revocable) return false;
+std::shared_ptr<const RemoteBuffer> ResolveCache::Keep(
+    uint64_t epoch, std::shared_ptr<const RemoteBuffer> answer) {
   absl::MutexLock lock(&mu_);
   Peer& peer = peers_[answer->node];
-  if (peer.epoch != epoch) return false;  // revoked while the answer was on its way
-  const std::string name = answer->name;
-  peer.answers[name] = std::move(answer);
-  return true;
+  if (peer.epoch != epoch) return nullptr;  // revoked while the answer was on its way
+  auto [it, added] = peer.answers.try_emplace(answer->name, answer);
+  return it->second;
 }
 
 std::vector<std::weak_ptr<const RemoteBuffer>> ResolveCache::Revoke(

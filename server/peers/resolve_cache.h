@@ -6,8 +6,8 @@
 // of its answers here. A transfer that fails on a kept answer drops it too (Forget).
 //
 // The race a cache must not lose: an answer in flight while the peer revokes it. Each peer
-// has an epoch, bumped by every revocation; an answer is kept only if no revocation of that
-// peer came between asking (Epoch) and keeping (Keep).
+// has an epoch, bumped by every revocation; an answer is kept, or used, only if no
+// revocation of that peer came between asking (Epoch) and keeping (Keep).
 
 #include <cstdint>
 #include <map>
@@ -28,9 +28,13 @@ class ResolveCache {
   std::shared_ptr<const RemoteBuffer> Find(const std::string& node, const std::string& name);
   // `node`'s epoch now: take it before asking the peer, and hand it to Keep.
   uint64_t Epoch(const std::string& node) const;
-  // Keeps `answer` (for answer->node, answer->name) unless that peer revoked anything since
-  // `epoch`. Returns whether it was kept.
-  bool Keep(uint64_t epoch, std::shared_ptr<const RemoteBuffer> answer);
+  // Keeps revocable `answer` (for answer->node, answer->name) and returns the answer to
+  // use: the one already kept for that buffer if there is one (two transfers that asked at
+  // once share one answer, so a revocation finds every user), else `answer`. nullptr when
+  // that peer revoked anything since `epoch`: the answer may name memory already given back,
+  // so it must not be used at all (ask again).
+  std::shared_ptr<const RemoteBuffer> Keep(uint64_t epoch,
+                                           std::shared_ptr<const RemoteBuffer> answer);
   // Drops `node`'s answers for `names` (every one when `all`) and bumps its epoch. Returns
   // the dropped answers, still referenced where a transfer holds them: Drained() says when
   // none is.
