@@ -59,7 +59,10 @@ void ExportLeases::Call(const std::map<std::string, std::vector<std::string>>& b
   if (by_node.empty()) return;
   const absl::Time deadline = absl::Now() + kRevokeTimeout;
   std::vector<std::thread> calls;
-  for (const auto& [node, names] : by_node) {
+  for (const auto& held : by_node) {
+    // Named here, not bound in the loop: clang 14 cannot capture a structured binding.
+    const std::string& node = held.first;
+    const std::vector<std::string>& names = held.second;
     calls.emplace_back([this, &node, &names, all, &reason, deadline] {
       auto stub = peers_->Stub(node);
       if (!stub.ok()) {
