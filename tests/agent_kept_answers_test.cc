@@ -49,6 +49,14 @@ class AgentKeptAnswersTest : public ::testing::Test {
   absl::Status WriteAll(const std::string& name, uint64_t length = kSize) {
     return pair_.ca->Write(*src_, 0, "node-b", name, 0, length);
   }
+  // node-b's buffer `name`, written once by node-a, which now keeps node-b's answer for it.
+  void AllocKept(const std::string& name, std::unique_ptr<Buffer>* out) {
+    auto dst = pair_.cb->Alloc(kSize, name);
+    ASSERT_TRUE(dst.ok()) << dst.status();
+    ASSERT_TRUE(WriteAll(name).ok());
+    ASSERT_EQ(PeerOf(*pair_.ca, "node-b").kept_answers(), 1u);
+    *out = std::move(*dst);
+  }
   Pair pair_;
   std::unique_ptr<Buffer> src_;
 };
@@ -93,11 +101,9 @@ TEST_F(AgentKeptAnswersTest, FreeWaitsForTheTransferThatUsesTheKeptAnswer) {
 }
 
 TEST_F(AgentKeptAnswersTest, ASessionEndingRevokesWhatItOwned) {
-  auto dst = pair_.cb->Alloc(kSize, "owned");
-  ASSERT_TRUE(dst.ok());
-  ASSERT_TRUE(WriteAll("owned").ok());
-  ASSERT_EQ(PeerOf(*pair_.ca, "node-b").kept_answers(), 1u);
-  dst->reset();
+  std::unique_ptr<Buffer> dst;
+  ASSERT_NO_FATAL_FAILURE(AllocKept("owned", &dst));
+  dst.reset();
   pair_.cb.reset();  // node-b frees the session's buffers once it sees the client gone
   absl::Time give_up = absl::Now() + absl::Seconds(10);
   while (PeerOf(*pair_.ca, "node-b").kept_answers() != 0 && absl::Now() < give_up) {
@@ -112,13 +118,11 @@ TEST_F(AgentKeptAnswersTest, ASessionEndingRevokesWhatItOwned) {
 }
 
 TEST_F(AgentKeptAnswersTest, FreeingTheBufferRevokesTheAnswerBeforeFreeReturns) {
-  auto dst = pair_.cb->Alloc(kSize, "reused");
-  ASSERT_TRUE(dst.ok()) << dst.status();
-  ASSERT_TRUE(WriteAll("reused").ok());
-  ASSERT_EQ(PeerOf(*pair_.ca, "node-b").kept_answers(), 1u);
+  std::unique_ptr<Buffer> dst;
+  ASSERT_NO_FATAL_FAILURE(AllocKept("reused", &dst));
 
-  ASSERT_TRUE(pair_.cb->Free((*dst)->id()).ok());
-  dst->reset();
+  ASSERT_TRUE(pair_.cb->Free(dst->id()).ok());
+  dst.reset();
   // No polling: Free returned after node-a confirmed.
   EXPECT_EQ(PeerOf(*pair_.ca, "node-b").kept_answers(), 0u);
   EXPECT_EQ(PeerOf(*pair_.cb, "node-a").answers_held(), 0u);
@@ -150,11 +154,9 @@ TEST_F(AgentKeptAnswersTest, APolicyChangeRevokesEveryAnswer) {
 }
 
 TEST_F(AgentKeptAnswersTest, ARestartedPeerIsAskedAgain) {
-  auto dst = pair_.cb->Alloc(kSize, "again");
-  ASSERT_TRUE(dst.ok());
-  ASSERT_TRUE(WriteAll("again").ok());
-  ASSERT_EQ(PeerOf(*pair_.ca, "node-b").kept_answers(), 1u);
-  dst->reset();
+  std::unique_ptr<Buffer> dst;
+  ASSERT_NO_FATAL_FAILURE(AllocKept("again", &dst));
+  dst.reset();
   pair_.cb.reset();
   pair_.b->Kill();
   ASSERT_TRUE(pair_.StartB().ok());
@@ -168,10 +170,8 @@ TEST_F(AgentKeptAnswersTest, ARestartedPeerIsAskedAgain) {
 }
 
 TEST_F(AgentKeptAnswersTest, OnlyTheExporterRevokesItsAnswers) {
-  auto dst = pair_.cb->Alloc(kSize, "mine");
-  ASSERT_TRUE(dst.ok());
-  ASSERT_TRUE(WriteAll("mine").ok());
-  ASSERT_EQ(PeerOf(*pair_.ca, "node-b").kept_answers(), 1u);
+  std::unique_ptr<Buffer> dst;
+  ASSERT_NO_FATAL_FAILURE(AllocKept("mine", &dst));
   // node-c, with a good certificate of its own, claims to be node-b: refused.
   auto as_c = ferry::v1::Peer::NewStub(
       PeerChannelAs(pair_.dir, pair_.a->peer_address(), "node-a", "node-c"));
