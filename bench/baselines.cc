@@ -1,7 +1,5 @@
 #include "bench/baselines.h"
 
-#include <signal.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -11,6 +9,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "sink.grpc.pb.h"
+#include "bench/command_output.h"
 #include "bench/stats.h"
 #include "client/agent_process.h"
 #include "client/child_process.h"
@@ -18,12 +17,6 @@
 
 namespace ferry::bench {
 namespace {
-
-void Reap(int pid) {
-  if (pid <= 0) return;
-  kill(pid, SIGKILL);
-  waitpid(pid, nullptr, 0);
-}
 
 // The number after `"key":` following the first `"section"` in iperf3's JSON.
 absl::StatusOr<double> FindNumber(const std::string& json, const std::string& section,
@@ -53,6 +46,10 @@ class SinkService final : public Sink::Service {
     out->set_bytes(bytes);
     return grpc::Status::OK;
   }
+  grpc::Status Put(grpc::ServerContext*, const Chunk* chunk, Received* out) override {
+    out->set_bytes(chunk->data().size());
+    return grpc::Status::OK;
+  }
 };
 
 }  // namespace
@@ -67,12 +64,7 @@ absl::StatusOr<Measurement> RunIperf3(int streams, double seconds) {
   std::string out;
   for (int attempt = 0; attempt < 50 && out.find("sum_received") == std::string::npos; ++attempt) {
     usleep(100 * 1000);  // until the server listens
-    out.clear();
-    std::unique_ptr<FILE, int (*)(FILE*)> pipe(popen(cmd.c_str(), "r"), pclose);
-    if (!pipe) break;
-    char buf[4096];
-    size_t n;
-    while ((n = fread(buf, 1, sizeof(buf), pipe.get())) > 0) out.append(buf, n);
+    out = CommandOutput(cmd);
   }
   Reap(*server);
   auto bps = FindNumber(out, "sum_received", "bits_per_second");
@@ -146,6 +138,46 @@ absl::StatusOr<Measurement> GrpcSink::Push(uint64_t size, double min_seconds, in
   m.ops_per_sec = static_cast<double>(m.ops) / seconds;
   m.p50_us = Percentile(latencies, 0.5);
   m.p99_us = Percentile(latencies, 0.99);
+  return m;
+}
+
+absl::StatusOr<Measurement> GrpcSink::PingPong(uint64_t size, double min_seconds,
+                                               int min_iterations) {
+  grpc::ChannelArguments args;
+  args.SetMaxSendMessageSize(8 << 20);
+  auto stub =
+      Sink::NewStub(grpc::CreateCustomChannel(address_, grpc::InsecureChannelCredentials(), args));
+  Chunk chunk;
+  chunk.mutable_data()->assign(size, 'x');
+  std::vector<double> latencies;
+  auto put = [&]() -> absl::Status {
+    grpc::ClientContext ctx;
+    Received received;
+    grpc::Status s = stub->Put(&ctx, chunk, &received);
+    if (!s.ok() || received.bytes() != size) {
+      return absl::InternalError(absl::StrCat("gRPC Put of ", size, " bytes: ", s.error_message()));
+    }
+    return absl::OkStatus();
+  };
+  if (absl::Status s = put(); !s.ok()) return s;  // the channel connects on the first call
+  absl::Time start = absl::Now(), until = start + absl::Seconds(min_seconds);
+  while (latencies.size() < static_cast<size_t>(min_iterations) || absl::Now() < until) {
+    absl::Time t0 = absl::Now();
+    if (absl::Status s = put(); !s.ok()) return s;
+    latencies.push_back(absl::ToDoubleMicroseconds(absl::Now() - t0));
+  }
+  double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  Measurement m;
+  m.series = "grpc unary";
+  m.size = size;
+  m.ops = latencies.size();
+  m.bytes = m.ops * size;
+  m.seconds = seconds;
+  m.gbps = GBps(m.bytes, seconds);
+  m.ops_per_sec = static_cast<double>(m.ops) / seconds;
+  m.p50_us = Percentile(latencies, 0.5);
+  m.p99_us = Percentile(latencies, 0.99);
+  m.note = "one call at a time";
   return m;
 }
 

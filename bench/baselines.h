@@ -2,7 +2,10 @@
 // What a user would otherwise use, measured in the same run as ferry:
 //  - iperf3 on loopback with the same number of TCP streams: the ceiling of the tcp path;
 //  - gRPC client-streaming of the same bytes between two processes: pushing the tensor
-//    through a control channel.
+//    through a control channel;
+//  - gRPC unary ping-pong (one message, one small reply, one call at a time): the floor of
+//    one small op through an RPC stack on loopback.
+// ucx_perftest over tcp is in bench/ucx_baseline.h.
 
 #include <cstdint>
 #include <string>
@@ -22,6 +25,9 @@ class GrpcSink {
   ~GrpcSink();
   // Streams `size` bytes in chunks of at most 1 MiB per Push, repeated for `min_seconds`.
   absl::StatusOr<Measurement> Push(uint64_t size, double min_seconds, int min_iterations);
+  // Unary Put of `size` bytes answered by its byte count, one call at a time on one channel,
+  // repeated for `min_seconds`: series "grpc unary", p50/p99 per call.
+  absl::StatusOr<Measurement> PingPong(uint64_t size, double min_seconds, int min_iterations);
 
  private:
   GrpcSink(int pid, std::string address) : pid_(pid), address_(std::move(address)) {}

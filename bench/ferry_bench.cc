@@ -7,11 +7,17 @@
 //               [--no-baselines] [--out DIR] [--rails N]
 //
 // Without --agents it starts node-a and node-b itself on loopback (and stops them).
-// Results: a table on stdout; with --out, DIR/<date>.json, .txt and .png.
+// The standard and quick suites measure, in one run: the size sweep (batched), one op at a
+// time from 64 B to 1 MiB (p50/p99), KV batches of --kv blocks at 4, 16 and 64 KiB (or the
+// one --kv size), the engine alone (ferry-engine-bench), and the baselines iperf3, gRPC
+// streaming and unary, ucx_perftest over tcp (put_lat, put_bw).
+// Results: a table on stdout; with --out, DIR/<date>.json, .txt and .png (throughput and
+// latency panels).
 
 #include <sys/utsname.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
@@ -24,12 +30,14 @@
 #include "absl/time/clock.h"
 #include "base/byte_size.h"
 #include "bench/baselines.h"
+#include "bench/engine_figure.h"
 #include "bench/fairness_suite.h"
 #include "bench/ferry_runner.h"
 #include "bench/report.h"
 #include "bench/rails_suite.h"
 #include "bench/security_suite.h"
 #include "bench/staging_suite.h"
+#include "bench/ucx_baseline.h"
 #include "client/agent_process.h"
 
 namespace ferry::bench {
@@ -45,7 +53,8 @@ struct Options {
   uint32_t outstanding = 64;
   int streams = 4;
   uint32_t kv_blocks = 4096;
-  uint64_t kv_block = 64 << 10;
+  std::vector<uint64_t> kv_sizes = {4 << 10, 16 << 10, 64 << 10};
+  uint64_t lat_min = 64, lat_max = 1 << 20;  // one op at a time, every 4x
   uint64_t long_bytes = 16ull << 30;
   std::string agents;
   uint32_t rails = 0;  // --rails N: the rails suite up to N rails
@@ -76,7 +85,6 @@ absl::StatusOr<Options> Parse(int argc, char** argv) {
         o.max_size = 64ull << 20;
         o.seconds = 0.2;
         o.long_bytes = 2ull << 30;
-        o.kv_blocks = 1024;
       } else if (v != "standard" && v != "staging" && v != "fairness" && v != "security") {
         s = absl::InvalidArgumentError("--suite: standard, quick, staging, fairness or security");
       }
@@ -108,7 +116,7 @@ absl::StatusOr<Options> Parse(int argc, char** argv) {
       if (!absl::SimpleAtoi(kv.first, &o.kv_blocks) || !block.ok()) {
         s = absl::InvalidArgumentError("--kv: BLOCKS:SIZE, e.g. 4096:64KiB");
       } else {
-        o.kv_block = *block;
+        o.kv_sizes = {*block};
       }
     } else if (f == "--rails") {
       if (!absl::SimpleAtoi(v, &o.rails) || o.rails < 1 || o.rails > 64)
@@ -141,6 +149,32 @@ std::string DescribeMachine() {
       static_cast<double>(sysconf(_SC_PHYS_PAGES)) * sysconf(_SC_PAGESIZE) / (1 << 30), u.release);
 }
 
+// ucx_perftest over tcp: put_lat at the latency sizes, put_bw every 4x from 64 KiB to 64 MiB.
+// A missing ucx_perftest skips them with the reason (the goals then go unjudged).
+void RunUcxBaselines(const Options& o, Report& report) {
+  for (uint64_t size = o.lat_min; size <= o.lat_max; size *= 4) {
+    auto m = RunUcxPutLat(size, size >= (256 << 10) ? 500 : 5000);
+    if (!m.ok()) {
+      std::fprintf(stderr, "ucx_perftest baselines skipped: %s\n", m.status().ToString().c_str());
+      return;
+    }
+    report.rows.push_back(*m);
+    std::fprintf(stderr, "  ucx put_lat %s: p50 %.0f us\n", FormatByteSize(size).c_str(),
+                 m->p50_us);
+  }
+  for (uint64_t size = 64 << 10; size <= std::min<uint64_t>(o.max_size, 64ull << 20); size *= 4) {
+    // About 256 MiB per point, at least 20 puts.
+    auto m = RunUcxPutBw(size, std::max<uint64_t>(20, (256ull << 20) / size));
+    if (!m.ok()) {
+      std::fprintf(stderr, "ucx put_bw %s skipped: %s\n", FormatByteSize(size).c_str(),
+                   m.status().ToString().c_str());
+      continue;
+    }
+    report.rows.push_back(*m);
+    std::fprintf(stderr, "  ucx put_bw %s: %.3f GB/s\n", FormatByteSize(size).c_str(), m->gbps);
+  }
+}
+
 const Measurement* Find(const Report& r, const std::string& series, uint64_t size) {
   for (const auto& m : r.rows) {
     if (m.series == series && (size == 0 || m.size == size)) return &m;
@@ -148,7 +182,7 @@ const Measurement* Find(const Report& r, const std::string& series, uint64_t siz
   return nullptr;
 }
 
-// The goals of issue 7, said as measured ratios.
+// The goals of issues 7 and 17, said as measured ratios.
 void Judge(Report& r, const Options& o) {
   const Measurement* f64 = Find(r, "ferry write", 64ull << 20);
   const Measurement* ip = Find(r, absl::StrCat("iperf3 -P ", o.streams), 0);
@@ -172,11 +206,39 @@ void Judge(Report& r, const Options& o) {
         "ferry write vs gRPC streaming, sizes >= 1 MiB: lowest ratio %.2f x (at %s); goal >= 3",
         worst, FormatByteSize(worst_size)));
   }
-  const Measurement* kv = Find(r, "ferry kv", 0);
-  if (kv && f64) {
+  // Issue 17: small ops. KV goals: 4 KiB blocks >= 0.5x, 16 KiB and up >= 0.8x of 64 MiB.
+  for (uint64_t block : o.kv_sizes) {
+    const Measurement* kv = Find(r, "ferry kv", block);
+    if (!kv || !f64) continue;
+    r.findings.push_back(absl::StrFormat(
+        "KV %u x %s: %.2f GB/s = %.2f x the 64 MiB throughput; goal >= %.1f", o.kv_blocks,
+        FormatByteSize(block), kv->gbps, kv->gbps / f64->gbps, block < (16 << 10) ? 0.5 : 0.8));
+  }
+  const Measurement* lat = Find(r, "ferry lat", 4096);
+  const Measurement* unary = Find(r, "grpc unary", 4096);
+  const Measurement* ucx_lat = Find(r, "ucx put_lat", 4096);
+  if (lat && unary) {
+    r.findings.push_back(absl::StrFormat(
+        "one 4 KiB WRITE: p50 %.0f us = %.2f x gRPC unary ping-pong (p50 %.0f us); goal <= 2",
+        lat->p50_us, lat->p50_us / unary->p50_us, unary->p50_us));
+  }
+  if (lat && ucx_lat) {
     r.findings.push_back(
-        absl::StrFormat("KV %u x %s: %.2f GB/s = %.2f x the 64 MiB throughput; goal >= 0.8",
-                        o.kv_blocks, FormatByteSize(o.kv_block), kv->gbps, kv->gbps / f64->gbps));
+        absl::StrFormat("one 4 KiB WRITE: p50 %.0f us = %.1f x ucx_perftest put_lat round trip "
+                        "over tcp (%.0f us)",
+                        lat->p50_us, lat->p50_us / ucx_lat->p50_us, ucx_lat->p50_us));
+  }
+  const Measurement* ucx_bw = Find(r, "ucx put_bw", 64ull << 20);
+  if (f64 && ucx_bw) {
+    r.findings.push_back(absl::StrFormat(
+        "64 MiB writes: %.2f GB/s = %.2f x ucx_perftest put_bw over tcp (%.2f GB/s); goal >= 1.5",
+        f64->gbps, f64->gbps / ucx_bw->gbps, ucx_bw->gbps));
+  }
+  for (const Measurement& e : r.rows) {
+    if (e.series != "engine only") continue;
+    r.findings.push_back(absl::StrFormat(
+        "engine only, %lu x %s blocks per Submit: %.0f ops/s (%s); goal >= 1,000,000 on one core",
+        e.batch, FormatByteSize(e.size), e.ops_per_sec, e.note));
   }
   if (r.rss_run_bytes) {
     r.findings.push_back(absl::StrFormat(
@@ -275,7 +337,8 @@ int Run(int argc, char** argv) {
     if (!dir.empty()) std::system(("rm -rf " + dir).c_str());
     return 1;
   };
-  uint64_t capacity = std::max(o.max_size, o.kv_blocks * o.kv_block * 2);
+  uint64_t largest_block = *std::max_element(o.kv_sizes.begin(), o.kv_sizes.end());
+  uint64_t capacity = std::max({o.max_size, o.lat_max, o.kv_blocks * largest_block * 2});
   auto runner = FerryRunner::Create(agents, capacity);
   if (!runner.ok()) return fail(runner.status());
 
@@ -298,6 +361,18 @@ int Run(int argc, char** argv) {
                    m->gbps);
     }
   }
+  // One WRITE at a time: what a layer-by-layer KV sender or a parameter fetch waits for.
+  RunOptions one = ro;
+  one.op = ferry::v1::WRITE;
+  one.outstanding = 1;
+  for (uint64_t size = o.lat_min; size <= o.lat_max; size *= 4) {
+    auto m = (*runner)->RunSize(size, one);
+    if (!m.ok()) return fail(m.status());
+    m->series = "ferry lat";
+    m->note = "one WRITE at a time";
+    report.rows.push_back(*m);
+    std::fprintf(stderr, "  ferry lat %s: p50 %.0f us\n", FormatByteSize(size).c_str(), m->p50_us);
+  }
   if (o.baselines) {
     auto sink = GrpcSink::Start("/proc/self/exe");
     if (!sink.ok()) return fail(sink.status());
@@ -307,12 +382,31 @@ int Run(int argc, char** argv) {
       report.rows.push_back(*m);
       std::fprintf(stderr, "  grpc stream %s: %.3f GB/s\n", FormatByteSize(size).c_str(), m->gbps);
     }
+    for (uint64_t size = o.lat_min; size <= o.lat_max; size *= 4) {
+      auto m = (*sink)->PingPong(size, o.seconds, 10);
+      if (!m.ok()) return fail(m.status());
+      report.rows.push_back(*m);
+      std::fprintf(stderr, "  grpc unary %s: p50 %.0f us\n", FormatByteSize(size).c_str(),
+                   m->p50_us);
+    }
+    RunUcxBaselines(o, report);
   }
   ro.op = ferry::v1::WRITE;
-  auto kv = (*runner)->RunKv(o.kv_blocks, o.kv_block, ro);
-  if (!kv.ok()) return fail(kv.status());
-  kv->note = absl::StrFormat("%u scattered blocks per batch", o.kv_blocks);
-  report.rows.push_back(*kv);
+  for (uint64_t block : o.kv_sizes) {
+    auto kv = (*runner)->RunKv(o.kv_blocks, block, ro);
+    if (!kv.ok()) return fail(kv.status());
+    kv->note = absl::StrFormat("%u scattered blocks per batch", o.kv_blocks);
+    report.rows.push_back(*kv);
+    std::fprintf(stderr, "  ferry kv %u x %s: %.3f GB/s\n", o.kv_blocks,
+                 FormatByteSize(block).c_str(), kv->gbps);
+  }
+  auto engine = RunEngineBench(SiblingExecutable("ferry-engine-bench"), 4096, {4096, 16384},
+                               std::max(o.seconds, 1.0));
+  if (engine.ok()) {
+    for (const auto& m : *engine) report.rows.push_back(m);
+  } else {
+    std::fprintf(stderr, "engine-only rows skipped: %s\n", engine.status().ToString().c_str());
+  }
 
   if (o.long_bytes > 0 && b) {
     report.rss_run_bytes = o.long_bytes;

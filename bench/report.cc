@@ -94,35 +94,71 @@ std::string XTics(const Report& r) {
 
 }  // namespace
 
+namespace {
+
+// Rows plotted as latency (p50 of one op against size) rather than bandwidth.
+bool IsLatencySeries(const std::string& series) {
+  return series == "ferry lat" || series == "grpc unary" || series == "ucx put_lat";
+}
+
+}  // namespace
+
 absl::Status PlotPng(const Report& r, const std::string& png) {
   std::string base = png.substr(0, png.rfind('.'));
-  std::map<std::string, std::vector<const Measurement*>> series;
+  // Bandwidth panel: every sized series but the latency ones and the engine (ops/s, no wire),
+  // KV batches as one line over their block sizes. Latency panel: p50 of one op, log-log.
+  std::map<std::string, std::vector<const Measurement*>> bandwidth, latency;
+  std::string engine_label;
   for (const Measurement& m : r.rows) {
-    if (m.size > 0 && m.series != "ferry kv") series[m.series].push_back(&m);
+    if (m.series == "engine only") {
+      absl::StrAppendFormat(&engine_label, "%sengine only, %s blocks: %.0f ops/s",
+                            engine_label.empty() ? "" : "\\n", FormatByteSize(m.size),
+                            m.ops_per_sec);
+    } else if (m.size > 0) {
+      std::string name = m.series == "ferry kv" ? absl::StrCat("ferry kv (", m.batch, " blocks)")
+                                                : m.series;
+      (IsLatencySeries(m.series) ? latency : bandwidth)[name].push_back(&m);
+    }
   }
   std::string data = base + ".dat";
   std::ofstream dat(data);
   std::string plot = absl::StrCat(
-      "set terminal pngcairo size 1000,600\nset output '", png, "'\n", "set logscale x 2\n",
-      XTics(r), "set xlabel 'transfer size'\n", "set ylabel 'GB/s'\nset key left top\nset grid\n",
-      "set title 'ferry on loopback vs baselines (", r.date, ")'\nplot ");
-  int index = 0;
-  for (const auto& [name, rows] : series) {
+      // noenhanced: "put_bw" is a name, not p-u-t with a subscript.
+      "set terminal pngcairo size 1600,600 noenhanced\nset output '", png, "'\n",
+      "set multiplot layout 1,2 title 'ferry on loopback vs baselines (", r.date, ")'\n",
+      "set logscale x 2\n", XTics(r), "set xlabel 'transfer size'\n",
+      "set ylabel 'GB/s'\nset key left top\nset grid\nset title 'throughput'\nplot ");
+  int index = 0, curves = 0;
+  for (const auto& [name, rows] : bandwidth) {
     dat << "# " << name << "\n";
     for (const Measurement* m : rows) dat << m->size << " " << m->gbps << "\n";
     dat << "\n\n";
-    absl::StrAppend(&plot, index ? ", " : "", "'", data, "' index ", index,
+    absl::StrAppend(&plot, curves++ ? ", " : "", "'", data, "' index ", index++,
                     " with linespoints title '", name, "'");
-    ++index;
   }
   for (const Measurement& m : r.rows) {
     if (m.size == 0) {
-      absl::StrAppend(&plot, index ? ", " : "", m.gbps, " with lines dashtype 2 title '", m.series,
-                      "'");
-      ++index;
+      absl::StrAppend(&plot, curves++ ? ", " : "", m.gbps, " with lines dashtype 2 title '",
+                      m.series, "'");
     }
   }
-  plot += "\n";
+  absl::StrAppend(&plot, "\nset logscale y 10\nset ylabel 'p50 us, one op at a time'\n",
+                  "set title 'latency of one op'\n");
+  if (!engine_label.empty()) {
+    absl::StrAppend(&plot, "set label 1 \"", engine_label,
+                    "\" at graph 0.02, graph 0.75 front\n");
+  }
+  absl::StrAppend(&plot, "plot ");
+  curves = 0;
+  for (const auto& [name, rows] : latency) {
+    dat << "# " << name << "\n";
+    for (const Measurement* m : rows) dat << m->size << " " << m->p50_us << "\n";
+    dat << "\n\n";
+    absl::StrAppend(&plot, curves++ ? ", " : "", "'", data, "' index ", index++,
+                    " with linespoints title '", name, "'");
+  }
+  if (curves == 0) absl::StrAppend(&plot, "NaN notitle");
+  plot += "\nunset multiplot\n";
   std::string script = base + ".gp";
   std::ofstream(script) << plot;
   dat.close();

@@ -1,0 +1,57 @@
+#include "bench/engine_figure.h"
+
+#include <unistd.h>
+
+#include <cinttypes>
+#include <cstdio>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "bench/command_output.h"
+
+namespace ferry::bench {
+
+absl::StatusOr<std::vector<Measurement>> RunEngineBench(const std::string& engine_bench,
+                                                        int blocks,
+                                                        const std::vector<uint64_t>& sizes,
+                                                        double seconds) {
+  const std::string cmd = absl::StrCat(engine_bench, " --blocks ", blocks, " --sizes ",
+                                       absl::StrJoin(sizes, ","), " --seconds ", seconds, " 2>&1");
+  const std::string out = CommandOutput(cmd);
+  // The table's rows: block, batch, ns/op, ops/s, ops/CPU-second.
+  std::vector<Measurement> rows;
+  for (absl::string_view line : absl::StrSplit(out, '\n')) {
+    uint64_t size = 0;
+    int batch = 0;
+    double ns = 0, ops = 0, per_cpu = 0;
+    if (std::sscanf(std::string(line).c_str(), "%" SCNu64 " %d %lf %lf %lf", &size, &batch, &ns,
+                    &ops, &per_cpu) != 5) {
+      continue;
+    }
+    Measurement m;
+    m.series = "engine only";
+    m.size = size;
+    m.batch = batch;
+    m.ops_per_sec = ops;
+    m.gbps = ops * size / 1e9;
+    m.note = absl::StrFormat("%.0f ns/op wall, %.0f ops per CPU-second", ns, per_cpu);
+    rows.push_back(m);
+  }
+  if (rows.size() != sizes.size()) {
+    return absl::InternalError(
+        absl::StrCat("ferry-engine-bench gave ", rows.size(), " rows: ", out.substr(0, 400)));
+  }
+  return rows;
+}
+
+std::string SiblingExecutable(const std::string& name) {
+  char self[4096];
+  ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+  if (n <= 0) return name;
+  std::string path(self, n);
+  return absl::StrCat(path.substr(0, path.rfind('/') + 1), name);
+}
+
+}  // namespace ferry::bench
