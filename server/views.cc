@@ -54,12 +54,10 @@ ferry::v1::TransferSummary Summarize(const Transfer& t) {
   for (const auto& peer : t.peers()) s.add_peers(peer);
   std::set<std::string> modes, rails;
   uint64_t retries = 0;
-  t.VisitOps([&](const std::string&, bool, const ferry::v1::OpResult& op) {
-    if (op.legs_size() > 0) {
-      if (!op.legs(0).mode().empty()) modes.insert(op.legs(0).mode());
-      for (const auto& rail : op.legs(0).rails()) rails.insert(rail);
-    }
-    retries += op.retries_size();
+  t.VisitOps([&](const Transfer::OpView& op) {
+    if (!op.mode.empty()) modes.insert(op.mode);
+    for (const auto& rail : op.rails) rails.insert(rail);
+    retries += op.retries;
   });
   for (const auto& m : modes) s.add_modes(m);
   for (const auto& r : rails) s.add_rails(r);

@@ -24,7 +24,6 @@ Transfer::Transfer(uint64_t id, std::vector<PlannedOp> ops, absl::Time deadline,
       ops_(std::make_shared<const std::vector<PlannedOp>>(std::move(ops))),
       states_(lengths_.size()) {
   for (uint64_t length : lengths_) bytes_total_ += length;
-  for (size_t i = 0; i < states_.size(); ++i) states_[i].result.set_index(i);
   op_peer_.reserve(lengths_.size());
   op_read_.reserve(lengths_.size());
   for (const PlannedOp& op : *ops_) {
@@ -42,38 +41,80 @@ PlannedOps Transfer::ops() const {
   return ops_;
 }
 
-void Transfer::SetLegs(size_t index, std::vector<ferry::v1::Leg> legs) {
+void Transfer::ShareLegs(size_t index, Legs legs) {
   absl::MutexLock lock(&mu_);
-  auto* out = states_[index].result.mutable_legs();
-  out->Clear();
-  for (auto& leg : legs) *out->Add() = std::move(leg);
+  states_[index].legs = std::move(legs);
+}
+
+void Transfer::SetLegs(size_t index, std::vector<ferry::v1::Leg> legs) {
+  ShareLegs(index, std::make_shared<const std::vector<ferry::v1::Leg>>(std::move(legs)));
 }
 
 std::vector<ferry::v1::Leg> Transfer::LegsOf(size_t index) const {
   absl::MutexLock lock(&mu_);
-  const auto& legs = states_[index].result.legs();
-  return std::vector<ferry::v1::Leg>(legs.begin(), legs.end());
+  const Legs& legs = states_[index].legs;
+  return legs ? *legs : std::vector<ferry::v1::Leg>();
+}
+
+Transfer::Names Transfer::Intern(std::vector<std::string> names, Names& last) {
+  if (!last || *last != names)
+    last = std::make_shared<const std::vector<std::string>>(std::move(names));
+  return last;
 }
 
 void Transfer::SetRails(size_t index, std::vector<std::string> ours,
                         std::vector<std::string> theirs, std::vector<std::string> retries) {
   absl::MutexLock lock(&mu_);
-  ferry::v1::OpResult& result = states_[index].result;
-  for (int leg = 0; leg < result.legs_size(); ++leg) {
-    auto* rails = result.mutable_legs(leg)->mutable_rails();
-    rails->Clear();
-    for (auto& r : leg == static_cast<int>(kLocalLeg) ? ours : theirs) rails->Add(std::move(r));
-  }
-  result.clear_retries();
-  for (auto& r : retries) result.add_retries(std::move(r));
+  OpState& st = states_[index];
+  st.ours = Intern(std::move(ours), last_ours_);
+  st.theirs = Intern(std::move(theirs), last_theirs_);
+  st.retries = std::move(retries);
 }
 
-void Transfer::VisitOps(const std::function<void(const std::string& peer, bool read,
-                                                 const ferry::v1::OpResult& result)>& visit) const {
+void Transfer::VisitOps(const std::function<void(const OpView& op)>& visit) const {
+  static const std::string kNone;
+  static const std::vector<std::string> kNoRails;
   absl::MutexLock lock(&mu_);
   for (size_t i = 0; i < states_.size(); ++i) {
-    visit(peers_[op_peer_[i]], op_read_[i], states_[i].result);
+    const OpState& st = states_[i];
+    const bool planned = st.legs && !st.legs->empty();
+    visit({.peer = peers_[op_peer_[i]],
+           .read = op_read_[i],
+           .code = st.code,
+           .bytes = st.bytes,
+           .duration_us = st.duration_us,
+           .provider = st.provider,
+           .mode = planned ? (*st.legs)[kLocalLeg].mode() : kNone,
+           .rails = planned && st.ours ? *st.ours : kNoRails,
+           .retries = st.retries.size()});
   }
+}
+
+ferry::v1::OpResult Transfer::ResultOfLocked(size_t index) const {
+  const OpState& st = states_[index];
+  ferry::v1::OpResult r;
+  r.set_index(index);
+  r.set_code(st.code);
+  r.set_message(st.message);
+  r.set_provider(st.provider);
+  r.set_bytes(st.bytes);
+  r.set_duration_us(st.duration_us);
+  if (st.legs) {
+    for (size_t leg = 0; leg < st.legs->size(); ++leg) {
+      ferry::v1::Leg* out = r.add_legs();
+      *out = (*st.legs)[leg];
+      const Names& rails = leg == kLocalLeg ? st.ours : st.theirs;
+      if (rails) {
+        for (const auto& rail : *rails) out->add_rails(rail);
+      }
+      if (st.settled) {
+        out->set_bytes(st.bytes);
+        out->set_duration_us(st.duration_us);
+      }
+    }
+  }
+  for (const auto& retry : st.retries) r.add_retries(retry);
+  return r;
 }
 
 void Transfer::MarkPosted(size_t index) {
@@ -91,16 +132,12 @@ bool Transfer::SettleLocked(size_t index, const absl::Status& status, const std:
   if (st.settled) return false;
   st.settled = true;
   absl::Time now = absl::Now();
-  st.result.set_code(static_cast<int>(status.code()));
-  st.result.set_message(std::string(status.message()));
-  st.result.set_provider(provider);
-  st.result.set_bytes(status.ok() ? lengths_[index] : 0);
+  st.code = static_cast<int>(status.code());
+  if (!status.ok()) st.message = std::string(status.message());
+  st.provider = provider;
+  st.bytes = status.ok() ? lengths_[index] : 0;
   if (st.posted != absl::Time()) {
-    st.result.set_duration_us(static_cast<uint64_t>(absl::ToInt64Microseconds(now - st.posted)));
-  }
-  for (auto& leg : *st.result.mutable_legs()) {
-    leg.set_bytes(st.result.bytes());
-    leg.set_duration_us(st.result.duration_us());
+    st.duration_us = static_cast<uint64_t>(absl::ToInt64Microseconds(now - st.posted));
   }
   if (status.ok()) {
     bytes_done_ += lengths_[index];
@@ -167,8 +204,8 @@ ferry::v1::TransferResult Transfer::Result(const ResultPage& page) const {
   if (!page.include_ops) return r;
   uint64_t bytes = 0;
   for (uint64_t i = page.from; i < states_.size(); ++i) {
-    const ferry::v1::OpResult& op = states_[i].result;
-    if (page.failed_only && (!states_[i].settled || op.code() == 0)) continue;
+    if (page.failed_only && (!states_[i].settled || states_[i].code == 0)) continue;
+    ferry::v1::OpResult op = ResultOfLocked(i);
     bool full = page.limit > 0 ? static_cast<uint64_t>(r.ops_size()) >= page.limit
                                : bytes + op.ByteSizeLong() > page.max_bytes && r.ops_size() > 0;
     if (full) {
@@ -176,7 +213,7 @@ ferry::v1::TransferResult Transfer::Result(const ResultPage& page) const {
       break;
     }
     bytes += op.ByteSizeLong() + 8;
-    *r.add_ops() = op;
+    *r.add_ops() = std::move(op);
   }
   return r;
 }

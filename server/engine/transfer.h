@@ -62,8 +62,12 @@ class Transfer {
   // The policy the transfer runs under from Submit to the end, whatever changes meanwhile.
   const PolicySnapshot& policy() const { return *policy_; }
 
-  // Records how op `index` moved, for its result.
+  // Records how op `index` moved, for its result. Ops planned alike share one set of legs
+  // (ShareLegs): a batch of 4096 blocks between the same two buffers builds its legs once.
+  using Legs = std::shared_ptr<const std::vector<ferry::v1::Leg>>;
+  void ShareLegs(size_t index, Legs legs);
   void SetLegs(size_t index, std::vector<ferry::v1::Leg> legs);
+  // The legs as planned: without the rails, bytes and duration the result adds.
   std::vector<ferry::v1::Leg> LegsOf(size_t index) const;
 
   // Which rails carried op `index` on each side (its legs' `rails`) and the slices that
@@ -84,21 +88,47 @@ class Transfer {
   uint64_t AwaitChange(uint64_t seen, absl::Time deadline) const;
 
   ferry::v1::TransferResult Result(const ResultPage& page = {}) const;
-  // Every op's peer, direction and result so far, in order (statistics, logs).
-  void VisitOps(const std::function<void(const std::string& peer, bool read,
-                                         const ferry::v1::OpResult& result)>& visit) const;
+  // One op as it stands, read in place (no result message is built): what statistics and
+  // listings need of every op.
+  struct OpView {
+    const std::string& peer;
+    bool read;
+    int code;                                // 0 until settled, and when it succeeded
+    uint64_t bytes;                          // moved: the op's length once it succeeded
+    uint64_t duration_us;
+    const std::string& provider;
+    const std::string& mode;                 // the local leg's, "" before it was planned
+    const std::vector<std::string>& rails;   // the local leg's
+    size_t retries;
+  };
+  // Every op so far, in order (statistics, listings).
+  void VisitOps(const std::function<void(const OpView& op)>& visit) const;
   // The peers of the ops, each once, in order of first use.
   const std::vector<std::string>& peers() const { return peers_; }
   ferry::v1::TransferProgress Progress(uint64_t* version) const;
 
  private:
+  using Names = std::shared_ptr<const std::vector<std::string>>;
+  // What becomes of one op, kept small: the result message is built only when asked for
+  // (Result with include_ops), since most callers never ask for 4096 of them.
   struct OpState {
     bool settled = false;
+    int code = 0;
     absl::Time posted;
-    ferry::v1::OpResult result;
+    uint64_t bytes = 0;
+    uint64_t duration_us = 0;
+    std::string message;
+    std::string provider;
+    Legs legs;             // null until planned
+    Names ours, theirs;    // rails of the local and remote leg; null until known
+    std::vector<std::string> retries;
   };
   bool SettleLocked(size_t index, const absl::Status& status, const std::string& provider)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  ferry::v1::OpResult ResultOfLocked(size_t index) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  // `names` as a shared list, the one the previous op stored when equal (ops of a batch
+  // mostly take the same rails).
+  Names Intern(std::vector<std::string> names, Names& last) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const uint64_t id_;
   const std::vector<uint64_t> lengths_;  // of each op, for the result after ops_ is gone
@@ -119,6 +149,7 @@ class Transfer {
   absl::Status first_error_ ABSL_GUARDED_BY(mu_);
   absl::Time end_ ABSL_GUARDED_BY(mu_);
   uint64_t version_ ABSL_GUARDED_BY(mu_) = 0;
+  Names last_ours_ ABSL_GUARDED_BY(mu_), last_theirs_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace ferry::server

@@ -171,6 +171,17 @@ ferry::v1::Leg MakeLeg(const std::string& side, const LegPlan& plan, const std::
   return leg;
 }
 
+// What the ops of one batch between the same two buffers share: planned by the first.
+struct SharedPlan {
+  RouteChoice direct;
+  std::string provider;
+  LegPlan local, remote;
+  Transfer::Legs legs;
+  bool lanes_built = false;  // direct ops only, on the first that gets that far
+  std::vector<Lane> lanes, reserve;
+  absl::Status no_lane;
+};
+
 LegPlan RemoteLeg(const RemoteBuffer& remote) {
   return {.mode = remote.mode,
           .device = remote.device,
@@ -226,6 +237,7 @@ void TransferEngine::Post(const std::shared_ptr<Transfer>& transfer, absl::Time 
     return it->second;
   };
   std::vector<StagedOp> staged;
+  std::map<std::pair<const Buffer*, const RemoteBuffer*>, SharedPlan> plans;
   std::map<std::string, std::vector<SliceWork>> work;  // direct slices, by peer
   std::map<std::string, size_t> routes_to;             // the most routes an op takes, by peer
   const EngineLimits limits = this->limits();
@@ -255,17 +267,30 @@ void TransferEngine::Post(const std::shared_ptr<Transfer>& transfer, absl::Time 
              "");
       continue;
     }
+    // Ops between the same two buffers plan alike: the first of them plans, the others
+    // share its legs and lanes (a KV batch of 4096 blocks plans once, not 4096 times).
+    auto [shared, fresh] = plans.try_emplace({op.local.get(), op.remote.get()});
+    SharedPlan& plan = shared->second;
     const absl::Time now = absl::Now();
-    RouteChoice direct = DirectRoutes(*op.local, *op.remote, peer_rails, *ledger_, now);
-    const ProviderRails& preferred = peer_rails.providers.front();
-    const std::string provider = direct.provider.empty() ? preferred.provider : direct.provider;
-    // Which way each side moves its bytes, under the policy this transfer runs with; the
-    // rail tells the planner whether the fabric reaches the buffer directly.
-    const fabric::RailId plan_rail =
-        direct.routes.empty() ? preferred.ours.front() : direct.routes.front().ours;
-    LegPlan local = deps_.plan(*op.local, transfer->policy(), plan_rail);
-    LegPlan remote = RemoteLeg(*op.remote);
-    transfer->SetLegs(i, {MakeLeg("local", local, provider), MakeLeg("remote", remote, provider)});
+    if (fresh) {
+      plan.direct = DirectRoutes(*op.local, *op.remote, peer_rails, *ledger_, now);
+      const ProviderRails& preferred = peer_rails.providers.front();
+      plan.provider = plan.direct.provider.empty() ? preferred.provider : plan.direct.provider;
+      // Which way each side moves its bytes, under the policy this transfer runs with; the
+      // rail tells the planner whether the fabric reaches the buffer directly.
+      const fabric::RailId plan_rail =
+          plan.direct.routes.empty() ? preferred.ours.front() : plan.direct.routes.front().ours;
+      plan.local = deps_.plan(*op.local, transfer->policy(), plan_rail);
+      plan.remote = RemoteLeg(*op.remote);
+      plan.legs = std::make_shared<const std::vector<ferry::v1::Leg>>(
+          std::vector<ferry::v1::Leg>{MakeLeg("local", plan.local, plan.provider),
+                                      MakeLeg("remote", plan.remote, plan.provider)});
+    }
+    const std::string& provider = plan.provider;
+    const LegPlan& local = plan.local;
+    const LegPlan& remote = plan.remote;
+    const RouteChoice& direct = plan.direct;
+    transfer->ShareLegs(i, plan.legs);
     const bool local_refused = local.mode == LegMode::kUnavailable;
     if (local_refused || remote.mode == LegMode::kUnavailable) {
       Settle(transfer, i,
@@ -275,6 +300,7 @@ void TransferEngine::Post(const std::shared_ptr<Transfer>& transfer, absl::Time 
       continue;
     }
     if (!IsDirect(local.mode) || !IsDirect(remote.mode)) {
+      const ProviderRails& preferred = peer_rails.providers.front();
       // Our side direct: the route must leave from a rail that holds the buffer.
       std::vector<fabric::RailId> candidates;
       if (IsDirect(local.mode)) {
@@ -309,44 +335,48 @@ void TransferEngine::Post(const std::shared_ptr<Transfer>& transfer, absl::Time 
              provider);
       continue;
     }
-    // Lanes one NIC after the other (route 0 lane 0, route 1 lane 0, ..., route 0 lane 1),
-    // so that consecutive slices leave through different NICs.
-    std::vector<Lane> lanes;
-    absl::Status no_lane;
-    uint32_t most_lanes = 1;
-    for (const Route& route : direct.routes) {
-      if (fabric::Fabric* f = peers_->FabricOf(route.ours)) {
-        most_lanes = std::max(most_lanes, f->endpoints_per_peer());
-      }
-    }
-    for (uint32_t lane = 0; lane < most_lanes; ++lane) {
+    if (!plan.lanes_built) {
+      plan.lanes_built = true;
+      // Lanes one NIC after the other (route 0 lane 0, route 1 lane 0, ..., route 0 lane 1),
+      // so that consecutive slices leave through different NICs.
+      uint32_t most_lanes = 1;
       for (const Route& route : direct.routes) {
-        fabric::Fabric* f = peers_->FabricOf(route.ours);
-        if (f == nullptr || lane >= f->endpoints_per_peer()) continue;
-        const absl::StatusOr<PeerEndpoint>& e = endpoint(node, route, lane, op.remote->incarnation);
-        if (!e.ok()) {
-          if (no_lane.ok()) no_lane = e.status();
-          continue;
+        if (fabric::Fabric* f = peers_->FabricOf(route.ours)) {
+          most_lanes = std::max(most_lanes, f->endpoints_per_peer());
         }
-        lanes.push_back({e->endpoint, route, op.local->region(route.ours),
-                         *op.remote->KeyFor(route.theirs)});
+      }
+      for (uint32_t lane = 0; lane < most_lanes; ++lane) {
+        for (const Route& route : direct.routes) {
+          fabric::Fabric* f = peers_->FabricOf(route.ours);
+          if (f == nullptr || lane >= f->endpoints_per_peer()) continue;
+          const absl::StatusOr<PeerEndpoint>& e =
+              endpoint(node, route, lane, op.remote->incarnation);
+          if (!e.ok()) {
+            if (plan.no_lane.ok()) plan.no_lane = e.status();
+            continue;
+          }
+          plan.lanes.push_back({e->endpoint, route, op.local->region(route.ours),
+                                *op.remote->KeyFor(route.theirs)});
+        }
+      }
+      // Where slices go when every NIC of the provider failed them (tcp behind verbs),
+      // unless the policy says to fail rather than fall back.
+      if (transfer->policy().policy.fallback != config::Fallback::kFail) {
+        for (const Route& route : direct.reserve) {
+          const absl::StatusOr<PeerEndpoint>& e =
+              endpoint(node, route, 0, op.remote->incarnation);
+          if (!e.ok()) continue;
+          plan.reserve.push_back({e->endpoint, route, op.local->region(route.ours),
+                                  *op.remote->KeyFor(route.theirs)});
+        }
       }
     }
-    if (lanes.empty()) {
-      Settle(transfer, i, no_lane, provider);
+    if (plan.lanes.empty()) {
+      Settle(transfer, i, plan.no_lane, provider);
       continue;
     }
-    // Where slices go when every NIC of the provider failed them (tcp behind verbs), unless
-    // the policy says to fail rather than fall back.
-    std::vector<Lane> reserve;
-    if (transfer->policy().policy.fallback != config::Fallback::kFail) {
-      for (const Route& route : direct.reserve) {
-        const absl::StatusOr<PeerEndpoint>& e = endpoint(node, route, 0, op.remote->incarnation);
-        if (!e.ok()) continue;
-        reserve.push_back({e->endpoint, route, op.local->region(route.ours),
-                           *op.remote->KeyFor(route.theirs)});
-      }
-    }
+    std::vector<Lane> lanes = plan.lanes;
+    std::vector<Lane> reserve = plan.reserve;
     size_t& most = routes_to[node];
     most = std::max(most, direct.routes.size());
     // The completion holds the ops (and so the buffers) until the fabric is done with
@@ -440,22 +470,35 @@ void TransferEngine::OnFinished(uint64_t id) {
   ferry::v1::TransferResult result = finished->Result();
   stats_.CountTransfer(result.state() == ferry::v1::SUCCEEDED);
   const bool debug = spdlog::should_log(spdlog::level::debug);
-  std::vector<std::string> plans;  // the first few ops' legs, for the debug line
+  std::vector<std::string> heads;  // "WRITE to node-b" of the first few ops, for the debug lines
   stats_.Lock();
-  finished->VisitOps([&](const std::string& peer, bool read, const ferry::v1::OpResult& op) {
-    stats_.RecordLocked(peer, read, op);
-    if (!debug || plans.size() >= kLoggedOps) return;
-    std::string line = absl::StrCat("op ", op.index(), read ? " READ from " : " WRITE to ", peer);
-    for (const auto& leg : op.legs()) {
-      absl::StrAppend(&line, ", ", leg.side(), " ", leg.mode(), " via ",
-                      leg.rails().empty() ? leg.provider() : absl::StrJoin(leg.rails(), "+"));
+  finished->VisitOps([&](const Transfer::OpView& op) {
+    stats_.RecordLocked({.peer = op.peer,
+                         .read = op.read,
+                         .mode = op.mode,
+                         .provider = op.provider,
+                         .code = op.code,
+                         .bytes = op.bytes,
+                         .duration_us = op.duration_us});
+    if (debug && heads.size() < kLoggedOps) {
+      heads.push_back(absl::StrCat(op.read ? "READ from " : "WRITE to ", op.peer));
     }
-    if (op.retries_size() > 0) absl::StrAppend(&line, ", ", op.retries_size(), " slices retried");
-    plans.push_back(std::move(line));
   });
   stats_.Unlock();
   if (debug) {
-    for (const auto& line : plans) spdlog::debug("transfer {}: {}", id, line);
+    // Their legs: built as result messages only here, for the few ops logged.
+    ferry::v1::TransferResult first =
+        finished->Result({.include_ops = true, .limit = static_cast<uint32_t>(kLoggedOps)});
+    for (int i = 0; i < first.ops_size() && i < static_cast<int>(heads.size()); ++i) {
+      const ferry::v1::OpResult& op = first.ops(i);
+      std::string line = absl::StrCat("op ", op.index(), " ", heads[i]);
+      for (const auto& leg : op.legs()) {
+        absl::StrAppend(&line, ", ", leg.side(), " ", leg.mode(), " via ",
+                        leg.rails().empty() ? leg.provider() : absl::StrJoin(leg.rails(), "+"));
+      }
+      if (op.retries_size() > 0) absl::StrAppend(&line, ", ", op.retries_size(), " slices retried");
+      spdlog::debug("transfer {}: {}", id, line);
+    }
     spdlog::debug("transfer {}: {} ({} of {} ops failed), {} in {} us{}{}", id,
                   result.state() == ferry::v1::SUCCEEDED ? "succeeded" : "failed",
                   result.ops_failed(), result.ops_total(), FormatByteSize(result.bytes()),

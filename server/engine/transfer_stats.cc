@@ -13,24 +13,38 @@ const char* SizeClassOf(uint64_t bytes) {
 }
 
 void TransferStats::Record(const std::string& peer, bool read, const ferry::v1::OpResult& result) {
+  static const std::string kNone;
   absl::MutexLock lock(&mu_);
-  RecordLocked(peer, read, result);
+  RecordLocked({.peer = peer,
+                .read = read,
+                .mode = result.legs_size() > 0 ? result.legs(0).mode() : kNone,
+                .provider = result.provider(),
+                .code = result.code(),
+                .bytes = result.bytes(),
+                .duration_us = result.duration_us()});
 }
 
-void TransferStats::RecordLocked(const std::string& peer, bool read,
-                                 const ferry::v1::OpResult& result) {
-  const std::string mode = result.legs_size() > 0 ? result.legs(0).mode() : "";
-  OpTotals& t = totals_[{peer, read ? "read" : "write", mode.empty() ? "none" : mode,
-                         result.provider().empty() ? "none" : result.provider()}];
+void TransferStats::RecordLocked(const OpRecord& op) {
+  static const std::string kNone = "none", kRead = "read", kWrite = "write";
+  const std::string& direction = op.read ? kRead : kWrite;
+  const std::string& mode = op.mode.empty() ? kNone : op.mode;
+  const std::string& provider = op.provider.empty() ? kNone : op.provider;
+  if (last_ == nullptr || std::get<0>(last_key_) != op.peer ||
+      std::get<1>(last_key_) != direction || std::get<2>(last_key_) != mode ||
+      std::get<3>(last_key_) != provider) {
+    last_key_ = Key(op.peer, direction, mode, provider);
+    last_ = &totals_[last_key_];  // std::map: the entry stays where it is
+  }
+  OpTotals& t = *last_;
   ++t.ops;
-  t.bytes += result.bytes();
-  if (result.code() != 0) {
+  t.bytes += op.bytes;
+  if (op.code != 0) {
     ++t.failed;
     return;
   }
   // The op's own length: bytes of a succeeded op.
-  LatencyHistogram& h = latency_[SizeClassOf(result.bytes())];
-  const double us = static_cast<double>(result.duration_us());
+  LatencyHistogram& h = latency_[SizeClassOf(op.bytes)];
+  const double us = static_cast<double>(op.duration_us);
   auto bucket = std::lower_bound(kLatencyBoundsUs.begin(), kLatencyBoundsUs.end(), us);
   if (bucket != kLatencyBoundsUs.end()) ++h.buckets[bucket - kLatencyBoundsUs.begin()];
   ++h.count;

@@ -41,14 +41,23 @@ class TransferStats {
   // (peer, direction "write" / "read", mode, provider)
   using Key = std::tuple<std::string, std::string, std::string, std::string>;
 
+  // One finished op, as the engine reads it off a transfer.
+  struct OpRecord {
+    const std::string& peer;
+    bool read;
+    const std::string& mode;      // the local leg's; "" when never planned
+    const std::string& provider;  // "" when it never reached one
+    int code;                     // 0: succeeded
+    uint64_t bytes;
+    uint64_t duration_us;
+  };
   // Counts one finished op: `peer`, READ or WRITE, and its result (legs[0] says the mode).
   void Record(const std::string& peer, bool read, const ferry::v1::OpResult& result)
       ABSL_LOCKS_EXCLUDED(mu_);
   // Call around a transfer's ops so they take the lock once.
   void Lock() ABSL_EXCLUSIVE_LOCK_FUNCTION(mu_) { mu_.Lock(); }
   void Unlock() ABSL_UNLOCK_FUNCTION(mu_) { mu_.Unlock(); }
-  void RecordLocked(const std::string& peer, bool read, const ferry::v1::OpResult& result)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RecordLocked(const OpRecord& op) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   std::map<Key, OpTotals> Totals() const;
   // By size class.
@@ -60,6 +69,10 @@ class TransferStats {
  private:
   mutable absl::Mutex mu_;
   std::map<Key, OpTotals> totals_ ABSL_GUARDED_BY(mu_);
+  // The entry the previous op counted into: the ops of a batch mostly share a key, and
+  // comparing it is cheaper than a map lookup that builds a key of four strings.
+  Key last_key_ ABSL_GUARDED_BY(mu_);
+  OpTotals* last_ ABSL_GUARDED_BY(mu_) = nullptr;
   std::map<std::string, LatencyHistogram> latency_ ABSL_GUARDED_BY(mu_);
   uint64_t succeeded_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t failed_ ABSL_GUARDED_BY(mu_) = 0;
