@@ -4,7 +4,11 @@
 // of blocks is one Submit, so one ResolveBuffer per batch, as a KV-cache writer pays it.
 //
 //   ferry-engine-bench [--blocks 4096] [--sizes 64,4096,16384] [--seconds 2]
+//                      [--layout scattered|adjacent]
 //
+// scattered (the default): block i lands in slot blocks-1-i, so no two blocks are adjacent
+// on both sides and each is its own fabric op; adjacent: block i lands in slot i, and the
+// engine coalesces runs of them up to a slice (what consecutive KV blocks get).
 // Prints per block size: wall ns per op, ops/s, and ops per CPU-second of this process (every
 // thread: engine, fabric, gRPC), the "ops/s per core" figure.
 
@@ -48,6 +52,7 @@ struct Options {
   int blocks = 4096;
   std::vector<uint64_t> sizes = {64, 4096, 16384};
   double seconds = 2;
+  bool adjacent = false;
 };
 
 absl::StatusOr<Options> Parse(int argc, char** argv) {
@@ -59,6 +64,9 @@ absl::StatusOr<Options> Parse(int argc, char** argv) {
       ok = absl::SimpleAtoi(value, &o.blocks) && o.blocks > 0 && o.blocks <= 65536;
     } else if (flag == "--seconds") {
       ok = absl::SimpleAtod(value, &o.seconds) && o.seconds > 0;
+    } else if (flag == "--layout") {
+      ok = value == "scattered" || value == "adjacent";
+      o.adjacent = value == "adjacent";
     } else if (flag == "--sizes") {
       o.sizes.clear();
       for (absl::string_view s : absl::StrSplit(value, ',')) {
@@ -126,9 +134,10 @@ int Run(const Options& o) {
   auto src = registry.Allocate(bytes, "");
   if (!src.ok()) return std::fprintf(stderr, "%s\n", src.status().ToString().c_str()), 1;
 
-  std::printf("ferry-engine-bench: the real engine over an in-process memcpy fabric, %d blocks "
-              "per Submit\n\n%10s %8s %12s %14s %16s\n",
-              o.blocks, "block", "batch", "ns/op", "ops/s", "ops/CPU-second");
+  std::printf("ferry-engine-bench: the real engine over an in-process memcpy fabric, %d %s "
+              "blocks per Submit\n\n%10s %8s %12s %14s %16s\n",
+              o.blocks, o.adjacent ? "adjacent" : "scattered", "block", "batch", "ns/op", "ops/s",
+              "ops/CPU-second");
   int rc = 0;
   for (uint64_t size : o.sizes) {
     ferry::v1::SubmitRequest batch;
@@ -139,8 +148,7 @@ int Run(const Options& o) {
       op->set_local_offset(i * size);
       op->set_peer("node-b");
       op->set_remote_buffer("landing");
-      // Every other block, reversed: scattered, as KV blocks land.
-      op->set_remote_offset((o.blocks - 1 - i) * size);
+      op->set_remote_offset((o.adjacent ? i : o.blocks - 1 - i) * size);
       op->set_length(size);
     }
     uint64_t ops = 0;

@@ -16,9 +16,10 @@ namespace ferry::bench {
 absl::StatusOr<std::vector<Measurement>> RunEngineBench(const std::string& engine_bench,
                                                         int blocks,
                                                         const std::vector<uint64_t>& sizes,
-                                                        double seconds) {
-  const std::string cmd = absl::StrCat(engine_bench, " --blocks ", blocks, " --sizes ",
-                                       absl::StrJoin(sizes, ","), " --seconds ", seconds, " 2>&1");
+                                                        double seconds, const std::string& layout) {
+  const std::string cmd =
+      absl::StrCat(engine_bench, " --blocks ", blocks, " --sizes ", absl::StrJoin(sizes, ","),
+                   " --seconds ", seconds, " --layout ", layout, " 2>&1");
   const std::string out = CommandOutput(cmd);
   // The table's rows: block, batch, ns/op, ops/s, ops/CPU-second.
   std::vector<Measurement> rows;
@@ -36,7 +37,7 @@ absl::StatusOr<std::vector<Measurement>> RunEngineBench(const std::string& engin
     m.batch = batch;
     m.ops_per_sec = ops;
     m.gbps = ops * size / 1e9;
-    m.note = absl::StrFormat("%.0f ns/op wall, %.0f ops per CPU-second", ns, per_cpu);
+    m.note = absl::StrFormat("%s, %.0f ns/op wall, %.0f ops per CPU-second", layout, ns, per_cpu);
     rows.push_back(m);
   }
   if (rows.size() != sizes.size()) {

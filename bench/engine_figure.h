@@ -12,12 +12,13 @@
 
 namespace ferry::bench {
 
-// Runs `engine_bench` (a path) with --blocks, --sizes and --seconds; one row per block size,
-// series "engine only", ops_per_sec the wall rate and the note the rate per CPU-second.
+// Runs `engine_bench` (a path) with --blocks, --sizes, --seconds and --layout (scattered or
+// adjacent); one row per block size, series "engine only", ops_per_sec the wall rate and the
+// note the layout and the rate per CPU-second.
 absl::StatusOr<std::vector<Measurement>> RunEngineBench(const std::string& engine_bench,
                                                         int blocks,
                                                         const std::vector<uint64_t>& sizes,
-                                                        double seconds);
+                                                        double seconds, const std::string& layout);
 
 // ferry-engine-bench's path: beside this executable.
 std::string SiblingExecutable(const std::string& name);

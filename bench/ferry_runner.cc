@@ -54,17 +54,18 @@ absl::StatusOr<Measurement> FerryRunner::RunSize(uint64_t size, const RunOptions
 }
 
 absl::StatusOr<Measurement> FerryRunner::RunKv(uint32_t blocks, uint64_t block,
-                                               const RunOptions& options) {
+                                               const RunOptions& options, bool adjacent) {
   uint64_t slots = capacity_ / block;
   if (slots < blocks) return absl::InvalidArgumentError("capacity too small for the KV batch");
   // Distinct target slots in random order: scattered, as a paged KV cache is.
   std::vector<uint64_t> order(slots);
   std::iota(order.begin(), order.end(), 0);
-  std::shuffle(order.begin(), order.end(), std::mt19937_64(11));
+  if (!adjacent) std::shuffle(order.begin(), order.end(), std::mt19937_64(11));
   std::vector<OpSpec> batch;
   for (uint32_t i = 0; i < blocks; ++i) {
-    batch.push_back({options.op, src_->id(), order[slots - 1 - i] * block, agents_.node_b,
-                     dst_name_, order[i] * block, block});
+    const uint64_t from = adjacent ? order[i] : order[slots - 1 - i];
+    batch.push_back(
+        {options.op, src_->id(), from * block, agents_.node_b, dst_name_, order[i] * block, block});
   }
   RunOptions once = options;
   return Run("ferry kv", block, batch, once);

@@ -38,8 +38,10 @@ class FerryRunner {
 
   // One point of a sweep: ops of `size` bytes, batched, repeated.
   absl::StatusOr<Measurement> RunSize(uint64_t size, const RunOptions& options);
-  // KV mode: `blocks` ops of `block` bytes at scattered offsets in one batch, repeated.
-  absl::StatusOr<Measurement> RunKv(uint32_t blocks, uint64_t block, const RunOptions& options);
+  // KV mode: `blocks` ops of `block` bytes at scattered offsets in one batch, repeated;
+  // `adjacent`: block i from slot i to slot i (consecutive blocks, which the engine coalesces).
+  absl::StatusOr<Measurement> RunKv(uint32_t blocks, uint64_t block, const RunOptions& options,
+                                    bool adjacent = false);
   // Moves `total` bytes in 64 MiB ops; calls `sample` after the first GiB and at the end.
   absl::Status RunLong(uint64_t total, const std::function<void(bool early)>& sample);
 

@@ -335,6 +335,64 @@ TEST_F(TransferEngineTest, OpsAreSlicedAndWindowedPerPeer) {
   EXPECT_EQ(Mismatch(landing_.data(), kLength, 5), -1);
 }
 
+// Blocks adjacent on both sides ride as one fabric op up to a slice (a paged KV cache's
+// consecutive blocks); every op still settles by its own index with its own bytes, and
+// blocks that are not adjacent, or change direction, go on their own.
+TEST_F(TransferEngineTest, AdjacentBlocksRideAsOneFabricOpAndSettleByIndex) {
+  constexpr uint64_t kBlock = 4 << 10;
+  constexpr int kRun = static_cast<int>(kSlice / kBlock) + 4;  // a slice's worth, then 4 more
+  auto src = Local(2 * kSlice, 8);
+  ferry::v1::SubmitRequest batch;
+  for (int b = 0; b < kRun; ++b) {
+    *batch.add_ops() = Op(ferry::v1::WRITE, *src, b * kBlock, kBlock, b * kBlock);
+  }
+  // Adjacent locally but not remotely: its own op.
+  *batch.add_ops() = Op(ferry::v1::WRITE, *src, kRun * kBlock, kBlock, 12 * kSlice);
+  // Adjacent on both sides to the one before, but a READ: its own op.
+  *batch.add_ops() = Op(ferry::v1::READ, *src, (kRun + 1) * kBlock, kBlock, 12 * kSlice + kBlock);
+  ferry::v1::TransferResult r = RunToEnd(batch);
+  ASSERT_EQ(r.state(), ferry::v1::SUCCEEDED) << r.message();
+  EXPECT_TRUE(local_.AwaitIdle(kPatience));
+  // The first slice's worth in one op, the 4 left over in another, then the two loners.
+  EXPECT_EQ(local_.stats().posts, 4u);
+  EXPECT_EQ(local_.stats().bytes_written, (kRun + 1) * kBlock);
+  EXPECT_EQ(Mismatch(landing_.data(), kRun * kBlock, 8), -1);
+  EXPECT_EQ(Mismatch(landing_.data() + 12 * kSlice, kBlock, 8, kRun * kBlock), -1);
+  ASSERT_EQ(r.ops_size(), kRun + 2);
+  for (int b = 0; b < r.ops_size(); ++b) {
+    const ferry::v1::OpResult& op = r.ops(b);
+    EXPECT_EQ(op.index(), static_cast<uint64_t>(b));
+    EXPECT_EQ(op.code(), 0) << "op " << b << ": " << op.message();
+    EXPECT_EQ(op.bytes(), kBlock) << "op " << b;
+    ASSERT_EQ(op.legs_size(), 2) << "op " << b;
+    EXPECT_EQ(op.legs(kLocalLeg).bytes(), kBlock) << "op " << b;
+    EXPECT_FALSE(op.legs(kLocalLeg).rails().empty()) << "op " << b << ": rails not recorded";
+  }
+}
+
+// When the fabric fails the op a run rode in, every block of the run fails, by its index,
+// and the blocks that went on their own are untouched.
+TEST_F(TransferEngineTest, AFailedRunFailsEachOfItsBlocks) {
+  constexpr uint64_t kBlock = 4 << 10;
+  auto src = Local(kSlice, 9);
+  ferry::v1::SubmitRequest batch;
+  for (int b = 0; b < 3; ++b) {
+    *batch.add_ops() = Op(ferry::v1::WRITE, *src, b * kBlock, kBlock, b * kBlock);
+  }
+  *batch.add_ops() = Op(ferry::v1::WRITE, *src, 3 * kBlock, kBlock, 8 * kSlice);
+  local_.FailNextOps(1, absl::InternalError("injected: the run's op failed"));
+  ferry::v1::TransferResult r = RunToEnd(batch);
+  EXPECT_EQ(r.state(), ferry::v1::FAILED);
+  ASSERT_EQ(r.ops_size(), 4);
+  for (int b = 0; b < 3; ++b) {
+    EXPECT_NE(r.ops(b).code(), 0) << "block " << b << " of the failed run";
+    EXPECT_EQ(r.ops(b).bytes(), 0u);
+  }
+  EXPECT_EQ(r.ops(3).code(), 0) << r.ops(3).message();
+  EXPECT_EQ(r.ops_failed(), 3u);
+  EXPECT_EQ(r.bytes(), kBlock);
+}
+
 // Cancel settles what is open at once; the buffers stay held until the fabric is done with
 // them, even once freed, and come back when it completes.
 TEST_F(TransferEngineTest, CancelSettlesAtOnceButBuffersWaitForTheFabric) {

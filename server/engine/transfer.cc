@@ -117,9 +117,10 @@ ferry::v1::OpResult Transfer::ResultOfLocked(size_t index) const {
   return r;
 }
 
-void Transfer::MarkPosted(size_t index) {
+void Transfer::MarkPosted(size_t first, size_t count) {
+  const absl::Time now = absl::Now();
   absl::MutexLock lock(&mu_);
-  states_[index].posted = absl::Now();
+  for (size_t i = first; i < first + count; ++i) states_[i].posted = now;
 }
 
 bool Transfer::Settle(size_t index, const absl::Status& status, const std::string& provider) {
@@ -127,11 +128,29 @@ bool Transfer::Settle(size_t index, const absl::Status& status, const std::strin
   return SettleLocked(index, status, provider);
 }
 
-bool Transfer::SettleLocked(size_t index, const absl::Status& status, const std::string& provider) {
+bool Transfer::SettleRun(size_t first, size_t last, const absl::Status& status,
+                         const std::string& provider, std::vector<std::string> ours,
+                         std::vector<std::string> theirs, std::vector<std::string> retries) {
+  const absl::Time now = absl::Now();
+  absl::MutexLock lock(&mu_);
+  const Names ours_shared = Intern(std::move(ours), last_ours_);
+  const Names theirs_shared = Intern(std::move(theirs), last_theirs_);
+  bool finished = false;
+  for (size_t i = first; i <= last && i < states_.size(); ++i) {
+    OpState& st = states_[i];
+    st.ours = ours_shared;
+    st.theirs = theirs_shared;
+    st.retries = retries;
+    finished = SettleLocked(i, status, provider, now) || finished;
+  }
+  return finished;
+}
+
+bool Transfer::SettleLocked(size_t index, const absl::Status& status, const std::string& provider,
+                            absl::Time now) {
   OpState& st = states_[index];
   if (st.settled) return false;
   st.settled = true;
-  absl::Time now = absl::Now();
   st.code = static_cast<int>(status.code());
   if (!status.ok()) st.message = std::string(status.message());
   st.provider = provider;

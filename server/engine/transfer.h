@@ -74,10 +74,16 @@ class Transfer {
   // moved to another route (its result's `retries`).
   void SetRails(size_t index, std::vector<std::string> ours, std::vector<std::string> theirs,
                 std::vector<std::string> retries);
-  void MarkPosted(size_t index);
+  // Ops first .. first + count - 1 went to the fabric now (their duration starts).
+  void MarkPosted(size_t first, size_t count = 1);
   // Settles op `index` (first call wins; later ones are ignored). Returns true when this
   // settled the last op.
   bool Settle(size_t index, const absl::Status& status, const std::string& provider);
+  // Settles ops first..last (inclusive), which rode as one fabric op, alike: one lock, the
+  // rails recorded for each. Returns true when this settled the last op.
+  bool SettleRun(size_t first, size_t last, const absl::Status& status,
+                 const std::string& provider, std::vector<std::string> ours,
+                 std::vector<std::string> theirs, std::vector<std::string> retries);
   // Settles every op still open with `why` (deadline, shutdown).
   void SettleAll(const absl::Status& why);
 
@@ -123,8 +129,8 @@ class Transfer {
     Names ours, theirs;    // rails of the local and remote leg; null until known
     std::vector<std::string> retries;
   };
-  bool SettleLocked(size_t index, const absl::Status& status, const std::string& provider)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  bool SettleLocked(size_t index, const absl::Status& status, const std::string& provider,
+                    absl::Time now = absl::Now()) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   ferry::v1::OpResult ResultOfLocked(size_t index) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   // `names` as a shared list, the one the previous op stored when equal (ops of a batch
   // mostly take the same rails).

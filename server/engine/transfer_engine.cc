@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <map>
+#include <optional>
 #include <tuple>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -70,52 +72,67 @@ absl::StatusOr<std::vector<PlannedOp>> TransferEngine::Plan(const ferry::v1::Sub
   std::vector<PlannedOp> planned(request.ops_size());
   for (int i = 0; i < request.ops_size(); ++i) {
     const ferry::v1::Op& op = request.ops(i);
-    const std::string f = absl::StrCat("ops[", i, "].");
+    // The field prefix of error messages, built only for an error (not for 4096 good ops).
+    auto f = [i] { return absl::StrCat("ops[", i, "]."); };
     PlannedOp& p = planned[i];
     if (op.type() != ferry::v1::WRITE && op.type() != ferry::v1::READ) {
-      return absl::InvalidArgumentError(absl::StrCat(f, "type: must be WRITE or READ"));
+      return absl::InvalidArgumentError(absl::StrCat(f(), "type: must be WRITE or READ"));
     }
     p.type = op.type();
     if (op.length() == 0)
-      return absl::InvalidArgumentError(absl::StrCat(f, "length: must be positive"));
+      return absl::InvalidArgumentError(absl::StrCat(f(), "length: must be positive"));
     if (op.length() > limits.max_op_bytes) {
-      return absl::InvalidArgumentError(absl::StrCat(f, "length: ", op.length(),
+      return absl::InvalidArgumentError(absl::StrCat(f(), "length: ", op.length(),
                                                      " bytes is more than limits.max_op_bytes (",
                                                      FormatByteSize(limits.max_op_bytes), ")"));
     }
     p.length = op.length();
-    ASSIGN_OR_RETURN(p.local, buffers_->Get(op.local_buffer(), f + "local_buffer"));
+    static const std::string kLocalBuffer = "local_buffer";
+    auto local = buffers_->Get(op.local_buffer(), kLocalBuffer);
+    if (!local.ok()) {
+      return absl::Status(local.status().code(), absl::StrCat(f(), local.status().message()));
+    }
+    p.local = *std::move(local);
     if (!RangeFits(op.local_offset(), op.length(), p.local->size())) {
-      return RangeError(f + "local_offset", op.local_offset(), op.length(),
+      return RangeError(f() + "local_offset", op.local_offset(), op.length(),
                         absl::StrCat("local buffer ", p.local->id()), p.local->size());
     }
     p.local_offset = op.local_offset();
     if (op.peer().empty())
-      return absl::InvalidArgumentError(absl::StrCat(f, "peer: must name a node"));
+      return absl::InvalidArgumentError(absl::StrCat(f(), "peer: must name a node"));
     if (!peers_->Known(op.peer())) {
-      return absl::NotFoundError(absl::StrCat(f, "peer: unknown node ", Echo(op.peer())));
+      return absl::NotFoundError(absl::StrCat(f(), "peer: unknown node ", Echo(op.peer())));
     }
     if (op.remote_buffer().empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(f, "remote_buffer: must name a buffer"));
+      return absl::InvalidArgumentError(absl::StrCat(f(), "remote_buffer: must name a buffer"));
     }
     if (op.remote_buffer().size() > kMaxBufferName) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          f, "remote_buffer: ", op.remote_buffer().size(), " characters is longer than any buffer "
-          "name (at most ", kMaxBufferName, ")"));
+      return absl::InvalidArgumentError(absl::StrCat(f(),
+                                                     "remote_buffer: ", op.remote_buffer().size(),
+                                                     " characters is longer than any buffer "
+                                                     "name (at most ",
+                                                     kMaxBufferName, ")"));
     }
-    auto key = std::make_pair(op.peer(), op.remote_buffer());
-    auto it = remotes.find(key);
-    if (it == remotes.end()) {
-      auto resolved = peers_->ResolveKept(op.peer(), op.remote_buffer(), deadline);
-      if (!resolved.ok()) {
-        return absl::Status(resolved.status().code(),
-                            absl::StrCat(f, "remote_buffer: ", resolved.status().message()));
+    // Most ops of a batch name the previous op's buffer: no key to build for them.
+    const PlannedOp* previous = i > 0 ? &planned[i - 1] : nullptr;
+    if (previous && previous->remote->node == op.peer() &&
+        previous->remote->name == op.remote_buffer()) {
+      p.remote = previous->remote;
+    } else {
+      auto key = std::make_pair(op.peer(), op.remote_buffer());
+      auto it = remotes.find(key);
+      if (it == remotes.end()) {
+        auto resolved = peers_->ResolveKept(op.peer(), op.remote_buffer(), deadline);
+        if (!resolved.ok()) {
+          return absl::Status(resolved.status().code(),
+                              absl::StrCat(f(), "remote_buffer: ", resolved.status().message()));
+        }
+        it = remotes.emplace(key, *std::move(resolved)).first;
       }
-      it = remotes.emplace(key, *std::move(resolved)).first;
+      p.remote = it->second;
     }
-    p.remote = it->second;
     if (!RangeFits(op.remote_offset(), op.length(), p.remote->size)) {
-      return RangeError(f + "remote_offset", op.remote_offset(), op.length(),
+      return RangeError(f() + "remote_offset", op.remote_offset(), op.length(),
                         absl::StrCat(Echo(op.remote_buffer()), " on ", op.peer()), p.remote->size);
     }
     p.remote_offset = op.remote_offset();
@@ -216,6 +233,20 @@ void TransferEngine::Settle(const std::shared_ptr<Transfer>& transfer, size_t in
   if (transfer->Settle(index, status, provider)) OnFinished(transfer->id());
 }
 
+void TransferEngine::SettleRun(const std::shared_ptr<Transfer>& transfer, size_t first,
+                               size_t last, const absl::Status& status,
+                               const std::string& provider, StripedOutcome& outcome) {
+  if (!status.ok()) {
+    if (PlannedOps ops = transfer->ops(); ops && first < ops->size()) {
+      peers_->kept_answers().Forget((*ops)[first].remote);
+    }
+  }
+  if (transfer->SettleRun(first, last, status, provider, std::move(outcome.ours),
+                          std::move(outcome.theirs), std::move(outcome.retries))) {
+    OnFinished(transfer->id());
+  }
+}
+
 void TransferEngine::Post(const std::shared_ptr<Transfer>& transfer, absl::Time deadline) {
   // One Hello answer per peer and one endpoint per route lane for the whole batch.
   std::map<std::string, absl::StatusOr<PeerRails>> rails;
@@ -246,6 +277,35 @@ void TransferEngine::Post(const std::shared_ptr<Transfer>& transfer, absl::Time 
   if (!planned) return;  // cancelled before it was posted
   const auto& ops = *planned;
   auto wanted = [transfer] { return !transfer->finished(); };
+  // Direct ops waiting to be posted as one: ops first..last, contiguous on both sides.
+  struct Run {
+    size_t first = 0, last = 0;
+    const SharedPlan* plan = nullptr;
+    bool read = false;
+    uint64_t local_offset = 0, remote_offset = 0, length = 0;
+  };
+  std::optional<Run> run;
+  auto flush = [&] {
+    if (!run) return;
+    const Run r = *std::exchange(run, std::nullopt);
+    const std::string& node = ops[r.first].remote->node;
+    const std::string provider = r.plan->provider;
+    // The completion holds the ops (and so the buffers) until the fabric is done with
+    // them, even when the transfer was settled earlier (deadline, cancel). Ops that rode
+    // together settle together.
+    StripedOp::Done done = [this, transfer, planned, r, provider](StripedOutcome outcome) {
+      const absl::Status status = RemoteOutcome(outcome.status, (*planned)[r.first]);
+      SettleRun(transfer, r.first, r.last, status, provider, outcome);
+    };
+    transfer->MarkPosted(r.first, r.last - r.first + 1);
+    StripedOp::Spec spec{r.read, r.local_offset, r.remote_offset, r.length, limits.slice_bytes,
+                         node, transfer->id(), next_lane_.fetch_add(1, std::memory_order_relaxed)};
+    auto striped = std::make_shared<StripedOp>(std::move(spec), r.plan->lanes, r.plan->reserve,
+                                               ledger_, QueueFor(node, limits, routes_to[node]),
+                                               wanted, std::move(done));
+    std::vector<SliceWork>& to_peer = work[node];
+    for (SliceWork& slice : striped->Slices()) to_peer.push_back(std::move(slice));
+  };
   for (size_t i = 0; i < ops.size(); ++i) {
     const PlannedOp& op = ops[i];
     const std::string& node = op.remote->node;
@@ -375,28 +435,29 @@ void TransferEngine::Post(const std::shared_ptr<Transfer>& transfer, absl::Time 
       Settle(transfer, i, plan.no_lane, provider);
       continue;
     }
-    std::vector<Lane> lanes = plan.lanes;
-    std::vector<Lane> reserve = plan.reserve;
     size_t& most = routes_to[node];
     most = std::max(most, direct.routes.size());
-    // The completion holds the ops (and so the buffers) until the fabric is done with
-    // them, even when the transfer was settled earlier (deadline, cancel).
-    StripedOp::Done done = [this, transfer, planned, i, provider](StripedOutcome outcome) {
-      transfer->SetRails(i, std::move(outcome.ours), std::move(outcome.theirs),
-                         std::move(outcome.retries));
-      Settle(transfer, i, RemoteOutcome(std::move(outcome.status), (*planned)[i]), provider);
-    };
-    transfer->MarkPosted(i);
-    StripedOp::Spec spec{op.type == ferry::v1::READ, op.local_offset, op.remote_offset,
-                         op.length, limits.slice_bytes, node, transfer->id(),
-                         next_lane_.fetch_add(1, std::memory_order_relaxed)};
-    auto striped = std::make_shared<StripedOp>(std::move(spec), std::move(lanes),
-                                               std::move(reserve), ledger_,
-                                               QueueFor(node, limits, routes_to[node]), wanted,
-                                               std::move(done));
-    std::vector<SliceWork>& to_peer = work[node];
-    for (SliceWork& slice : striped->Slices()) to_peer.push_back(std::move(slice));
+    // Adjacent blocks (this op starts where the previous one ended, on both sides, between
+    // the same buffers) ride as one op while the run fits a slice: one fabric op, one
+    // completion, for a run of a paged KV cache's consecutive blocks.
+    if (run && run->plan == &plan && run->read == (op.type == ferry::v1::READ) &&
+        run->local_offset + run->length == op.local_offset &&
+        run->remote_offset + run->length == op.remote_offset &&
+        run->length + op.length <= limits.slice_bytes) {
+      run->length += op.length;
+      run->last = i;
+      continue;
+    }
+    flush();
+    run = Run{.first = i,
+              .last = i,
+              .plan = &plan,
+              .read = op.type == ferry::v1::READ,
+              .local_offset = op.local_offset,
+              .remote_offset = op.remote_offset,
+              .length = op.length};
   }
+  flush();
   // Each peer's slices go to its queue at once, after planning: nothing completes meanwhile.
   for (auto& [node, slices] : work) {
     QueueFor(node, limits, routes_to[node])->Enqueue(transfer->id(), std::move(slices), wanted);

@@ -126,6 +126,10 @@ class TransferEngine {
                     std::vector<StagedOp> ops);
   void Settle(const std::shared_ptr<Transfer>& transfer, size_t index, const absl::Status& status,
               const std::string& provider);
+  // Settles ops first..last, which rode as one fabric op, with its outcome.
+  void SettleRun(const std::shared_ptr<Transfer>& transfer, size_t first, size_t last,
+                 const absl::Status& status, const std::string& provider,
+                 StripedOutcome& outcome);
 
   const EngineDeps deps_;
   BufferRegistry* const buffers_;
