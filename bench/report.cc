@@ -111,9 +111,10 @@ absl::Status PlotPng(const Report& r, const std::string& png) {
   std::string engine_label;
   for (const Measurement& m : r.rows) {
     if (m.series == "engine only") {
-      absl::StrAppendFormat(&engine_label, "%sengine only, %s blocks: %.0f ops/s",
+      // The note starts with the layout ("scattered, ...").
+      absl::StrAppendFormat(&engine_label, "%sengine only, %s %s blocks: %.0f ops/s",
                             engine_label.empty() ? "" : "\\n", FormatByteSize(m.size),
-                            m.ops_per_sec);
+                            m.note.substr(0, m.note.find(',')), m.ops_per_sec);
     } else if (m.size > 0) {
       std::string name = m.series == "ferry kv" ? absl::StrCat("ferry kv (", m.batch, " blocks)")
                                                 : m.series;

@@ -95,13 +95,20 @@ absl::StatusOr<Measurement> RunUcxPutLat(uint64_t size, int iterations) {
 }
 
 absl::StatusOr<Measurement> RunUcxPutBw(uint64_t size, int iterations) {
-  auto row = RunPerftest("ucp_put_bw", size, iterations);
+  // Bimodal here from run to run at 16 MiB and up (0.5 or 3-5 GB/s at 64 MiB, same flags):
+  // the best of three, so that the baseline is what UCX can do.
+  absl::StatusOr<UcxRow> row = absl::UnavailableError("ucx_perftest did not run");
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    auto once = RunPerftest("ucp_put_bw", size, iterations);
+    if (once.ok() && (!row.ok() || once->overall_mbps > row->overall_mbps)) row = once;
+    if (!row.ok()) row = once.status();
+  }
   if (!row.ok()) return row.status();
   Measurement m = Counted("ucx put_bw", size, *row);
   m.gbps = row->overall_mbps * 1048576.0 / 1e9;
   m.ops_per_sec = row->overall_mr;
   m.seconds = m.gbps > 0 ? m.bytes / (m.gbps * 1e9) : 0;
-  m.note = "tcp, 1 MiB segments, loopback";
+  m.note = "tcp, 1 MiB segments, best of 3";
   return m;
 }
 
