@@ -370,6 +370,33 @@ TEST_F(TransferEngineTest, AdjacentBlocksRideAsOneFabricOpAndSettleByIndex) {
   }
 }
 
+// An op between two adjacent blocks that failed before it reached the fabric (here: no rail
+// reaches its buffer) keeps its own outcome: the blocks around it go as two ops, not one run
+// that would settle it too.
+TEST_F(TransferEngineTest, AnOpBetweenAdjacentBlocksKeepsItsOwnOutcome) {
+  constexpr uint64_t kBlock = 4 << 10;
+  ferry::v1::ResolveBufferResponse elsewhere = Exported(*landing_region_, kLanding);
+  elsewhere.mutable_keys(0)->set_provider("nowhere");  // a key for no provider we have
+  service_->AddBuffer("elsewhere", elsewhere);
+  auto src = Local(kSlice, 10);
+  ferry::v1::SubmitRequest batch;
+  *batch.add_ops() = Op(ferry::v1::WRITE, *src, 0, kBlock, 0);
+  *batch.add_ops() = Op(ferry::v1::WRITE, *src, kBlock, kBlock, 0, "elsewhere");
+  *batch.add_ops() = Op(ferry::v1::WRITE, *src, kBlock, kBlock, kBlock);
+  ferry::v1::TransferResult r = RunToEnd(batch);
+  EXPECT_EQ(r.state(), ferry::v1::FAILED);
+  ASSERT_EQ(r.ops_size(), 3);
+  EXPECT_EQ(r.ops(0).code(), 0) << r.ops(0).message();
+  EXPECT_NE(r.ops(1).code(), 0);
+  EXPECT_NE(r.ops(1).message().find("reaches"), std::string::npos) << r.ops(1).message();
+  ASSERT_EQ(r.ops(1).legs_size(), 2);
+  EXPECT_TRUE(r.ops(1).legs(kLocalLeg).rails().empty()) << "the failed op got a run's rails";
+  EXPECT_EQ(r.ops(2).code(), 0) << r.ops(2).message();
+  EXPECT_TRUE(local_.AwaitIdle(kPatience));
+  EXPECT_EQ(local_.stats().posts, 2u) << "ops 0 and 2 are not neighbours in the batch";
+  EXPECT_EQ(Mismatch(landing_.data(), 2 * kBlock, 10), -1);
+}
+
 // When the fabric fails the op a run rode in, every block of the run fails, by its index,
 // and the blocks that went on their own are untouched.
 TEST_F(TransferEngineTest, AFailedRunFailsEachOfItsBlocks) {

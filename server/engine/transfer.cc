@@ -140,7 +140,9 @@ bool Transfer::SettleRun(size_t first, size_t last, const absl::Status& status,
     OpState& st = states_[i];
     st.ours = ours_shared;
     st.theirs = theirs_shared;
-    st.retries = retries;
+    // A retried slice carried the whole run: said once, on its first op, so that the
+    // transfer's retry count is the slices that moved.
+    if (i == first) st.retries = std::move(retries);
     finished = SettleLocked(i, status, provider, now) || finished;
   }
   return finished;

@@ -80,7 +80,8 @@ class Transfer {
   // settled the last op.
   bool Settle(size_t index, const absl::Status& status, const std::string& provider);
   // Settles ops first..last (inclusive), which rode as one fabric op, alike: one lock, the
-  // rails recorded for each. Returns true when this settled the last op.
+  // rails recorded for each, the retries on `first` (they moved the run's slices), each op's
+  // duration the run's. Returns true when this settled the last op.
   bool SettleRun(size_t first, size_t last, const absl::Status& status,
                  const std::string& provider, std::vector<std::string> ours,
                  std::vector<std::string> theirs, std::vector<std::string> retries);

@@ -293,9 +293,11 @@ void TransferEngine::Post(const std::shared_ptr<Transfer>& transfer, absl::Time 
     // The completion holds the ops (and so the buffers) until the fabric is done with
     // them, even when the transfer was settled earlier (deadline, cancel). Ops that rode
     // together settle together.
-    StripedOp::Done done = [this, transfer, planned, r, provider](StripedOutcome outcome) {
-      const absl::Status status = RemoteOutcome(outcome.status, (*planned)[r.first]);
-      SettleRun(transfer, r.first, r.last, status, provider, outcome);
+    // (Not the run itself: its plan lives only as long as this Post.)
+    StripedOp::Done done = [this, transfer, planned, first = r.first, last = r.last,
+                            provider](StripedOutcome outcome) {
+      const absl::Status status = RemoteOutcome(outcome.status, (*planned)[first]);
+      SettleRun(transfer, first, last, status, provider, outcome);
     };
     transfer->MarkPosted(r.first, r.last - r.first + 1);
     StripedOp::Spec spec{r.read, r.local_offset, r.remote_offset, r.length, limits.slice_bytes,
@@ -432,7 +434,16 @@ void TransferEngine::Post(const std::shared_ptr<Transfer>& transfer, absl::Time 
       }
     }
     if (plan.lanes.empty()) {
-      Settle(transfer, i, plan.no_lane, provider);
+      Settle(transfer, i,
+             plan.no_lane.ok() ? absl::FailedPreconditionError(absl::StrCat(
+                                     "no ", provider, " fabric serves the rails that reach ",
+                                     Echo(op.remote->name), " on ", node))
+                               : plan.no_lane,
+             provider);
+      // The failed connect paused its rail in the ledger: the next op between these buffers
+      // plans again and may take another route or provider (tcp behind verbs), as it would
+      // have alone.
+      plans.erase(shared);
       continue;
     }
     size_t& most = routes_to[node];
@@ -440,7 +451,10 @@ void TransferEngine::Post(const std::shared_ptr<Transfer>& transfer, absl::Time 
     // Adjacent blocks (this op starts where the previous one ended, on both sides, between
     // the same buffers) ride as one op while the run fits a slice: one fabric op, one
     // completion, for a run of a paged KV cache's consecutive blocks.
-    if (run && run->plan == &plan && run->read == (op.type == ferry::v1::READ) &&
+    // Only the op right after the run joins it: one between that failed or went to staging
+    // has an outcome of its own, which the run's completion must not write over.
+    if (run && run->last + 1 == i && run->plan == &plan &&
+        run->read == (op.type == ferry::v1::READ) &&
         run->local_offset + run->length == op.local_offset &&
         run->remote_offset + run->length == op.remote_offset &&
         run->length + op.length <= limits.slice_bytes) {
