@@ -233,11 +233,19 @@ void Judge(Report& r, const Options& o) {
                         "over tcp (%.0f us)",
                         lat->p50_us, lat->p50_us / ucx_lat->p50_us, ucx_lat->p50_us));
   }
+  // UCX's tcp put is erratic at 16 MiB and up here: judged against its best size too, so a
+  // bad UCX run does not flatter ferry.
   const Measurement* ucx_bw = Find(r, "ucx put_bw", 64ull << 20);
-  if (f64 && ucx_bw) {
+  const Measurement* ucx_best = nullptr;
+  for (const Measurement& m : r.rows) {
+    if (m.series == "ucx put_bw" && (!ucx_best || m.gbps > ucx_best->gbps)) ucx_best = &m;
+  }
+  if (f64 && ucx_bw && ucx_best) {
     r.findings.push_back(absl::StrFormat(
-        "64 MiB writes: %.2f GB/s = %.2f x ucx_perftest put_bw over tcp (%.2f GB/s); goal >= 1.5",
-        f64->gbps, f64->gbps / ucx_bw->gbps, ucx_bw->gbps));
+        "64 MiB writes: %.2f GB/s = %.2f x ucx_perftest put_bw over tcp at 64 MiB (%.2f GB/s), "
+        "%.2f x its best (%.2f GB/s at %s); goal >= 1.5",
+        f64->gbps, f64->gbps / ucx_bw->gbps, ucx_bw->gbps, f64->gbps / ucx_best->gbps,
+        ucx_best->gbps, FormatByteSize(ucx_best->size)));
   }
   for (const Measurement& e : r.rows) {
     if (e.series != "engine only") continue;
