@@ -450,9 +450,9 @@ void TransferEngine::Post(const std::shared_ptr<Transfer>& transfer, absl::Time 
     most = std::max(most, direct.routes.size());
     // Adjacent blocks (this op starts where the previous one ended, on both sides, between
     // the same buffers) ride as one op while the run fits a slice: one fabric op, one
-    // completion, for a run of a paged KV cache's consecutive blocks.
-    // Only the op right after the run joins it: one between that failed or went to staging
-    // has an outcome of its own, which the run's completion must not write over.
+    // completion, for a run of a paged KV cache's consecutive blocks. Only the op right
+    // after the run joins it: one between that failed or went to staging has an outcome of
+    // its own, which the run's completion must not write over.
     if (run && run->last + 1 == i && run->plan == &plan &&
         run->read == (op.type == ferry::v1::READ) &&
         run->local_offset + run->length == op.local_offset &&
