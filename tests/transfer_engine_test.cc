@@ -368,6 +368,8 @@ TEST_F(TransferEngineTest, AdjacentBlocksRideAsOneFabricOpAndSettleByIndex) {
     EXPECT_EQ(op.legs(kLocalLeg).bytes(), kBlock) << "op " << b;
     EXPECT_FALSE(op.legs(kLocalLeg).rails().empty()) << "op " << b << ": rails not recorded";
   }
+  // The waiter wakes as the last op settles, a moment before the engine retires the transfer.
+  EXPECT_TRUE(AwaitEngineCounts(0, 1));
 }
 
 // An op between two adjacent blocks that failed before it reached the fabric (here: no rail
@@ -395,6 +397,7 @@ TEST_F(TransferEngineTest, AnOpBetweenAdjacentBlocksKeepsItsOwnOutcome) {
   EXPECT_TRUE(local_.AwaitIdle(kPatience));
   EXPECT_EQ(local_.stats().posts, 2u) << "ops 0 and 2 are not neighbours in the batch";
   EXPECT_EQ(Mismatch(landing_.data(), 2 * kBlock, 10), -1);
+  EXPECT_TRUE(AwaitEngineCounts(0, 1));
 }
 
 // When the fabric fails the op a run rode in, every block of the run fails, by its index,
@@ -418,6 +421,7 @@ TEST_F(TransferEngineTest, AFailedRunFailsEachOfItsBlocks) {
   EXPECT_EQ(r.ops(3).code(), 0) << r.ops(3).message();
   EXPECT_EQ(r.ops_failed(), 3u);
   EXPECT_EQ(r.bytes(), kBlock);
+  EXPECT_TRUE(AwaitEngineCounts(0, 1));
 }
 
 // Cancel settles what is open at once; the buffers stay held until the fabric is done with
