@@ -1,7 +1,5 @@
 #include "bench/engine_figure.h"
 
-#include <unistd.h>
-
 #include <cinttypes>
 #include <cstdio>
 
@@ -45,14 +43,6 @@ absl::StatusOr<std::vector<Measurement>> RunEngineBench(const std::string& engin
         absl::StrCat("ferry-engine-bench gave ", rows.size(), " rows: ", out.substr(0, 400)));
   }
   return rows;
-}
-
-std::string SiblingExecutable(const std::string& name) {
-  char self[4096];
-  ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
-  if (n <= 0) return name;
-  std::string path(self, n);
-  return absl::StrCat(path.substr(0, path.rfind('/') + 1), name);
 }
 
 }  // namespace ferry::bench

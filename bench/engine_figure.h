@@ -20,7 +20,4 @@ absl::StatusOr<std::vector<Measurement>> RunEngineBench(const std::string& engin
                                                         const std::vector<uint64_t>& sizes,
                                                         double seconds, const std::string& layout);
 
-// ferry-engine-bench's path: beside this executable.
-std::string SiblingExecutable(const std::string& name);
-
 }  // namespace ferry::bench

@@ -420,7 +420,7 @@ int Run(int argc, char** argv) {
   adjacent->note = absl::StrFormat("%u adjacent blocks per batch", o.kv_blocks);
   report.rows.push_back(*adjacent);
   for (const char* layout : {"scattered", "adjacent"}) {
-    auto engine = RunEngineBench(SiblingExecutable("ferry-engine-bench"), 4096, {4096, 16384},
+    auto engine = RunEngineBench(FERRY_ENGINE_BENCH, 4096, {4096, 16384},
                                  std::max(o.seconds, 1.0), layout);
     if (engine.ok()) {
       for (const auto& m : *engine) report.rows.push_back(m);

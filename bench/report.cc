@@ -130,13 +130,18 @@ absl::Status PlotPng(const Report& r, const std::string& png) {
       "set logscale x 2\n", XTics(r), "set xlabel 'transfer size'\n",
       "set ylabel 'GB/s'\nset key left top\nset grid\nset title 'throughput'\nplot ");
   int index = 0, curves = 0;
-  for (const auto& [name, rows] : bandwidth) {
-    dat << "# " << name << "\n";
-    for (const Measurement* m : rows) dat << m->size << " " << m->gbps << "\n";
-    dat << "\n\n";
-    absl::StrAppend(&plot, curves++ ? ", " : "", "'", data, "' index ", index++,
-                    " with linespoints title '", name, "'");
-  }
+  // Each series a data set of (size, value) and a curve of the panel being written.
+  auto add_series = [&](const std::map<std::string, std::vector<const Measurement*>>& series,
+                        double Measurement::*value) {
+    for (const auto& [name, rows] : series) {
+      dat << "# " << name << "\n";
+      for (const Measurement* m : rows) dat << m->size << " " << m->*value << "\n";
+      dat << "\n\n";
+      absl::StrAppend(&plot, curves++ ? ", " : "", "'", data, "' index ", index++,
+                      " with linespoints title '", name, "'");
+    }
+  };
+  add_series(bandwidth, &Measurement::gbps);
   for (const Measurement& m : r.rows) {
     if (m.size == 0) {
       absl::StrAppend(&plot, curves++ ? ", " : "", m.gbps, " with lines dashtype 2 title '",
@@ -151,13 +156,7 @@ absl::Status PlotPng(const Report& r, const std::string& png) {
   }
   absl::StrAppend(&plot, "plot ");
   curves = 0;
-  for (const auto& [name, rows] : latency) {
-    dat << "# " << name << "\n";
-    for (const Measurement* m : rows) dat << m->size << " " << m->p50_us << "\n";
-    dat << "\n\n";
-    absl::StrAppend(&plot, curves++ ? ", " : "", "'", data, "' index ", index++,
-                    " with linespoints title '", name, "'");
-  }
+  add_series(latency, &Measurement::p50_us);
   if (curves == 0) absl::StrAppend(&plot, "NaN notitle");
   plot += "\nunset multiplot\n";
   std::string script = base + ".gp";
