@@ -1,6 +1,9 @@
 #include "server/peers/stage_service.h"
 
+#include <algorithm>
+#include <deque>
 #include <map>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -17,6 +20,7 @@ using StageStream = grpc::ServerReaderWriter<ferry::v1::StageReply, ferry::v1::S
 class StageCallServer {
  public:
   StageCallServer(grpc::ServerContext* ctx, StageStream* stream) : ctx_(ctx), stream_(stream) {}
+  ~StageCallServer() { StopFetcher(); }
 
   grpc::Status Serve(const StageServiceDeps& deps) {
     ferry::v1::StageRequest first;
@@ -96,12 +100,13 @@ class StageCallServer {
     ferry::v1::StageReply hello;
     hello.mutable_grant()->set_length(pool_->chunk_bytes());
     if (!Write(hello)) return Abort("the reader went away");
+    deadline_ = deadline;
     ferry::v1::StageRequest req;
     absl::Status failure;
     while (failure.ok() && stream_->Read(&req)) {
       if (req.has_close()) break;
       if (req.has_fetch()) {
-        failure = CopyOut(req.fetch(), deadline);
+        failure = Fetch(req.fetch());
       } else if (req.kind_case() == ferry::v1::StageRequest::kRelease) {
         failure = ReleaseGrant(req.release());
       } else {
@@ -121,11 +126,73 @@ class StageCallServer {
                                               buffer_->size(), " bytes) or a chunk"));
   }
 
-  absl::Status CopyOut(const ferry::v1::StageFetch& f, absl::Time deadline) {
+  // A fetch is served at once when a chunk is free; otherwise it waits in line for the
+  // fetcher thread while this one goes on reading the stream. Blocking here instead would
+  // also hold up the reader's releases queued behind the fetch, and with several readers
+  // sharing the pool, each waiting for a chunk that only its own unread releases would free,
+  // no stream moves again (4 staged READs of 512 blocks each between two simulated GPUs
+  // stopped until their deadline that way).
+  absl::Status Fetch(const ferry::v1::StageFetch& f) {
     if (f.length() == 0) return absl::OutOfRangeError("fetch.length: must be positive");
     RETURN_IF_ERROR(CheckRange("fetch", f.offset(), f.length()));
-    ChunkLease chunk = pool_->Acquire(deadline);
-    if (!chunk) return absl::DeadlineExceededError("no bounce chunk came free before the deadline");
+    {
+      absl::MutexLock lock(&mu_);
+      if (!waiting_.empty()) {  // in line behind the others
+        waiting_.push_back(f);
+        return absl::OkStatus();
+      }
+    }
+    ChunkLease chunk = pool_->Acquire(absl::Now());
+    if (chunk) return CopyOut(f, std::move(chunk));
+    absl::MutexLock lock(&mu_);
+    waiting_.push_back(f);
+    if (!fetcher_.joinable()) fetcher_ = std::thread([this] { ServeWaiting(); });
+    return absl::OkStatus();
+  }
+
+  // The fetcher thread: the waiting fetches in order, each as a chunk comes free.
+  void ServeWaiting() {
+    while (true) {
+      ferry::v1::StageFetch f;
+      {
+        absl::MutexLock lock(&mu_);
+        auto ready = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+          return closing_ || !waiting_.empty();
+        };
+        mu_.Await(absl::Condition(&ready));
+        if (closing_) return;
+        f = waiting_.front();
+      }
+      ChunkLease chunk;
+      // In slices, so that the call's end is noticed while the pool is empty.
+      while (!chunk && absl::Now() < deadline_) {
+        chunk = pool_->Acquire(std::min(deadline_, absl::Now() + absl::Milliseconds(100)));
+        absl::MutexLock lock(&mu_);
+        if (closing_) return;
+      }
+      absl::Status s = chunk ? CopyOut(f, std::move(chunk))
+                             : absl::DeadlineExceededError(
+                                   "no bounce chunk came free before the deadline");
+      absl::MutexLock lock(&mu_);
+      waiting_.pop_front();
+      if (!s.ok()) {
+        if (copy_error_.ok()) copy_error_ = s;
+        waiting_.clear();
+        return;
+      }
+    }
+  }
+
+  // Stops the fetcher thread (fetches still waiting are dropped: the call is ending).
+  void StopFetcher() {
+    {
+      absl::MutexLock lock(&mu_);
+      closing_ = true;
+    }
+    if (fetcher_.joinable()) fetcher_.join();
+  }
+
+  absl::Status CopyOut(const ferry::v1::StageFetch& f, ChunkLease chunk) {
     char* host = chunk.data();
     {
       absl::MutexLock lock(&mu_);
@@ -172,6 +239,7 @@ class StageCallServer {
 
   // Waits for every copy, gives back what is still granted, and sends the verdict.
   grpc::Status Finish(absl::Status failure) {
+    StopFetcher();
     std::map<uint64_t, ChunkLease> granted;
     {
       absl::MutexLock lock(&mu_);
@@ -268,6 +336,7 @@ class StageCallServer {
   }
 
   grpc::Status Abort(const std::string& why) {
+    StopFetcher();
     std::map<uint64_t, ChunkLease> granted;
     {
       absl::MutexLock lock(&mu_);
@@ -290,6 +359,10 @@ class StageCallServer {
   int copies_ ABSL_GUARDED_BY(mu_) = 0;
   bool closing_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status copy_error_ ABSL_GUARDED_BY(mu_);
+  // Read mode: fetches that found no free chunk, in order, and the thread that serves them.
+  std::deque<ferry::v1::StageFetch> waiting_ ABSL_GUARDED_BY(mu_);
+  std::thread fetcher_;
+  absl::Time deadline_;
 };
 
 }  // namespace
