@@ -13,7 +13,9 @@
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "client/agent_session.h"
 #include "ferry/v1/agent.grpc.pb.h"
@@ -114,6 +116,27 @@ class Client {
   absl::Status Read(const Buffer& local, uint64_t local_offset, const std::string& peer,
                     const std::string& remote_buffer, uint64_t remote_offset, uint64_t length);
 
+  // Registers memory this process allocated itself (RegisterMemory), so that transfers move
+  // it in place: [address, address + length) of a shared mapping (client/shared_memory.h
+  // says which; private memory is refused with what to do instead). The registration's id
+  // is a buffer id (OpSpec.local_buffer, block lists).
+  absl::StatusOr<ferry::v1::RegisterMemoryResponse> RegisterMemory(
+      const void* address, uint64_t length, const std::string& name = "",
+      const std::vector<std::string>& allowed_peers = {});
+  // [offset, offset + length) of file `fd` (a memfd, a shm file); `device` "cuda:N": the
+  // memory is a simulated GPU's.
+  absl::StatusOr<ferry::v1::RegisterMemoryResponse> RegisterFd(
+      int fd, uint64_t offset, uint64_t length, const std::string& device = "host",
+      const std::string& name = "", const std::vector<std::string>& allowed_peers = {});
+  // GPU memory by CUDA IPC handle (cudaIpcGetMemHandle bytes), `offset` into its allocation.
+  absl::StatusOr<ferry::v1::RegisterMemoryResponse> RegisterCudaIpc(
+      const std::string& handle, uint64_t offset, uint64_t length, const std::string& device,
+      const std::string& name = "", const std::vector<std::string>& allowed_peers = {});
+  absl::Status DeregisterMemory(uint64_t id);
+  // The transfer's result as it stands now (RUNNING while it runs); `failed_ops`: with the
+  // failed ops' results.
+  absl::StatusOr<ferry::v1::TransferResult> Poll(uint64_t transfer_id, bool failed_ops = false);
+
   // The GDR / staging policy, and changing it at run time (key=value settings).
   absl::StatusOr<ferry::v1::PolicyState> GetPolicy();
   // Run-time settings override the config file's policy until cleared (`clear_overrides`:
@@ -124,6 +147,8 @@ class Client {
 
   ferry::v1::Agent::Stub& stub() { return *stub_; }
   const AgentSession& session() const { return *session_; }
+  // The session, to share with a TensorClient or BlockClient.
+  std::shared_ptr<AgentSession> shared_session() const { return session_; }
 
  private:
   // A call's context: its deadline and this client's session.
@@ -133,8 +158,15 @@ class Client {
   static ferry::v1::SubmitRequest SubmitRequestOf(const std::vector<OpSpec>& ops,
                                                   absl::Duration timeout);
 
+  // RegisterMemory with the request's memory fields set.
+  absl::StatusOr<ferry::v1::RegisterMemoryResponse> Register(ferry::v1::RegisterMemoryRequest req);
+  // The agent's fd socket (GetInfo.fd_socket), asked once.
+  absl::StatusOr<std::string> FdSocket();
+
   std::shared_ptr<AgentSession> session_;
   std::unique_ptr<ferry::v1::Agent::Stub> stub_;
+  absl::Mutex mu_;
+  std::string fd_socket_ ABSL_GUARDED_BY(mu_);
 };
 
 // The transfer's own outcome as a status (OK, or the first failing op's code and message).

@@ -89,6 +89,7 @@ absl::StatusOr<std::unique_ptr<AgentCore>> AgentCore::Create(const config::Confi
   core->buffers_ = std::make_unique<BufferRegistry>(
       core->pool_.get(), core->gpus_.get(),
       [rails](const BufferMemory& memory) { return rails->For(memory); });
+  core->client_memory_ = std::make_unique<ClientMemory>(core->buffers_.get(), core->gpus_.get());
   core->sessions_ = std::make_unique<SessionRegistry>(core->buffers_.get());
   core->peers_ = std::make_unique<PeerDirectory>(config.node, core->incarnation_,
                                                  config.peer_listen, config.peers, fabrics,
@@ -114,6 +115,9 @@ absl::StatusOr<std::unique_ptr<AgentCore>> AgentCore::Create(const config::Confi
   // The directory's self entry makes sending to oneself work like sending to any peer.
   core->tensors_ = std::make_unique<TensorState>(core->peers_.get(), core->buffers_.get(),
                                                  core->engine_.get(), config.max_op_bytes);
+  core->sessions_->OnClose([tensors = core->tensors_.get()](uint64_t session) {
+    tensors->blocks().ReleaseOwnedBy(session);
+  });
   spdlog::info("node {}: host pool {} MiB at {} ({})", config.node, config.host_pool_bytes >> 20,
                core->pool_->path(), core->pool_->placement());
   return core;
@@ -179,6 +183,7 @@ AgentCore::~AgentCore() {
   //    (their chunks' keys), GPU pools, the fabrics that made every key, the host pool last.
   // 0. Nobody is told of the buffers freed below: peers learn of a restart by our incarnation.
   if (buffers_) buffers_->OnUnexport(nullptr);
+  if (sessions_) sessions_->OnClose(nullptr);  // it reaches into tensors_
   for (const auto& f : fabrics_) f->StopServing();
   tensors_.reset();
   peer_health_.reset();  // its Health calls use the peers' stubs
@@ -187,6 +192,7 @@ AgentCore::~AgentCore() {
   leases_.reset();
   peers_.reset();
   sessions_.reset();
+  client_memory_.reset();
   buffers_.reset();
   bounce_.reset();
   gpus_.reset();

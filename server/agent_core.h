@@ -12,12 +12,14 @@
 #include "absl/synchronization/mutex.h"
 #include "config/config.h"
 #include "server/buffers/buffer_registry.h"
+#include "server/buffers/client_memory.h"
 #include "server/buffers/bounce_pools.h"
 #include "server/buffers/fabric_rails.h"
 #include "server/engine/leg_planner.h"
 #include "server/engine/transfer_engine.h"
 #include "server/buffers/gpu_pools.h"
 #include "server/drain.h"
+#include "server/local/fd_inbox.h"
 #include "server/local/local_callers.h"
 #include "server/local/sessions.h"
 #include "server/policy_store.h"
@@ -43,6 +45,12 @@ class AgentCore {
   // In preference order.
   const std::vector<std::unique_ptr<fabric::Fabric>>& fabrics() const { return fabrics_; }
   BufferRegistry& buffers() { return *buffers_; }
+  // Clients' own memory, registered as buffers (RegisterMemory).
+  ClientMemory& client_memory() { return *client_memory_; }
+  // The fd socket (RegisterMemory's descriptors); null until main starts it, and in agents
+  // built without a local socket (tests of the core alone).
+  FdInbox* fd_inbox() const { return fd_inbox_; }
+  void set_fd_inbox(FdInbox* inbox) { fd_inbox_ = inbox; }
   SessionRegistry& sessions() { return *sessions_; }
   // Who each local connection is (SO_PEERCRED), for the owner checks of the local API.
   LocalCallers& local_callers() { return *local_callers_; }
@@ -88,6 +96,8 @@ class AgentCore {
   std::unique_ptr<FabricRails> rails_;
   std::unique_ptr<BouncePools> bounce_;
   std::unique_ptr<BufferRegistry> buffers_;
+  std::unique_ptr<ClientMemory> client_memory_;
+  FdInbox* fd_inbox_ = nullptr;
   std::unique_ptr<SessionRegistry> sessions_;
   std::unique_ptr<LocalCallers> local_callers_;
   std::unique_ptr<PeerDirectory> peers_;

@@ -106,6 +106,12 @@ grpc::Status AgentService::GetInfo(grpc::ServerContext*, const ferry::v1::GetInf
   }
   for (const auto& pool : core_->bounce().Stats()) FillBouncePool(pool, resp->add_bounce_pools());
   DescribeNics(*core_, resp);
+  if (FdInbox* inbox = core_->fd_inbox()) {
+    resp->set_fd_socket(inbox->path());
+    resp->set_fds_waiting(inbox->held());
+  }
+  resp->set_registered_bytes(core_->buffers().registered_bytes());
+  resp->set_block_lists(core_->tensors().blocks().count());
   return grpc::Status::OK;
 }
 
@@ -173,16 +179,28 @@ grpc::Status AgentService::AllocBuffer(grpc::ServerContext* ctx,
 grpc::Status AgentService::FreeBuffer(grpc::ServerContext* ctx,
                                       const ferry::v1::FreeBufferRequest* req,
                                       ferry::v1::FreeBufferResponse*) {
-  auto session = SessionOfCall(*ctx, core_->sessions(), core_->local_callers());
+  return EndBuffer(*ctx, req->id(), /*registered=*/false);
+}
+
+grpc::Status AgentService::EndBuffer(const grpc::ServerContext& ctx, uint64_t id,
+                                     bool registered) {
+  auto session = SessionOfCall(ctx, core_->sessions(), core_->local_callers());
   if (!session.ok()) return ToGrpcStatus(session.status());
-  auto buffer = core_->buffers().Get(req->id(), "id");
+  auto buffer = core_->buffers().Get(id, "id");
   if (!buffer.ok()) return ToGrpcStatus(buffer.status());
-  absl::Status allowed =
-      core_->local_callers().MayUse(core_->local_callers().Of(*ctx), (*buffer)->owner_uid(),
-                                    absl::StrCat("id: buffer ", req->id()));
+  if ((*buffer)->memory().registered() != registered) {
+    return grpc::Status(
+        grpc::StatusCode::FAILED_PRECONDITION,
+        absl::StrCat("id: buffer ", id,
+                     registered ? " is the agent's, not registered memory (FreeBuffer)"
+                                : " is the client's registered memory (DeregisterMemory)"));
+  }
+  absl::Status allowed = core_->local_callers().MayUse(
+      core_->local_callers().Of(ctx), (*buffer)->owner_uid(), absl::StrCat("id: buffer ", id));
   if (!allowed.ok()) return ToGrpcStatus(allowed);
   buffer->reset();
-  return ToGrpcStatus(core_->buffers().FreeFor(req->id(), *session));
+  // Transfers using it hold it: its memory goes when the last one finishes.
+  return ToGrpcStatus(core_->buffers().FreeFor(id, *session));
 }
 
 grpc::Status AgentService::ListBuffers(grpc::ServerContext* ctx,
@@ -232,6 +250,10 @@ grpc::Status AgentService::Wait(grpc::ServerContext* ctx, const ferry::v1::WaitR
                                 ferry::v1::TransferResult* resp) {
   auto transfer = core_->engine().Find(req->transfer_id());
   if (!transfer.ok()) return ToGrpcStatus(transfer.status());
+  if (req->poll()) {
+    *resp = (*transfer)->Result(PageOf(*req));
+    return grpc::Status::OK;
+  }
   return AwaitResult(ctx, **transfer, PageOf(*req), resp);
 }
 

@@ -54,10 +54,18 @@ class AgentService final
                          ferry::v1::PolicyState*) override;
   grpc::Status AddPeer(grpc::ServerContext*, const ferry::v1::AddPeerRequest*,
                        ferry::v1::PeerChange*) override;
+  // memory_calls.cc: clients' own memory.
+  grpc::Status RegisterMemory(grpc::ServerContext*, const ferry::v1::RegisterMemoryRequest*,
+                              ferry::v1::RegisterMemoryResponse*) override;
+  grpc::Status DeregisterMemory(grpc::ServerContext*, const ferry::v1::DeregisterMemoryRequest*,
+                                ferry::v1::DeregisterMemoryResponse*) override;
   grpc::Status RemovePeer(grpc::ServerContext*, const ferry::v1::RemovePeerRequest*,
                           ferry::v1::PeerChange*) override;
 
  private:
+  // FreeBuffer (an agent buffer) and DeregisterMemory (`registered` memory): the caller's
+  // session and uid may end it; FAILED_PRECONDITION naming the other call for the other kind.
+  grpc::Status EndBuffer(const grpc::ServerContext& ctx, uint64_t id, bool registered);
   // Blocks (this is the sync API) until `transfer` ends, the call's deadline passes or the
   // client hangs up; then its result, `page` of its per-op results.
   // PERMISSION_DENIED naming the op when a local caller names another uid's buffer (root

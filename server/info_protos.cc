@@ -36,6 +36,7 @@ void DescribeBuffer(const Buffer& buffer, ferry::v1::BufferInfo* info) {
   info->set_size(buffer.size());
   info->set_device(buffer.device());
   info->set_backend(buffer.backend());
+  info->set_registered(buffer.memory().registered());
   auto mapping = buffer.memory().mapping();
   if (mapping.ok()) {
     std::visit(FillMapping{info}, *mapping);

@@ -35,6 +35,7 @@
 #include "server/config_reload.h"
 #include "server/drain.h"
 #include "server/local/instance_lock.h"
+#include "server/local/fd_inbox.h"
 #include "server/local/local_listener.h"
 #include "server/log_setup.h"
 #include "server/metrics/metrics_exporter.h"
@@ -271,6 +272,16 @@ int Run(int argc, char** argv) {
     return 1;
   }
   (*local)->Serve(local_server.get());
+  // Beside the local socket, with its permissions: descriptors for RegisterMemory.
+  auto fd_inbox = FdInbox::Start(FdSocketPath(config.local_socket), config.local_socket_mode,
+                                 *LookupGroup(config.local_socket_group, "listen.local_group"));
+  if (!fd_inbox.ok()) {
+    spdlog::error("cannot start: {}", fd_inbox.status().ToString());
+    local_server->Shutdown();
+    peer_server->Shutdown();
+    return 1;
+  }
+  (*core)->set_fd_inbox(fd_inbox->get());
   // After the hooks AgentCore::Create added (discovery deregistration runs before this).
   (*core)->drain_hooks().Add("readiness: gRPC health NOT_SERVING", [&] {
     for (grpc::Server* server : {peer_server.get(), local_server.get()}) {

@@ -1,8 +1,9 @@
 #pragma once
 // The invariant every integration test ends with: once its clients are gone, an agent's
 // accounting returns to zero. Nothing but buffers that persist is left, the host pool's
-// used bytes are exactly those buffers', GPU pools hold only persisting GPU buffers and no
-// bounce chunk is in use. Polls briefly: sessions end asynchronously when clients leave.
+// used bytes are exactly those buffers', GPU pools hold only persisting GPU buffers, no
+// bounce chunk is in use, and no client memory is registered, no block list or passed
+// descriptor is left. Polls briefly: sessions end asynchronously when clients leave.
 
 #include <cstdint>
 #include <string>
@@ -35,14 +36,18 @@ inline void ExpectAccountingAtZero(const std::string& socket, const std::string&
     bool ok = info->sessions() == 1 && only_persisting && info->transfers_active() == 0 &&
               info->host_pool_used_bytes() == info->host_buffer_bytes() &&
               (persisting_gpu > 0 || gpu_used == 0) && bounce_in_use == 0 &&
-              (!buffers->empty() || info->host_pool_used_bytes() == 0);
+              (!buffers->empty() || info->host_pool_used_bytes() == 0) &&
+              info->registered_bytes() == 0 && info->block_lists() == 0 &&
+              info->fds_waiting() == 0;
     if (ok) return;
     last = absl::StrCat(who, ": sessions ", info->sessions(), ", buffers ", buffers->size(),
                         only_persisting ? " (all persist)" : " (some owned by a session)",
                         ", host pool used ", info->host_pool_used_bytes(), " for buffers of ",
                         info->host_buffer_bytes(), ", GPU pools used ", gpu_used,
                         ", bounce chunks in use ", bounce_in_use, ", transfers running ",
-                        info->transfers_active());
+                        info->transfers_active(), ", registered bytes ", info->registered_bytes(),
+                        ", block lists ", info->block_lists(), ", descriptors waiting ",
+                        info->fds_waiting());
     if (absl::Now() > deadline) break;
     absl::SleepFor(absl::Milliseconds(50));
   }

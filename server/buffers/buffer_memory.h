@@ -1,8 +1,8 @@
 #pragma once
 // A buffer's memory, wherever it lives: the host pool (host_memory.h), a GPU pool
-// (gpu_pools.h), and next memory a client registers. The registry, the planner and the
-// engine see only this interface; `mapping()` is the plain description of how a client maps
-// the memory, which the services turn into protos.
+// (gpu_pools.h), or memory a client allocated and registered (client_memory.h). The
+// registry, the planner and the engine see only this interface; `mapping()` is the plain
+// description of how a client maps the memory, which the services turn into protos.
 
 #include <cstdint>
 #include <string>
@@ -40,6 +40,9 @@ class BufferMemory {
   virtual std::string backend() const = 0;  // "host", "cuda" or "sim"
   // How a client maps it; the driver's error when GPU memory cannot be exported.
   virtual absl::StatusOr<BufferMapping> mapping() const = 0;
+  // The client's own memory (RegisterMemory), not the agent's pools: it counts in neither
+  // pool's bytes, and DeregisterMemory (not FreeBuffer) ends it.
+  virtual bool registered() const { return false; }
 };
 
 }  // namespace ferry::server

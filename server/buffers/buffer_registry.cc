@@ -12,10 +12,8 @@
 
 namespace ferry::server {
 
-namespace {
-
-// "cuda:3" -> 3.
-absl::StatusOr<int> ParseGpuDevice(const std::string& device) {
+absl::StatusOr<int> GpuIndexOf(const std::string& device) {
+  if (device.empty() || device == "host") return -1;
   int index = -1;
   if (device.rfind("cuda:", 0) != 0 || !absl::SimpleAtoi(device.substr(5), &index) || index < 0) {
     return absl::InvalidArgumentError(
@@ -23,8 +21,6 @@ absl::StatusOr<int> ParseGpuDevice(const std::string& device) {
   }
   return index;
 }
-
-}  // namespace
 
 uint64_t Buffer::owner() const {
   absl::MutexLock lock(&owner_mu_);
@@ -54,10 +50,8 @@ bool Buffer::ExportedTo(const std::string& node) const {
          std::find(allowed_peers_.begin(), allowed_peers_.end(), node) != allowed_peers_.end();
 }
 
-absl::StatusOr<std::shared_ptr<Buffer>> BufferRegistry::Allocate(
-    uint64_t size, const std::string& name, const std::string& device, BufferOwner owner,
-    std::vector<std::string> allowed_peers) {
-  if (size == 0) return absl::InvalidArgumentError("size: must be positive");
+absl::Status BufferRegistry::CheckExport(const std::string& name,
+                                         const std::vector<std::string>& allowed_peers) const {
   if (!allowed_peers.empty() && name.empty()) {
     return absl::InvalidArgumentError(
         "allowed_peers: only a named buffer is exported to peers; name it, or list no peers");
@@ -67,29 +61,50 @@ absl::StatusOr<std::shared_ptr<Buffer>> BufferRegistry::Allocate(
       return absl::InvalidArgumentError(absl::StrCat("allowed_peers[", i, "]: empty node name"));
     }
   }
-  if (!name.empty()) {
-    if (name.size() > kMaxBufferName || name.find_first_of(": \t\n") != std::string::npos) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "name: ", Echo(name), " must be at most 256 characters without ':' or spaces"));
-    }
-    absl::MutexLock lock(&mu_);
-    if (by_name_.contains(name)) {
-      return absl::AlreadyExistsError(absl::StrCat("name: a buffer named '", name, "' exists"));
-    }
+  if (name.empty()) return absl::OkStatus();
+  if (name.size() > kMaxBufferName || name.find_first_of(": \t\n") != std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "name: ", Echo(name), " must be at most 256 characters without ':' or spaces"));
   }
-  uint32_t access = name.empty() ? fabric::kLocal : (fabric::kRemoteWrite | fabric::kRemoteRead);
+  absl::MutexLock lock(&mu_);
+  if (by_name_.contains(name)) {
+    return absl::AlreadyExistsError(absl::StrCat("name: a buffer named '", name, "' exists"));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<Buffer>> BufferRegistry::Allocate(
+    uint64_t size, const std::string& name, const std::string& device, BufferOwner owner,
+    std::vector<std::string> allowed_peers) {
+  if (size == 0) return absl::InvalidArgumentError("size: must be positive");
+  RETURN_IF_ERROR(CheckExport(name, allowed_peers));
   std::unique_ptr<BufferMemory> memory;
   if (device.empty() || device == "host") {
     ASSIGN_OR_RETURN(auto block, pool_->Allocate(size));
     memory = std::make_unique<HostMemory>(std::move(block), pool_->path());
   } else {
-    ASSIGN_OR_RETURN(int gpu, ParseGpuDevice(device));
+    ASSIGN_OR_RETURN(int gpu, GpuIndexOf(device));
     if (gpus_ == nullptr || static_cast<size_t>(gpu) >= gpus_->count()) {
       return absl::NotFoundError(absl::StrCat("device: this agent has no GPU ", device, " (it has ",
                                               gpus_ ? gpus_->count() : 0, ")"));
     }
     ASSIGN_OR_RETURN(memory, gpus_->Allocate(gpu, size));
   }
+  uint32_t access = name.empty() ? fabric::kLocal : (fabric::kRemoteWrite | fabric::kRemoteRead);
+  return Insert(std::move(memory), access, name, std::move(owner), std::move(allowed_peers));
+}
+
+absl::StatusOr<std::shared_ptr<Buffer>> BufferRegistry::AddClientMemory(
+    std::unique_ptr<BufferMemory> memory, const std::string& name, BufferOwner owner,
+    std::vector<std::string> allowed_peers) {
+  RETURN_IF_ERROR(CheckExport(name, allowed_peers));
+  return Insert(std::move(memory), fabric::kRemoteWrite | fabric::kRemoteRead, name,
+                std::move(owner), std::move(allowed_peers));
+}
+
+absl::StatusOr<std::shared_ptr<Buffer>> BufferRegistry::Insert(
+    std::unique_ptr<BufferMemory> memory, uint32_t access, const std::string& name,
+    BufferOwner owner, std::vector<std::string> allowed_peers) {
   // A fabric that cannot register GPU memory leaves the buffer to staging; the attempt stays
   // with the buffer and its reason shows in every transfer that stages it.
   ASSIGN_OR_RETURN(BufferRegistrations registrations,
@@ -247,7 +262,18 @@ uint64_t BufferRegistry::host_bytes() const {
   absl::MutexLock lock(&mu_);
   uint64_t total = 0;
   for (const auto& [id, b] : by_id_) {
-    if (b->gpu() < 0) total += (b->size() + kAlign - 1) / kAlign * kAlign;
+    if (b->gpu() < 0 && !b->memory().registered()) {
+      total += (b->size() + kAlign - 1) / kAlign * kAlign;
+    }
+  }
+  return total;
+}
+
+uint64_t BufferRegistry::registered_bytes() const {
+  absl::MutexLock lock(&mu_);
+  uint64_t total = 0;
+  for (const auto& [id, b] : by_id_) {
+    if (b->memory().registered()) total += b->size();
   }
   return total;
 }

@@ -83,6 +83,9 @@ class Buffer {
   BufferOwner owner_ ABSL_GUARDED_BY(owner_mu_);
 };
 
+// "cuda:3" -> 3, "host" or "" -> -1; INVALID_ARGUMENT naming "device" for anything else.
+absl::StatusOr<int> GpuIndexOf(const std::string& device);
+
 // The longest buffer name (a longer one names no buffer, and is refused as such).
 inline constexpr size_t kMaxBufferName = 256;
 // Names the agent gives a receive's landing buffer: written once by one sender, then
@@ -125,6 +128,13 @@ class BufferRegistry {
                                                    const std::string& device = "host",
                                                    BufferOwner owner = {},
                                                    std::vector<std::string> allowed_peers = {});
+  // A buffer over memory the agent did not allocate (a client's registration), registered
+  // with the fabrics as Allocate's are and checked the same way (name, allowed peers). Its
+  // fabric keys allow remote access even unnamed, so that the registration needs no second
+  // one when a named block list exports it; unnamed, no peer can resolve it.
+  absl::StatusOr<std::shared_ptr<Buffer>> AddClientMemory(
+      std::unique_ptr<BufferMemory> memory, const std::string& name, BufferOwner owner,
+      std::vector<std::string> allowed_peers = {});
   // Frees whoever owns it (the agent's own bookkeeping). NOT_FOUND for an unknown or
   // already freed id.
   absl::Status Free(uint64_t id);
@@ -148,11 +158,21 @@ class BufferRegistry {
   // Bytes of the live host buffers as the host pool counts them (rounded up to its
   // alignment): the pool's used bytes once no transfer holds a freed buffer.
   uint64_t host_bytes() const;
+  // Bytes of the live client registrations (BufferMemory::registered).
+  uint64_t registered_bytes() const;
 
  private:
   // NOT_FOUND naming `field`: "was freed" for an id we handed out, else "does not exist".
   absl::Status Unknown(const std::string& field, uint64_t id) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Allocate's and AddClientMemory's checks of a name and its peers, before any memory is taken.
+  absl::Status CheckExport(const std::string& name,
+                           const std::vector<std::string>& allowed_peers) const;
+  // Registers `memory` with its fabrics (`access`) and files it under a new id.
+  absl::StatusOr<std::shared_ptr<Buffer>> Insert(std::unique_ptr<BufferMemory> memory,
+                                                 uint32_t access, const std::string& name,
+                                                 BufferOwner owner,
+                                                 std::vector<std::string> allowed_peers);
   // Drops `buffer`'s name from by_name_ if the name still maps to it; true when it did.
   bool ForgetName(const Buffer& buffer) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Runs on_unexport_ (copied under the lock) for `names`, if any.

@@ -35,6 +35,29 @@ class GpuPools::Block : public BufferMemory {
   uint64_t size_;
 };
 
+// A client's allocation, imported into the agent: the whole slab is the buffer.
+class GpuPools::Imported : public BufferMemory {
+ public:
+  Imported(const Pool* pool, int gpu, std::unique_ptr<memory::DeviceSlab> slab)
+      : pool_(pool), gpu_(gpu), slab_(std::move(slab)) {}
+
+  char* data() const override { return static_cast<char*>(slab_->data()); }
+  uint64_t size() const override { return slab_->size(); }
+  std::string device() const override { return absl::StrCat("cuda:", gpu_); }
+  int gpu() const override { return gpu_; }
+  std::string backend() const override { return pool_->device->backend(); }
+  absl::StatusOr<BufferMapping> mapping() const override {
+    ASSIGN_OR_RETURN(memory::GpuExport exported, slab_->Export(0, slab_->size()));
+    return GpuMapping{std::move(exported), pool_->device->pci()};
+  }
+  bool registered() const override { return true; }
+
+ private:
+  const Pool* pool_;
+  int gpu_;
+  std::unique_ptr<memory::DeviceSlab> slab_;
+};
+
 absl::StatusOr<std::unique_ptr<GpuPools>> GpuPools::Create(
     std::vector<std::unique_ptr<memory::GpuDevice>> gpus, uint64_t pool_bytes) {
   std::unique_ptr<GpuPools> pools(new GpuPools());
@@ -49,6 +72,17 @@ absl::StatusOr<std::unique_ptr<GpuPools>> GpuPools::Create(
 }
 
 GpuPools::~GpuPools() = default;
+
+absl::StatusOr<std::unique_ptr<BufferMemory>> GpuPools::Import(int gpu,
+                                                               const memory::GpuImport& what) {
+  if (gpu < 0 || static_cast<size_t>(gpu) >= pools_.size()) {
+    return absl::NotFoundError(absl::StrCat("device: this agent has no GPU cuda:", gpu, " (it has ",
+                                            pools_.size(), ")"));
+  }
+  const Pool& pool = *pools_[gpu];
+  ASSIGN_OR_RETURN(std::unique_ptr<memory::DeviceSlab> slab, pool.device->Import(what));
+  return std::unique_ptr<BufferMemory>(new Imported(&pool, gpu, std::move(slab)));
+}
 
 absl::StatusOr<std::unique_ptr<BufferMemory>> GpuPools::Allocate(int gpu, uint64_t size) {
   if (gpu < 0 || static_cast<size_t>(gpu) >= pools_.size()) {

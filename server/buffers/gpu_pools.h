@@ -52,6 +52,9 @@ class GpuPools {
 
   // NOT_FOUND naming the device for an index without a GPU; RESOURCE_EXHAUSTED when full.
   absl::StatusOr<std::unique_ptr<BufferMemory>> Allocate(int gpu, uint64_t size);
+  // A client's own allocation on GPU `gpu`, imported (GpuDevice::Import) as a registered
+  // buffer's memory; the import is undone when the memory is dropped. NOT_FOUND as Allocate.
+  absl::StatusOr<std::unique_ptr<BufferMemory>> Import(int gpu, const memory::GpuImport& what);
 
   // Registers [data, data+length) of GPU `gpu` with `fabric` for direct NIC access: DMA-BUF
   // first (the upstream kernel path, no out-of-tree module), then peer memory
@@ -79,6 +82,7 @@ class GpuPools {
     std::map<fabric::RailId, Registration> registrations ABSL_GUARDED_BY(mu);
   };
   class Block;
+  class Imported;
 
   std::vector<std::unique_ptr<Pool>> pools_;
 };

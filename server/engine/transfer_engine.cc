@@ -140,7 +140,8 @@ absl::StatusOr<std::vector<PlannedOp>> TransferEngine::Plan(const ferry::v1::Sub
   return planned;
 }
 
-absl::StatusOr<uint64_t> TransferEngine::Submit(const ferry::v1::SubmitRequest& request) {
+absl::StatusOr<uint64_t> TransferEngine::Submit(const ferry::v1::SubmitRequest& request,
+                                                FinishedHook on_finished) {
   // Checked before planning too: Plan may ask peers to resolve buffers, which a drain need
   // not wait for.
   if (draining()) return absl::UnavailableError(kDrainingMessage);
@@ -163,6 +164,7 @@ absl::StatusOr<uint64_t> TransferEngine::Submit(const ferry::v1::SubmitRequest& 
     transfer = std::make_shared<Transfer>(id, std::move(ops), deadline, deps_.policies->Current());
     transfers_.emplace(id, transfer);
     active_.emplace(id, transfer);
+    if (on_finished) finished_hooks_.emplace(id, std::move(on_finished));
   }
   if (spdlog::should_log(spdlog::level::debug)) {
     spdlog::debug("transfer {}: submitted, {} ops to {}, deadline in {} ms", transfer->id(),
@@ -528,12 +530,17 @@ void TransferEngine::StartStaging(const std::shared_ptr<Transfer>& transfer, Pla
 
 void TransferEngine::OnFinished(uint64_t id) {
   std::shared_ptr<Transfer> finished;
+  FinishedHook hook;
   {
     absl::MutexLock lock(&mu_);
     auto it = active_.find(id);
     if (it == active_.end()) return;
     finished = std::move(it->second);
     active_.erase(it);
+    if (auto h = finished_hooks_.find(id); h != finished_hooks_.end()) {
+      hook = std::move(h->second);
+      finished_hooks_.erase(h);
+    }
     ++finished_count_;
     history_.push_back(id);
     while (history_.size() > limits_.history) {
@@ -579,6 +586,7 @@ void TransferEngine::OnFinished(uint64_t id) {
                   result.ops_failed(), result.ops_total(), FormatByteSize(result.bytes()),
                   result.duration_us(), result.message().empty() ? "" : ": ", result.message());
   }
+  if (hook) hook(*finished);
 }
 
 std::vector<std::shared_ptr<Transfer>> TransferEngine::Running() const {

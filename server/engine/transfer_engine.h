@@ -73,9 +73,15 @@ class TransferEngine {
   // Fails what is still running (UNAVAILABLE: agent stopping) and stops the reaper.
   ~TransferEngine();
 
+  // Runs once when a transfer finished (every op settled, however: done, failed, cancelled,
+  // timed out, or the agent stopping), on the thread that settled its last op: it must not
+  // block (hand slow work, a peer call, to a thread of its own).
+  using FinishedHook = std::function<void(const Transfer&)>;
   // Validates the whole batch (nothing moves if any op is bad; the status names the field,
   // e.g. "ops[3].remote_offset"), then posts every op. Returns the transfer id.
-  absl::StatusOr<uint64_t> Submit(const ferry::v1::SubmitRequest& request);
+  // `on_finished` runs when it finished (never when Submit fails).
+  absl::StatusOr<uint64_t> Submit(const ferry::v1::SubmitRequest& request,
+                                  FinishedHook on_finished = {});
   // NOT_FOUND for an unknown (or long forgotten) transfer id.
   absl::StatusOr<std::shared_ptr<Transfer>> Find(uint64_t id) const;
   // Ends a running transfer: its open ops settle CANCELLED now, its staging pipeline stops
@@ -156,6 +162,8 @@ class TransferEngine {
   uint64_t finished_count_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<uint64_t, std::shared_ptr<Transfer>> transfers_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, std::shared_ptr<Transfer>> active_ ABSL_GUARDED_BY(mu_);
+  // Submit's on_finished of the active transfers that have one.
+  absl::flat_hash_map<uint64_t, FinishedHook> finished_hooks_ ABSL_GUARDED_BY(mu_);
   std::deque<uint64_t> history_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool draining_ ABSL_GUARDED_BY(mu_) = false;

@@ -3,15 +3,15 @@
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/un.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "grpcpp/server_posix.h"
+#include "server/local/unix_socket.h"
 #include "spdlog/spdlog.h"
 
 namespace ferry::server {
@@ -25,27 +25,7 @@ absl::Status Errno(const std::string& call) { return absl::ErrnoToStatus(errno, 
 absl::StatusOr<std::unique_ptr<LocalListener>> LocalListener::Bind(const std::string& path,
                                                                    mode_t mode, gid_t group,
                                                                    LocalCallers* callers) {
-  sockaddr_un addr = {};
-  addr.sun_family = AF_UNIX;
-  if (path.size() >= sizeof(addr.sun_path)) {
-    return absl::InvalidArgumentError(absl::StrCat("listen.local: ", path, " is longer than ",
-                                                   sizeof(addr.sun_path) - 1, " bytes"));
-  }
-  std::memcpy(addr.sun_path, path.c_str(), path.size() + 1);
-  UniqueFd fd(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0));
-  if (!fd.valid()) return Errno("socket(AF_UNIX)");
-  unlink(path.c_str());
-  // The mode is set on the file before anyone can connect: bind() under a umask that
-  // leaves only the owner, then chmod to what config asks.
-  mode_t old = umask(0077);
-  int bound = bind(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  umask(old);
-  if (bound != 0) return Errno(absl::StrCat("bind(", path, ")"));
-  if (group != static_cast<gid_t>(-1) && chown(path.c_str(), static_cast<uid_t>(-1), group) != 0) {
-    return Errno(absl::StrCat("chown(", path, ", group ", group, ")"));
-  }
-  if (chmod(path.c_str(), mode) != 0) return Errno(absl::StrCat("chmod(", path, ")"));
-  if (listen(fd.get(), 128) != 0) return Errno(absl::StrCat("listen(", path, ")"));
+  ASSIGN_OR_RETURN(UniqueFd fd, ListenUnix(path, mode, group, "listen.local"));
   UniqueFd wake(eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK));
   if (!wake.valid()) return Errno("eventfd");
   return std::unique_ptr<LocalListener>(new LocalListener(std::move(fd), std::move(wake), callers));

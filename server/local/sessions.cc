@@ -63,6 +63,12 @@ void SessionRegistry::FreeOf(uint64_t id) {
   // After the erase: an Allocate racing with this close either lands before the sweep (and
   // is swept) or sees the session closed and frees its buffer itself.
   size_t freed = buffers_->FreeOwnedBy(id);
+  ClosedHook hook;
+  {
+    absl::MutexLock lock(&mu_);
+    hook = on_close_;
+  }
+  if (hook) hook(id);
   spdlog::debug("session {} ended; {} buffer(s) freed", id, freed);
 }
 

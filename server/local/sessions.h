@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <string>
 #include <thread>
 
@@ -39,6 +40,14 @@ class SessionRegistry {
   // their answers (server/peers/export_leases.h).
   void CloseSoon(uint64_t id);
 
+  // Also run when a session ended, after its buffers were freed: what else it owns goes
+  // (its block lists). Set once before use; an empty function (teardown) calls nothing.
+  using ClosedHook = std::function<void(uint64_t session)>;
+  void OnClose(ClosedHook hook) {
+    absl::MutexLock lock(&mu_);
+    on_close_ = std::move(hook);
+  }
+
   // The session a call names in its metadata value (`value` empty: none, 0).
   // FAILED_PRECONDITION naming the key for a malformed id or one that is not open.
   absl::StatusOr<uint64_t> Resolve(absl::string_view value) const;
@@ -58,6 +67,7 @@ class SessionRegistry {
     int64_t uid = -1;
   };
   absl::flat_hash_map<uint64_t, Open_> open_ ABSL_GUARDED_BY(mu_);
+  ClosedHook on_close_ ABSL_GUARDED_BY(mu_);
   // Closed sessions whose buffers the sweeper frees; started on first use.
   void Sweep();
   void FreeOf(uint64_t id);

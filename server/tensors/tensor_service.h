@@ -27,6 +27,13 @@ class TensorService final : public ferry::v1::Tensors::Service {
                                    grpc::ServerWriter<ferry::v1::Notification>*) override;
   grpc::Status Cancel(grpc::ServerContext*, const ferry::v1::CancelRequest*,
                       ferry::v1::CancelResponse*) override;
+  // block_calls.cc: prepared block lists.
+  grpc::Status PrepareBlocks(grpc::ServerContext*, const ferry::v1::PrepareBlocksRequest*,
+                             ferry::v1::PrepareBlocksResponse*) override;
+  grpc::Status ReleaseBlocks(grpc::ServerContext*, const ferry::v1::ReleaseBlocksRequest*,
+                             ferry::v1::ReleaseBlocksResponse*) override;
+  grpc::Status MoveBlocks(grpc::ServerContext*, const ferry::v1::MoveBlocksRequest*,
+                          ferry::v1::MoveBlocksResponse*) override;
   grpc::Status ListPending(grpc::ServerContext*, const ferry::v1::ListPendingRequest*,
                            ferry::v1::ListPendingResponse*) override;
 
@@ -44,6 +51,8 @@ class TensorPeerService final : public ferry::v1::TensorPeer::Service {
                         ferry::v1::CompleteResponse*) override;
   grpc::Status CancelSend(grpc::ServerContext*, const ferry::v1::CancelSendRequest*,
                           ferry::v1::CancelSendResponse*) override;
+  grpc::Status ResolveBlocks(grpc::ServerContext*, const ferry::v1::ResolveBlocksRequest*,
+                             ferry::v1::ResolveBlocksResponse*) override;  // block_calls.cc
   grpc::Status Notify(grpc::ServerContext*, const ferry::v1::Notification*,
                       ferry::v1::NotifyResponse*) override;
 

@@ -8,6 +8,7 @@
 #include "base/byte_range.h"
 #include "base/status_macros.h"
 #include "grpcpp/grpcpp.h"
+#include "server/tensors/peer_call.h"
 #include "server/tensors/tensor_meta.h"
 #include "spdlog/spdlog.h"
 
@@ -22,28 +23,7 @@ constexpr uint64_t kSendChunk = 16ull << 20;
 constexpr absl::Duration kMatchPoll = absl::Milliseconds(500);
 // Messages that release the peer's state go out even when our own deadline has passed.
 constexpr absl::Duration kCleanupTimeout = absl::Seconds(5);
-constexpr size_t kMaxNameLength = 1024;
 
-
-std::unique_ptr<grpc::ClientContext> Context(absl::Time deadline) {
-  auto ctx = std::make_unique<grpc::ClientContext>();
-  ctx->set_deadline(absl::ToChronoTime(deadline));
-  return ctx;
-}
-
-absl::Status PeerCallError(const grpc::Status& s, const std::string& what) {
-  return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
-                      absl::StrCat(what, ": ", s.error_message()));
-}
-
-absl::Status CheckName(const std::string& value, const std::string& field) {
-  if (value.empty()) return absl::InvalidArgumentError(absl::StrCat(field, ": must be set"));
-  if (value.size() > kMaxNameLength) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(field, ": ", value.size(), " characters is more than ", kMaxNameLength));
-  }
-  return absl::OkStatus();
-}
 
 // The engine names ops; callers of WriteBlocks think in blocks.
 absl::Status RenameOps(const absl::Status& s) {
@@ -61,7 +41,9 @@ TensorState::TensorState(PeerDirectory* peers, BufferRegistry* buffers, Transfer
       buffers_(buffers),
       engine_(engine),
       max_op_bytes_(max_op_bytes),
-      matcher_(node_, buffers) {
+      matcher_(node_, buffers),
+      blocks_(buffers),
+      mover_(peers, buffers, engine, &blocks_) {
   // Send ids only need to be unique per sending agent; a random start keeps a restarted
   // agent's ids from colliding with offers its previous life left at a peer.
   std::random_device rd;
@@ -103,7 +85,7 @@ void TensorState::Withdraw(ferry::v1::TensorPeer::Stub* stub, uint64_t send_id,
   req.set_send_id(send_id);
   req.set_reason(reason);
   ferry::v1::CancelSendResponse resp;
-  auto ctx = Context(absl::Now() + kCleanupTimeout);
+  auto ctx = PeerContext(absl::Now() + kCleanupTimeout);
   grpc::Status s = stub->CancelSend(ctx.get(), req, &resp);
   if (!s.ok()) spdlog::warn("CancelSend({}) failed: {}", send_id, s.error_message());
 }
@@ -116,14 +98,14 @@ absl::Status TensorState::CompleteOnPeer(ferry::v1::TensorPeer::Stub* stub, uint
   req.set_code(static_cast<int>(status.code()));
   req.set_message(std::string(status.message()));
   ferry::v1::CompleteResponse resp;
-  auto ctx = Context(absl::Now() + kCleanupTimeout);
+  auto ctx = PeerContext(absl::Now() + kCleanupTimeout);
   return FromGrpcStatus(stub->Complete(ctx.get(), req, &resp));
 }
 
 absl::Status TensorState::NotifyPeer(ferry::v1::TensorPeer::Stub* stub, ferry::v1::Notification n) {
   n.set_from_node(node_);
   ferry::v1::NotifyResponse resp;
-  auto ctx = Context(absl::Now() + kCleanupTimeout);
+  auto ctx = PeerContext(absl::Now() + kCleanupTimeout);
   return FromGrpcStatus(stub->Notify(ctx.get(), n, &resp));
 }
 
@@ -201,7 +183,7 @@ absl::StatusOr<ferry::v1::SendResponse> TensorState::Send(const ferry::v1::SendR
     absl::Duration wait = std::min(kMatchPoll, deadline - absl::Now());
     m.set_wait_ms(static_cast<uint32_t>(std::max<int64_t>(absl::ToInt64Milliseconds(wait), 1)));
     m.set_deadline_unix_ms(absl::ToUnixMillis(deadline));
-    auto ctx = Context(absl::Now() + wait + kCleanupTimeout);
+    auto ctx = PeerContext(absl::Now() + wait + kCleanupTimeout);
     grpc::Status s = stub->Match(ctx.get(), m, &match);
     if (!s.ok() && absl::Now() >= deadline) {
       // The peer dropped the offer because it expired: that is the deadline, not a cancel.

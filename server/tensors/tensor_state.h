@@ -24,6 +24,8 @@
 #include "server/buffers/buffer_registry.h"
 #include "server/engine/transfer_engine.h"
 #include "server/peers/peer_directory.h"
+#include "server/tensors/block_lists.h"
+#include "server/tensors/block_mover.h"
 #include "server/tensors/notification_board.h"
 #include "server/tensors/recv_matcher.h"
 
@@ -39,6 +41,11 @@ class TensorState {
   const std::string& node() const { return node_; }
   RecvMatcher& matcher() { return matcher_; }
   NotificationBoard& board() { return board_; }
+  // Prepared block lists and the MoveBlocks / ResolveBlocks calls over them.
+  BlockLists& blocks() { return blocks_; }
+  BlockMover& mover() { return mover_; }
+  // The timeout_ms of an engine Submit that should end by `deadline` (see below).
+  uint32_t TimeoutMsFor(absl::Time deadline) const { return EngineTimeoutMs(deadline); }
 
   absl::StatusOr<ferry::v1::SendResponse> Send(const ferry::v1::SendRequest& req,
                                                absl::Time deadline, const CancelledFn& client_gone);
@@ -81,6 +88,8 @@ class TensorState {
   const uint64_t max_op_bytes_;
   RecvMatcher matcher_;
   NotificationBoard board_;
+  BlockLists blocks_;
+  BlockMover mover_;  // after blocks_: uses it until it is gone
 
   absl::Mutex mu_;
   // This agent's sends in flight, by (peer, tag).

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstring>
 #include <cctype>
 #include <chrono>
 #include <deque>
@@ -42,6 +43,7 @@ struct DriverApi {
   PFN_cuDeviceGetAttribute_v2000 device_get_attribute = nullptr;
   PFN_cuPointerSetAttribute_v6000 pointer_set_attribute = nullptr;
   PFN_cuMemGetHandleForAddressRange_v11070 get_handle_for_address_range = nullptr;
+  PFN_cuMemGetAddressRange_v3020 mem_get_address_range = nullptr;
   std::string why_missing;
 };
 
@@ -78,6 +80,7 @@ const DriverApi& Driver() {
     LoadEntryPoint("cuPointerSetAttribute", &a->pointer_set_attribute, &a->why_missing);
     LoadEntryPoint("cuMemGetHandleForAddressRange", &a->get_handle_for_address_range,
                    &a->why_missing);
+    LoadEntryPoint("cuMemGetAddressRange", &a->mem_get_address_range, &a->why_missing);
     return a;
   }();
   return *api;
@@ -94,11 +97,14 @@ std::string DriverErrorString(CUresult r) {
 
 struct DeviceMemoryDeleter {
   int device;
+  bool ipc = false;  // opened with cudaIpcOpenMemHandle: closed, not freed
   void operator()(void* p) const noexcept {
     ScopedCudaDevice d(device);
-    cudaError_t err = cudaFree(p);
+    cudaError_t err = ipc ? cudaIpcCloseMemHandle(p) : cudaFree(p);
     if (err != cudaSuccess) {
-      spdlog::warn("{}", CudaStatus(err, absl::StrCat("cudaFree(GPU ", device, ")")).ToString());
+      spdlog::warn("{}", CudaStatus(err, absl::StrCat(ipc ? "cudaIpcCloseMemHandle" : "cudaFree",
+                                                      "(GPU ", device, ")"))
+                             .ToString());
     }
   }
 };
@@ -188,16 +194,18 @@ class PinRegistry {
 
 class CudaSlab : public DeviceSlab {
  public:
-  // `handle`: the slab's CUDA IPC handle bytes, or why there is none.
+  // `handle`: the slab's CUDA IPC handle bytes, or why there is none. `start`: where the
+  // slab begins in `memory` (an imported range of another process's allocation; else 0).
   CudaSlab(int device, DeviceMemory memory, uint64_t size, absl::StatusOr<std::string> handle,
-           std::string dmabuf_unsupported)
+           std::string dmabuf_unsupported, uint64_t start = 0)
       : device_(device),
         memory_(std::move(memory)),
+        start_(start),
         size_(size),
         handle_(std::move(handle)),
         dmabuf_unsupported_(std::move(dmabuf_unsupported)) {}
 
-  void* data() const override { return memory_.get(); }
+  void* data() const override { return static_cast<char*>(memory_.get()) + start_; }
   uint64_t size() const override { return size_; }
 
   // The handle names the whole allocation (CUDA IPC maps allocations, not sub-ranges); the
@@ -208,7 +216,7 @@ class CudaSlab : public DeviceSlab {
     GpuExport e;
     e.kind = "cuda_ipc";
     e.handle = *handle_;
-    e.offset = offset;
+    e.offset = start_ + offset;
     e.length = length;
     return e;
   }
@@ -223,7 +231,7 @@ class CudaSlab : public DeviceSlab {
     // The driver takes only host-page-aligned ranges: export the pages around the range and
     // say where the range starts inside the DMA-BUF.
     const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
-    const uint64_t base = reinterpret_cast<uint64_t>(memory_.get());
+    const uint64_t base = reinterpret_cast<uint64_t>(data());
     const uint64_t start = (base + offset) & ~(page - 1);
     const uint64_t end = (base + offset + length + page - 1) & ~(page - 1);
     int fd = -1;
@@ -251,6 +259,7 @@ class CudaSlab : public DeviceSlab {
 
   const int device_;
   const DeviceMemory memory_;
+  const uint64_t start_;
   const uint64_t size_;
   const absl::StatusOr<std::string> handle_;
   const std::string dmabuf_unsupported_;
@@ -321,6 +330,47 @@ class CudaGpu : public GpuDevice {
     }
     return std::unique_ptr<DeviceSlab>(
         new CudaSlab(index_, std::move(memory), bytes, handle, dmabuf_unsupported_));
+  }
+
+  // A client's allocation by IPC handle: opened on this GPU (the handle names an allocation
+  // of whichever device made it; cudaIpcOpenMemHandle fails with cudaErrorInvalidDevice /
+  // cudaErrorInvalidResourceHandle when that is not this one, or the handle is stale).
+  absl::StatusOr<std::unique_ptr<DeviceSlab>> Import(const GpuImport& what) override {
+    if (what.kind != "cuda_ipc") {
+      return absl::UnimplementedError(absl::StrCat(
+          "GPU ", index_, ": importing '", what.kind,
+          "' memory (a CUDA VMM shareable handle) is not built yet; register it by CUDA IPC "
+          "handle (cudaIpcGetMemHandle)"));
+    }
+    if (what.handle.size() != sizeof(cudaIpcMemHandle_t)) {
+      return absl::InvalidArgumentError(absl::StrCat("cuda_ipc_handle: ", what.handle.size(),
+                                                     " bytes, a cudaIpcMemHandle_t has ",
+                                                     sizeof(cudaIpcMemHandle_t)));
+    }
+    if (what.length == 0) return absl::InvalidArgumentError("length: must be positive");
+    ScopedCudaDevice d(index_);
+    RETURN_IF_ERROR(d.status());
+    cudaIpcMemHandle_t ipc;
+    std::memcpy(&ipc, what.handle.data(), sizeof(ipc));
+    void* p = nullptr;
+    RETURN_IF_ERROR(
+        CudaStatus(cudaIpcOpenMemHandle(&p, ipc, cudaIpcMemLazyEnablePeerAccess),
+                   absl::StrCat("cudaIpcOpenMemHandle(GPU ", index_, ")")));
+    DeviceMemory memory(p, DeviceMemoryDeleter{index_, true});
+    // The allocation's extent bounds the range: cuMemGetAddressRange on the opened base.
+    size_t extent = 0;
+    CUdeviceptr base = 0;
+    if (Driver().mem_get_address_range != nullptr &&
+        Driver().mem_get_address_range(&base, &extent, reinterpret_cast<CUdeviceptr>(p)) ==
+            CUDA_SUCCESS &&
+        (what.offset > extent || what.length > extent - what.offset)) {
+      return absl::OutOfRangeError(absl::StrCat("length: [", what.offset, ", +", what.length,
+                                                ") is outside the ", FormatByteSize(extent),
+                                                " allocation the handle names"));
+    }
+    return std::unique_ptr<DeviceSlab>(new CudaSlab(index_, std::move(memory), what.length,
+                                                    what.handle, dmabuf_unsupported_,
+                                                    what.offset));
   }
 
   absl::Status CopyToHost(void* host, const void* device, uint64_t n, CopyDone done) override {

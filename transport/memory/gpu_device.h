@@ -46,6 +46,20 @@ class DeviceSlab {
   virtual absl::StatusOr<DmabufExport> ExportDmabuf(uint64_t offset, uint64_t length) const = 0;
 };
 
+// Device memory that another process allocated, as that process shares it.
+//   kind "fd": a file descriptor. CUDA: a VMM shareable handle (cuMemExportToShareableHandle,
+//     CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, as expandable segments give). The simulation:
+//     the shared memory behind the client's simulated device memory.
+//   kind "cuda_ipc": `handle` is a cudaIpcMemHandle_t (cudaIpcGetMemHandle) of an allocation;
+//     [offset, offset + length) of it is imported.
+struct GpuImport {
+  std::string kind;
+  int fd = -1;  // borrowed: the device keeps what it needs (a mapping, a duplicate)
+  std::string handle;
+  uint64_t offset = 0;
+  uint64_t length = 0;
+};
+
 // Runs exactly once when a copy finished (or failed), on the device's copy thread.
 using CopyDone = absl::AnyInvocable<void(absl::Status) &&>;
 
@@ -62,6 +76,10 @@ class GpuDevice {
   virtual bool host_addressable() const = 0;
 
   virtual absl::StatusOr<std::unique_ptr<DeviceSlab>> AllocateSlab(uint64_t bytes) = 0;
+  // Maps memory another process shares into this device's address space, as a slab of
+  // exactly the imported range (data() is its first byte); unmapped when the slab is dropped.
+  // UNIMPLEMENTED for a kind the backend cannot import; the driver's error otherwise.
+  virtual absl::StatusOr<std::unique_ptr<DeviceSlab>> Import(const GpuImport& what) = 0;
 
   // Asynchronous copies on the device's copy engine, run in submission order. Either an
   // error now (`done` never runs; INVALID_ARGUMENT for a device range outside the GPU's

@@ -13,6 +13,7 @@
 // pointer of their own. Each GPU has one copy-engine thread that runs copies in order,
 // optionally at a set bandwidth (PCIe is usually the slow stage of staging).
 
+#include <fcntl.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -35,22 +36,30 @@
 namespace ferry::memory {
 namespace {
 
-// A shared mapping of all of `fd`, unmapped when its last holder lets go.
-absl::StatusOr<std::shared_ptr<char>> MapSlab(int fd, uint64_t bytes, int prot, const char* whose) {
-  void* p = mmap(nullptr, bytes, prot, MAP_SHARED, fd, 0);
+// A shared mapping of [offset, offset + bytes) of `fd` (the pointer is the byte at `offset`,
+// which need not be page-aligned), unmapped when its last holder lets go.
+absl::StatusOr<std::shared_ptr<char>> MapSlab(int fd, uint64_t bytes, int prot, const char* whose,
+                                              uint64_t offset = 0) {
+  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  const uint64_t lead = offset % page;
+  const uint64_t span = lead + bytes;
+  void* p = mmap(nullptr, span, prot, MAP_SHARED, fd, static_cast<off_t>(offset - lead));
   if (p == MAP_FAILED) {
     return absl::ErrnoToStatus(errno, absl::StrCat("mmap(sim GPU slab, ", whose, ")"));
   }
-  return std::shared_ptr<char>(static_cast<char*>(p), [bytes](char* q) { munmap(q, bytes); });
+  std::shared_ptr<char> mapping(static_cast<char*>(p), [span](char* q) { munmap(q, span); });
+  return std::shared_ptr<char>(mapping, mapping.get() + lead);
 }
 
 class SimSlab : public DeviceSlab {
  public:
+  // `fd_offset`: where the slab starts in `fd` (an imported range; 0 for the GPU's own).
   SimSlab(UniqueFd fd, std::shared_ptr<char> device, uint64_t size,
-          std::shared_ptr<DeviceRanges> engine_ranges)
+          std::shared_ptr<DeviceRanges> engine_ranges, uint64_t fd_offset = 0)
       : fd_(std::move(fd)),
         device_(std::move(device)),
         size_(size),
+        fd_offset_(fd_offset),
         engine_ranges_(std::move(engine_ranges)) {}
   // Copies and registrations still holding the slab's bytes keep their mappings; the device
   // address itself is gone, as after cudaFree.
@@ -67,7 +76,7 @@ class SimSlab : public DeviceSlab {
     GpuExport e;
     e.kind = "shm";
     e.path = absl::StrCat("/proc/", getpid(), "/fd/", fd_.get());
-    e.offset = offset;
+    e.offset = fd_offset_ + offset;
     e.length = length;
     return e;
   }
@@ -79,6 +88,7 @@ class SimSlab : public DeviceSlab {
   UniqueFd fd_;
   std::shared_ptr<char> device_;
   uint64_t size_;
+  uint64_t fd_offset_;
   std::shared_ptr<DeviceRanges> engine_ranges_;
 };
 
@@ -108,18 +118,23 @@ class SimGpu : public GpuDevice {
     if (ftruncate(fd.get(), static_cast<off_t>(bytes)) != 0) {
       return absl::ErrnoToStatus(errno, absl::StrCat("ftruncate(sim GPU slab, ", bytes, ")"));
     }
-    ASSIGN_OR_RETURN(std::shared_ptr<char> device,
-                     MapSlab(fd.get(), bytes, PROT_NONE, "device address"));
-    ASSIGN_OR_RETURN(std::shared_ptr<char> engine,
-                     MapSlab(fd.get(), bytes, PROT_READ | PROT_WRITE, "copy engine"));
-    ASSIGN_OR_RETURN(std::shared_ptr<char> nic,
-                     MapSlab(fd.get(), bytes, PROT_READ | PROT_WRITE, "peer memory"));
-    RETURN_IF_ERROR(engine_ranges_->Add(device.get(), bytes, std::move(engine)));
-    auto slab = std::make_unique<SimSlab>(std::move(fd), device, bytes, engine_ranges_);
-    RETURN_IF_ERROR(PeerMemory().Add(device.get(), bytes, std::move(nic)));
-    return std::unique_ptr<DeviceSlab>(std::move(slab));
+    return MapDevice(std::move(fd), 0, bytes);
   }
 
+  // The simulation's device memory is shared memory, so a client's own simulated allocation
+  // comes as its file descriptor (as a VMM shareable handle does on CUDA); IPC handles are
+  // CUDA's alone (cudaIpcOpenMemHandle fails on other memory with cudaErrorInvalidValue).
+  absl::StatusOr<std::unique_ptr<DeviceSlab>> Import(const GpuImport& what) override {
+    if (what.kind != "fd") {
+      return absl::UnimplementedError(absl::StrCat(
+          "simulated GPU ", index_, ": cannot import '", what.kind,
+          "' memory (a simulated allocation is shared by its file descriptor)"));
+    }
+    if (what.length == 0) return absl::InvalidArgumentError("length: must be positive");
+    UniqueFd fd(fcntl(what.fd, F_DUPFD_CLOEXEC, 0));
+    if (!fd.valid()) return absl::ErrnoToStatus(errno, "fcntl(F_DUPFD_CLOEXEC)");
+    return MapDevice(std::move(fd), what.offset, what.length);
+  }
   absl::Status CopyToHost(void* host, const void* device, uint64_t n, CopyDone done) override {
     ASSIGN_OR_RETURN(std::shared_ptr<char> bytes, Translate(device, host, n, "D2H"));
     char* src = bytes.get();
@@ -164,6 +179,22 @@ class SimGpu : public GpuDevice {
       return refuse(absl::StrFormat("host address %p is device memory", host));
     }
     return bytes;
+  }
+
+  // Maps [offset, offset + bytes) of `fd` as device memory: the device address (PROT_NONE),
+  // the copy engine's mapping and the NIC's (peer memory), as the file header says.
+  absl::StatusOr<std::unique_ptr<DeviceSlab>> MapDevice(UniqueFd fd, uint64_t offset,
+                                                        uint64_t bytes) {
+    ASSIGN_OR_RETURN(std::shared_ptr<char> device,
+                     MapSlab(fd.get(), bytes, PROT_NONE, "device address", offset));
+    ASSIGN_OR_RETURN(std::shared_ptr<char> engine,
+                     MapSlab(fd.get(), bytes, PROT_READ | PROT_WRITE, "copy engine", offset));
+    ASSIGN_OR_RETURN(std::shared_ptr<char> nic,
+                     MapSlab(fd.get(), bytes, PROT_READ | PROT_WRITE, "peer memory", offset));
+    RETURN_IF_ERROR(engine_ranges_->Add(device.get(), bytes, std::move(engine)));
+    auto slab = std::make_unique<SimSlab>(std::move(fd), device, bytes, engine_ranges_, offset);
+    RETURN_IF_ERROR(PeerMemory().Add(device.get(), bytes, std::move(nic)));
+    return std::unique_ptr<DeviceSlab>(std::move(slab));
   }
 
   absl::Status Enqueue(Copy copy) {

@@ -1,0 +1,68 @@
+#include "client/block_client.h"
+
+#include "base/grpc_status.h"
+
+namespace ferry {
+
+BlockClient::BlockClient(std::shared_ptr<AgentSession> session)
+    : session_(std::move(session)), stub_(ferry::v1::Tensors::NewStub(session_->channel())) {}
+
+std::unique_ptr<grpc::ClientContext> BlockClient::Context() const {
+  auto ctx = std::make_unique<grpc::ClientContext>();
+  ctx->set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
+  session_->Attach(ctx.get());
+  return ctx;
+}
+
+absl::StatusOr<ferry::v1::PrepareBlocksResponse> BlockClient::Prepare(
+    const std::vector<ferry::v1::BlockExtent>& extents, const std::string& name) {
+  ferry::v1::PrepareBlocksRequest req;
+  for (const auto& e : extents) *req.add_extents() = e;
+  req.set_name(name);
+  ferry::v1::PrepareBlocksResponse resp;
+  auto ctx = Context();
+  grpc::Status s = stub_->PrepareBlocks(ctx.get(), req, &resp);
+  if (!s.ok()) return FromGrpcStatus(s);
+  return resp;
+}
+
+absl::Status BlockClient::Release(uint64_t list) {
+  ferry::v1::ReleaseBlocksRequest req;
+  req.set_list(list);
+  ferry::v1::ReleaseBlocksResponse resp;
+  auto ctx = Context();
+  return FromGrpcStatus(stub_->ReleaseBlocks(ctx.get(), req, &resp));
+}
+
+absl::StatusOr<ferry::v1::MoveBlocksResponse> BlockClient::Move(
+    ferry::v1::OpType type, uint64_t list, const std::vector<uint64_t>& local_blocks,
+    const std::string& peer, const std::string& remote_list,
+    const std::vector<uint64_t>& remote_blocks, const std::string& notification,
+    uint32_t timeout_ms) {
+  ferry::v1::MoveBlocksRequest req;
+  req.set_type(type);
+  req.set_list(list);
+  req.mutable_local_blocks()->Add(local_blocks.begin(), local_blocks.end());
+  req.set_peer(peer);
+  req.set_remote_list(remote_list);
+  req.mutable_remote_blocks()->Add(remote_blocks.begin(), remote_blocks.end());
+  req.set_notification(notification);
+  req.set_timeout_ms(timeout_ms);
+  ferry::v1::MoveBlocksResponse resp;
+  auto ctx = Context();
+  grpc::Status s = stub_->MoveBlocks(ctx.get(), req, &resp);
+  if (!s.ok()) return FromGrpcStatus(s);
+  return resp;
+}
+
+ferry::v1::BlockExtent Extent(uint64_t buffer, uint64_t offset, uint64_t block_bytes,
+                              uint64_t count) {
+  ferry::v1::BlockExtent e;
+  e.set_buffer(buffer);
+  e.set_offset(offset);
+  e.set_block_bytes(block_bytes);
+  e.set_count(count);
+  return e;
+}
+
+}  // namespace ferry

@@ -1,0 +1,52 @@
+#pragma once
+// libferry's block lists: prepare an ordered list of blocks over registered memory or
+// buffers (every layer's K and V cache cut into blocks), export it by name, and move any set
+// of (local index -> remote index) pairs with a peer's list in one call, READ or WRITE,
+// optionally notifying the peer once every block settled. MoveBlocks returns the transfer's
+// id at once; Client::Poll, Wait and Cancel follow it (op i of its result is pair i).
+//
+//   ferry::BlockClient blocks(session);
+//   auto list = blocks.Prepare({{reg_k0, 0, 32768, 64}, {reg_v0, 0, 32768, 64}}, "kv");
+//   auto moved = blocks.Move(ferry::v1::READ, list->list(), {0, 1}, "node-a", "kv", {7, 9},
+//                            "req-17 pulled");
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "client/agent_session.h"
+#include "ferry/v1/tensor.grpc.pb.h"
+
+namespace ferry {
+
+class BlockClient {
+ public:
+  explicit BlockClient(std::shared_ptr<AgentSession> session);
+
+  // `name`: export the list to peers under it ("" for a list only this client moves).
+  absl::StatusOr<ferry::v1::PrepareBlocksResponse> Prepare(
+      const std::vector<ferry::v1::BlockExtent>& extents, const std::string& name = "");
+  absl::Status Release(uint64_t list);
+  // Starts moving local_blocks[i] <-> remote_blocks[i] of `peer`'s list `remote_list`.
+  absl::StatusOr<ferry::v1::MoveBlocksResponse> Move(ferry::v1::OpType type, uint64_t list,
+                                                     const std::vector<uint64_t>& local_blocks,
+                                                     const std::string& peer,
+                                                     const std::string& remote_list,
+                                                     const std::vector<uint64_t>& remote_blocks,
+                                                     const std::string& notification = "",
+                                                     uint32_t timeout_ms = 0);
+
+ private:
+  std::unique_ptr<grpc::ClientContext> Context() const;
+
+  std::shared_ptr<AgentSession> session_;
+  std::unique_ptr<ferry::v1::Tensors::Stub> stub_;
+};
+
+// A BlockExtent in one expression.
+ferry::v1::BlockExtent Extent(uint64_t buffer, uint64_t offset, uint64_t block_bytes,
+                              uint64_t count);
+
+}  // namespace ferry

@@ -1,0 +1,159 @@
+#include "server/buffers/client_memory.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "absl/strings/str_cat.h"
+#include "base/byte_size.h"
+#include "base/status_macros.h"
+#include "server/buffers/gpu_pools.h"
+
+namespace ferry::server {
+namespace {
+
+// The client's file as the agent maps it: the fd stays open so that the mapping can be
+// described to clients (ListBuffers) by /proc path, as the pools' files are.
+class ClientFileMemory : public BufferMemory {
+ public:
+  ClientFileMemory(UniqueFd fd, char* mapping, uint64_t mapped, uint64_t lead, uint64_t offset,
+                   uint64_t length)
+      : fd_(std::move(fd)), mapping_(mapping), mapped_(mapped), lead_(lead), offset_(offset),
+        length_(length) {}
+  ~ClientFileMemory() override { munmap(mapping_, mapped_); }
+
+  char* data() const override { return mapping_ + lead_; }
+  uint64_t size() const override { return length_; }
+  std::string device() const override { return "host"; }
+  int gpu() const override { return -1; }
+  std::string backend() const override { return "host"; }
+  absl::StatusOr<BufferMapping> mapping() const override {
+    return HostMapping{absl::StrCat("/proc/", getpid(), "/fd/", fd_.get()), offset_, length_};
+  }
+  bool registered() const override { return true; }
+
+ private:
+  UniqueFd fd_;
+  char* mapping_;
+  uint64_t mapped_;
+  uint64_t lead_;
+  uint64_t offset_;
+  uint64_t length_;
+};
+
+// The file behind a client's descriptor, checked for what sharing its memory needs.
+absl::StatusOr<struct stat> SharedFile(int fd, uint64_t offset, uint64_t length) {
+  struct stat st = {};
+  if (fstat(fd, &st) != 0) return absl::ErrnoToStatus(errno, "fd_ticket: fstat");
+  // memfd_create and shm_open give regular files (on tmpfs); a socket, pipe or device is
+  // not memory two processes can map alike.
+  if (!S_ISREG(st.st_mode)) {
+    return absl::InvalidArgumentError(
+        "fd_ticket: the descriptor is not a file of shared memory (memfd, POSIX shm or a "
+        "regular file)");
+  }
+  int flags = fcntl(fd, F_GETFL);
+  if (flags < 0) return absl::ErrnoToStatus(errno, "fd_ticket: fcntl(F_GETFL)");
+  // mmap(MAP_SHARED, PROT_WRITE) needs a descriptor open for reading and writing (EACCES).
+  if ((flags & O_ACCMODE) != O_RDWR) {
+    return absl::InvalidArgumentError(
+        "fd_ticket: the descriptor is not open for reading and writing (O_RDWR), which a "
+        "transfer into the memory needs");
+  }
+  if (length == 0) return absl::InvalidArgumentError("length: must be positive");
+  const uint64_t size = static_cast<uint64_t>(st.st_size);
+  if (offset > size || length > size - offset) {
+    return absl::OutOfRangeError(absl::StrCat("length: [", offset, ", +", length,
+                                              ") is outside the file's ", size, " bytes"));
+  }
+  return st;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<BufferMemory>> MapClientFile(UniqueFd fd, uint64_t offset,
+                                                            uint64_t length) {
+  RETURN_IF_ERROR(SharedFile(fd.get(), offset, length).status());
+  // A client that shrinks the file under a transfer would fault the agent (SIGBUS): a memfd
+  // that allows sealing is sealed against it (memfd_create(2), F_SEAL_SHRINK). POSIX shm and
+  // plain files cannot be sealed; shrinking those is the known limit (README).
+  (void)fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK);
+  const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+  const uint64_t lead = offset % page;
+  const uint64_t mapped = lead + length;
+  void* p = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(),
+                 static_cast<off_t>(offset - lead));
+  if (p == MAP_FAILED) {
+    return absl::ErrnoToStatus(errno,
+                               absl::StrCat("mmap(client memory, ", FormatByteSize(length), ")"));
+  }
+  return std::unique_ptr<BufferMemory>(new ClientFileMemory(
+      std::move(fd), static_cast<char*>(p), mapped, lead, offset, length));
+}
+
+absl::StatusOr<ClientRegistration> ClientMemory::Register(ClientMemorySpec spec,
+                                                          BufferOwner owner) {
+  ASSIGN_OR_RETURN(int gpu, GpuIndexOf(spec.device));
+  const bool by_handle = !spec.ipc_handle.empty();
+  if (by_handle == spec.fd.valid()) {
+    return absl::InvalidArgumentError(
+        "fd_ticket: give either a descriptor (fd_ticket) or a CUDA IPC handle "
+        "(cuda_ipc_handle)");
+  }
+  if (by_handle && gpu < 0) {
+    return absl::InvalidArgumentError("device: a CUDA IPC handle names GPU memory; say which GPU");
+  }
+  dev_t dev = 0;
+  ino_t ino = 0;
+  if (!by_handle) {
+    ASSIGN_OR_RETURN(struct stat st, SharedFile(spec.fd.get(), spec.offset, spec.length));
+    dev = st.st_dev;
+    ino = st.st_ino;
+  } else if (spec.length == 0) {
+    return absl::InvalidArgumentError("length: must be positive");
+  }
+  const RangeKey key{owner.session, gpu < 0 ? "host" : spec.device, dev, ino, spec.ipc_handle,
+                     spec.offset, spec.length};
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = ranges_.find(key);
+    if (it != ranges_.end()) {
+      auto buffer = buffers_->Get(it->second, "id");
+      if (buffer.ok()) return ClientRegistration{*std::move(buffer), true};
+      ranges_.erase(it);
+    }
+  }
+  std::unique_ptr<BufferMemory> mem;
+  if (gpu < 0) {
+    ASSIGN_OR_RETURN(mem, MapClientFile(std::move(spec.fd), spec.offset, spec.length));
+  } else {
+    if (gpus_ == nullptr) {
+      return absl::NotFoundError(absl::StrCat("device: this agent has no GPU ", spec.device));
+    }
+    memory::GpuImport what;
+    what.kind = by_handle ? "cuda_ipc" : "fd";
+    what.fd = spec.fd.get();
+    what.handle = spec.ipc_handle;
+    what.offset = spec.offset;
+    what.length = spec.length;
+    ASSIGN_OR_RETURN(mem, gpus_->Import(gpu, what));
+  }
+  ASSIGN_OR_RETURN(std::shared_ptr<Buffer> buffer,
+                   buffers_->AddClientMemory(std::move(mem), spec.name, std::move(owner),
+                                             std::move(spec.allowed_peers)));
+  absl::MutexLock lock(&mu_);
+  // Entries of buffers since freed are dropped as they are met: the map stays the size of
+  // what is registered, give or take the last few.
+  for (auto it = ranges_.begin(); it != ranges_.end();) {
+    if (!buffers_->Get(it->second, "id").ok()) {
+      ranges_.erase(it++);
+    } else {
+      ++it;
+    }
+  }
+  ranges_[key] = buffer->id();
+  return ClientRegistration{std::move(buffer), false};
+}
+
+}  // namespace ferry::server

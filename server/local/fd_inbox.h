@@ -1,0 +1,80 @@
+#pragma once
+// The fd socket: how a client hands the agent a file descriptor (its shared memory, for
+// RegisterMemory). gRPC carries no descriptors, so they come over a Unix socket of their
+// own beside the local API's (same mode and group; GetInfo.fd_socket names it):
+//
+//   the client connects and sends one message, the 8 bytes "ferryfd1", with exactly one
+//   descriptor attached (SCM_RIGHTS, unix(7)); the agent answers with 8 bytes, a ticket
+//   (little-endian; 0: refused, and the connection closes without one when the message is
+//   malformed) and closes the connection.
+//
+// The ticket then names the descriptor in RegisterMemory, once, by the same uid (the
+// kernel's SO_PEERCRED of both connections, never what the client says), within kTicketTtl.
+// At most kMaxHeld descriptors wait at a time, so a client that never registers cannot
+// exhaust the agent's descriptors.
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "base/unique_fd.h"
+
+namespace ferry::server {
+
+// Where the fd socket of the local socket `local_socket` is: beside it, "<path>.fd".
+inline std::string FdSocketPath(const std::string& local_socket) { return local_socket + ".fd"; }
+
+class FdInbox {
+ public:
+  static constexpr char kHello[] = "ferryfd1";  // 8 bytes on the wire, without the NUL
+  static constexpr absl::Duration kTicketTtl = absl::Seconds(60);
+  static constexpr size_t kMaxHeld = 1024;
+
+  // Binds `path` as ListenUnix does and starts accepting.
+  static absl::StatusOr<std::unique_ptr<FdInbox>> Start(const std::string& path, mode_t mode,
+                                                        gid_t group);
+  // Stops accepting (as Stop); descriptors not taken are closed.
+  ~FdInbox();
+  // No new connections from here on; returns once the accept thread is gone.
+  void Stop();
+
+  const std::string& path() const { return path_; }
+  // The descriptor passed with `ticket` (a ticket is good once). NOT_FOUND naming
+  // "fd_ticket" for one unknown or expired, PERMISSION_DENIED for one that another uid
+  // passed (the descriptor stays for its owner).
+  absl::StatusOr<UniqueFd> Take(uint64_t ticket, uid_t uid);
+  // Descriptors passed, not yet taken and not expired (for tests: returns to 0).
+  size_t held();
+
+ private:
+  FdInbox(std::string path, UniqueFd listener, UniqueFd wake)
+      : path_(std::move(path)), listener_(std::move(listener)), wake_(std::move(wake)) {}
+  void AcceptLoop();
+  // Reads one connection's message and answers it; `conn` is closed by the caller.
+  void Receive(int conn);
+  // A ticket for `fd` passed by `uid`; 0 when full.
+  uint64_t Hold(UniqueFd fd, uid_t uid);
+  void DropExpiredLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const std::string path_;
+  UniqueFd listener_;
+  UniqueFd wake_;  // eventfd: Stop() wakes the accept thread's poll()
+  std::thread thread_;
+  struct Held {
+    UniqueFd fd;
+    uid_t uid;
+    absl::Time expires;
+  };
+  absl::Mutex mu_;
+  absl::flat_hash_map<uint64_t, Held> held_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace ferry::server

@@ -1,0 +1,79 @@
+// The Tensors and TensorPeer calls over prepared block lists: PrepareBlocks, ReleaseBlocks,
+// MoveBlocks (server/tensors/block_mover.h) and the peer's ResolveBlocks.
+
+#include "absl/strings/str_cat.h"
+#include "base/grpc_status.h"
+#include "base/status_macros.h"
+#include "server/agent_core.h"
+#include "server/local/session_call.h"
+#include "server/peers/caller_identity.h"
+#include "server/tensors/tensor_service.h"
+
+namespace ferry::server {
+namespace {
+
+// The session a block call runs in: lists belong to one, and end with it.
+absl::StatusOr<uint64_t> ListSession(const grpc::ServerContext& ctx, AgentCore& core) {
+  ASSIGN_OR_RETURN(uint64_t session, SessionOfCall(ctx, core.sessions(), core.local_callers()));
+  if (session == 0) {
+    return absl::FailedPreconditionError(
+        "ferry-session: block lists belong to a session (OpenSession), which ends them when "
+        "the client goes");
+  }
+  return session;
+}
+
+}  // namespace
+
+grpc::Status TensorService::PrepareBlocks(grpc::ServerContext* ctx,
+                                          const ferry::v1::PrepareBlocksRequest* req,
+                                          ferry::v1::PrepareBlocksResponse* resp) {
+  auto session = ListSession(*ctx, *core_);
+  if (!session.ok()) return ToGrpcStatus(session.status());
+  // A list is a way to move its buffers' bytes: only over buffers the caller may use.
+  for (int r = 0; r < req->extents_size(); ++r) {
+    absl::Status mine = MayUseBuffer(core_->local_callers(), *ctx, core_->buffers(),
+                                     req->extents(r).buffer(), absl::StrCat("extents[", r, "]"));
+    if (!mine.ok()) return ToGrpcStatus(mine);
+  }
+  auto list = core_->tensors().blocks().Prepare({req->extents().begin(), req->extents().end()},
+                                                req->name(), *session);
+  if (!list.ok()) return ToGrpcStatus(list.status());
+  resp->set_list((*list)->id());
+  resp->set_blocks((*list)->size());
+  return grpc::Status::OK;
+}
+
+grpc::Status TensorService::ReleaseBlocks(grpc::ServerContext* ctx,
+                                          const ferry::v1::ReleaseBlocksRequest* req,
+                                          ferry::v1::ReleaseBlocksResponse*) {
+  auto session = ListSession(*ctx, *core_);
+  if (!session.ok()) return ToGrpcStatus(session.status());
+  return ToGrpcStatus(core_->tensors().blocks().Release(req->list(), *session));
+}
+
+grpc::Status TensorService::MoveBlocks(grpc::ServerContext* ctx,
+                                       const ferry::v1::MoveBlocksRequest* req,
+                                       ferry::v1::MoveBlocksResponse* resp) {
+  auto session = ListSession(*ctx, *core_);
+  if (!session.ok()) return ToGrpcStatus(session.status());
+  // Only the peer's answer is waited for here; the transfer runs on after the call returns.
+  absl::Time deadline = absl::FromChrono(ctx->deadline());
+  auto moved = core_->tensors().mover().Move(*req, *session, req->timeout_ms(), deadline);
+  if (!moved.ok()) return ToGrpcStatus(moved.status());
+  *resp = *std::move(moved);
+  return grpc::Status::OK;
+}
+
+grpc::Status TensorPeerService::ResolveBlocks(grpc::ServerContext* ctx,
+                                              const ferry::v1::ResolveBlocksRequest* req,
+                                              ferry::v1::ResolveBlocksResponse* resp) {
+  absl::StatusOr<std::string> from = CallerNode(*ctx, req->from_node());
+  if (!from.ok()) return ToGrpcStatus(from.status());
+  auto resolved = core_->tensors().mover().Resolve(req->list(), *from);
+  if (!resolved.ok()) return ToGrpcStatus(resolved.status());
+  *resp = *std::move(resolved);
+  return grpc::Status::OK;
+}
+
+}  // namespace ferry::server

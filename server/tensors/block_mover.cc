@@ -1,0 +1,169 @@
+#include "server/tensors/block_mover.h"
+
+#include <algorithm>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "base/echo.h"
+#include "base/status_macros.h"
+#include "ferry/v1/tensor.grpc.pb.h"
+#include "server/tensors/peer_call.h"
+
+namespace ferry::server {
+namespace {
+
+// How long the peer may take to say where its blocks are.
+constexpr absl::Duration kResolveTimeout = absl::Seconds(10);
+// More blocks than a peer's answer may describe: no MoveBlocks names that many.
+constexpr uint64_t kMaxRemoteBlocks = 1ull << 32;
+
+// The engine names op i; MoveBlocks' op i is pair i, which the caller knows as
+// local_blocks[i] -> remote_blocks[i].
+absl::Status AsPairs(const absl::Status& s) {
+  std::string msg(s.message());
+  if (absl::StartsWith(msg, "ops")) msg = "pairs" + msg.substr(3);
+  return absl::Status(s.code(), msg);
+}
+
+}  // namespace
+
+absl::StatusOr<ferry::v1::ResolveBlocksResponse> BlockMover::AskPeer(const std::string& node,
+                                                                     const std::string& list,
+                                                                     absl::Time deadline) {
+  auto channel = peers_->Channel(node);
+  if (absl::IsNotFound(channel.status())) {
+    return absl::NotFoundError(absl::StrCat("peer: unknown node '", node, "'"));
+  }
+  if (!channel.ok()) return channel.status();
+  auto stub = ferry::v1::TensorPeer::NewStub(*std::move(channel));
+  ferry::v1::ResolveBlocksRequest req;
+  req.set_list(list);
+  req.set_from_node(peers_->self());
+  ferry::v1::ResolveBlocksResponse resp;
+  auto ctx = PeerContext(deadline);
+  grpc::Status s = stub->ResolveBlocks(ctx.get(), req, &resp);
+  if (!s.ok()) return PeerCallError(s, absl::StrCat("remote_list: ", node, " answered"));
+  // The peer's answer is checked like any network input: it sizes the lookups below.
+  uint64_t blocks = 0;
+  for (int r = 0; r < resp.extents_size(); ++r) {
+    const ferry::v1::RemoteExtent& e = resp.extents(r);
+    if (e.block_bytes() == 0 || e.count() == 0 || e.count() > kMaxRemoteBlocks - blocks) {
+      return absl::DataLossError(absl::StrCat("remote_list: ", node, "'s answer for ", Echo(list),
+                                              " has a malformed extent ", r));
+    }
+    blocks += e.count();
+  }
+  return resp;
+}
+
+absl::StatusOr<ferry::v1::MoveBlocksResponse> BlockMover::Move(
+    const ferry::v1::MoveBlocksRequest& req, uint64_t session, uint32_t timeout_ms,
+    absl::Time deadline) {
+  if (req.type() != ferry::v1::READ && req.type() != ferry::v1::WRITE) {
+    return absl::InvalidArgumentError("type: must be READ or WRITE");
+  }
+  ASSIGN_OR_RETURN(std::shared_ptr<const BlockList> list, lists_->Get(req.list(), session, "list"));
+  RETURN_IF_ERROR(CheckName(req.peer(), "peer"));
+  RETURN_IF_ERROR(CheckName(req.remote_list(), "remote_list"));
+  if (req.notification().size() > kMaxNameLength) {
+    return absl::InvalidArgumentError(absl::StrCat("notification: ", req.notification().size(),
+                                                   " characters is more than ", kMaxNameLength));
+  }
+  const int n = req.local_blocks_size();
+  if (n == 0) return absl::InvalidArgumentError("local_blocks: no blocks to move");
+  if (req.remote_blocks_size() != n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("remote_blocks: ", req.remote_blocks_size(), " indices for ", n,
+                     " local_blocks (they pair up one to one)"));
+  }
+  for (int i = 0; i < n; ++i) {
+    if (req.local_blocks(i) >= list->size()) {
+      return absl::InvalidArgumentError(absl::StrCat("local_blocks[", i, "]: ", req.local_blocks(i),
+                                                     " is out of range (list ", list->id(),
+                                                     " has ", list->size(), " blocks)"));
+    }
+  }
+  ASSIGN_OR_RETURN(
+      ferry::v1::ResolveBlocksResponse remote,
+      AskPeer(req.peer(), req.remote_list(), std::min(deadline, absl::Now() + kResolveTimeout)));
+  const ExtentIndex remote_index(remote.extents());
+
+  ferry::v1::SubmitRequest submit;
+  submit.mutable_ops()->Reserve(n);
+  uint64_t bytes = 0;
+  for (int i = 0; i < n; ++i) {
+    const uint64_t r = req.remote_blocks(i);
+    if (r >= remote_index.size()) {
+      return absl::InvalidArgumentError(absl::StrCat("remote_blocks[", i, "]: ", r,
+                                                     " is out of range (", req.peer(), "'s list ",
+                                                     Echo(req.remote_list()), " has ",
+                                                     remote_index.size(), " blocks)"));
+    }
+    const ListBlock local = list->At(req.local_blocks(i));
+    const auto [extent, j] = remote_index.Find(r);
+    const ferry::v1::RemoteExtent& e = remote.extents(static_cast<int>(extent));
+    if (e.block_bytes() != local.length) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "remote_blocks[", i, "]: block ", r, " of ", req.peer(), "'s list is ", e.block_bytes(),
+          " bytes, local block ", req.local_blocks(i), " is ", local.length));
+    }
+    ferry::v1::Op* op = submit.add_ops();
+    op->set_type(req.type());
+    op->set_local_buffer(local.buffer);
+    op->set_local_offset(local.offset);
+    op->set_peer(req.peer());
+    op->set_remote_buffer(e.buffer());
+    op->set_remote_offset(e.offset() + j * e.block_bytes());
+    op->set_length(local.length);
+    bytes += local.length;
+  }
+  submit.set_timeout_ms(timeout_ms);
+
+  TransferEngine::FinishedHook hook;
+  if (!req.notification().empty()) {
+    hook = [notifier = notifier_, node = req.peer(), name = req.notification(),
+            blocks = static_cast<uint32_t>(n)](const Transfer& transfer) {
+      ferry::v1::TransferResult result = transfer.Result();
+      ferry::v1::Notification note;
+      note.set_name(name);
+      note.set_bytes(result.bytes());
+      note.set_blocks(blocks);
+      note.set_code(result.state() == ferry::v1::SUCCEEDED ? 0 : result.code());
+      note.set_message(result.message());
+      notifier->Send(node, std::move(note));
+    };
+  }
+  auto id = engine_->Submit(submit, std::move(hook));
+  if (!id.ok()) return AsPairs(id.status());
+  ferry::v1::MoveBlocksResponse resp;
+  resp.set_transfer_id(*id);
+  resp.set_bytes(bytes);
+  return resp;
+}
+
+absl::StatusOr<ferry::v1::ResolveBlocksResponse> BlockMover::Resolve(
+    const std::string& name, const std::string& caller) const {
+  auto list = lists_->Exported(name);
+  if (!list.ok()) return list.status();
+  ferry::v1::ResolveBlocksResponse resp;
+  for (const ferry::v1::BlockExtent& e : (*list)->extents()) {
+    auto buffer = buffers_->Get(e.buffer(), "list");
+    if (!buffer.ok()) {
+      return absl::NotFoundError(absl::StrCat("block list ", Echo(name), ": its buffer ",
+                                              e.buffer(), " was freed"));
+    }
+    // Not told apart from a list that does not exist: a peer learns nothing of what it may
+    // not reach.
+    if (!(*buffer)->ExportedTo(caller)) {
+      return absl::NotFoundError(absl::StrCat("no block list named ", Echo(name)));
+    }
+    ferry::v1::RemoteExtent* out = resp.add_extents();
+    out->set_buffer((*buffer)->name());
+    out->set_offset(e.offset());
+    out->set_block_bytes(e.block_bytes());
+    out->set_count(e.count());
+  }
+  return resp;
+}
+
+}  // namespace ferry::server

@@ -1,0 +1,57 @@
+#pragma once
+// MoveBlocks: (local index -> remote index) pairs between a prepared list and a peer's
+// exported one, as one engine transfer whose op i is pair i; and ResolveBlocks, the peer's
+// side, which says where an exported list's blocks are. The notification goes out when the
+// transfer finished, from the engine's completion hook through the NotifySender: no thread
+// waits for any transfer.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "ferry/v1/tensor.pb.h"
+#include "server/buffers/buffer_registry.h"
+#include "server/engine/transfer_engine.h"
+#include "server/peers/peer_directory.h"
+#include "server/tensors/block_lists.h"
+#include "server/tensors/notify_sender.h"
+
+namespace ferry::server {
+
+class BlockMover {
+ public:
+  BlockMover(PeerDirectory* peers, BufferRegistry* buffers, TransferEngine* engine,
+             BlockLists* lists)
+      : peers_(peers), buffers_(buffers), engine_(engine), lists_(lists),
+        notifier_(std::make_shared<NotifySender>(peers)) {}
+  // Delivers the notifications already queued; later hooks queue nothing.
+  ~BlockMover() { notifier_->Stop(); }
+
+  // Validates the whole request (MoveBlocks in tensor.proto says how it is refused), asks
+  // the peer where its blocks are (by `deadline`) and submits the transfer; returns at once.
+  absl::StatusOr<ferry::v1::MoveBlocksResponse> Move(const ferry::v1::MoveBlocksRequest& req,
+                                                     uint64_t session, uint32_t timeout_ms,
+                                                     absl::Time deadline);
+  // The extents of the list exported as `name`, for peer `caller`. NOT_FOUND when there is
+  // none, a buffer of it was freed, or one is not exported to `caller`.
+  absl::StatusOr<ferry::v1::ResolveBlocksResponse> Resolve(const std::string& name,
+                                                           const std::string& caller) const;
+  const NotifySender& notifier() const { return *notifier_; }
+
+ private:
+  absl::StatusOr<ferry::v1::ResolveBlocksResponse> AskPeer(const std::string& node,
+                                                           const std::string& list,
+                                                           absl::Time deadline);
+
+  PeerDirectory* const peers_;
+  BufferRegistry* const buffers_;
+  TransferEngine* const engine_;
+  BlockLists* const lists_;
+  // Shared with the engine's hooks, which may run after this is gone (the agent stopping
+  // fails the transfers still running): they find it stopped and queue nothing.
+  const std::shared_ptr<NotifySender> notifier_;
+};
+
+}  // namespace ferry::server
