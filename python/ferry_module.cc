@@ -27,6 +27,7 @@
 #include "client/ferry_client.h"
 #include "client/tensor_client.h"
 #include "python/dlpack.h"
+#include "python/py_session.h"
 #include "server/tensors/tensor_meta.h"
 
 namespace py = pybind11;
@@ -34,21 +35,6 @@ namespace py = pybind11;
 namespace ferry::python {
 namespace {
 
-// Carries an absl::Status to the translator, which raises the matching ferry.errors class.
-struct StatusError : std::exception {
-  explicit StatusError(absl::Status s) : status(std::move(s)) {}
-  const char* what() const noexcept override { return "ferry status error"; }
-  absl::Status status;
-};
-
-void Check(const absl::Status& s) {
-  if (!s.ok()) throw StatusError(s);
-}
-template <typename T>
-T Take(absl::StatusOr<T> s) {
-  if (!s.ok()) throw StatusError(s.status());
-  return *std::move(s);
-}
 
 // `timeout_s`: seconds; None waits without limit (the agent gets the largest timeout_ms its
 // uint32 field holds, about 49.7 days); zero or less: the default 60 s.
@@ -74,12 +60,6 @@ py::dict MetaDict(const v1::TensorMeta& meta) {
   return d;
 }
 
-// Both clients of one agent; buffers keep it alive so they can free themselves.
-struct Session {
-  std::unique_ptr<Client> client;
-  std::unique_ptr<TensorClient> tensors;
-  std::string target;
-};
 
 // An agent buffer mapped into this process. Exposes its bytes through the buffer protocol
 // (numpy: zero copy) and as DLPack capsules (torch: zero copy).
@@ -101,6 +81,11 @@ class PyBuffer {
     const std::string& d = buffer_->info().device();
     return d.empty() ? "host" : d;
   }
+  // "host", "cuda" or "sim": a simulated GPU's memory is host memory in this process.
+  std::string backend() const { return buffer_->info().backend(); }
+  // What the CPU here can address: host buffers and simulated GPUs' (numpy, the buffer
+  // protocol); CUDA memory only through DLPack.
+  bool cpu_addressable() const { return device() == "host" || backend() == "sim"; }
   uintptr_t address() const { return reinterpret_cast<uintptr_t>(buffer_->data()); }
   bool owned() const { return owned_; }
   void set_owned(bool owned) { owned_ = owned; }
@@ -182,7 +167,9 @@ py::capsule MakeDLPack(py::object owner, const std::string& dtype_name,
   t.data = buffer.data();
   t.byte_offset = offset;
   // Ready for GPU pools: a "cuda:N" buffer becomes a kDLCUDA tensor on device N.
-  t.device = ordinal < 0 ? DLDevice{kDLCPU, 0} : DLDevice{kDLCUDA, ordinal};
+  // A simulated GPU's buffer is host memory here: a CPU tensor (torch has no such GPU).
+  t.device = ordinal < 0 || buffer.cpu_addressable() ? DLDevice{kDLCPU, 0}
+                                                      : DLDevice{kDLCUDA, ordinal};
   t.ndim = static_cast<int32_t>(shape.size());
   t.dtype = ToDLDataType(meta.dtype());
   t.shape = ctx->shape.empty() ? nullptr : ctx->shape.data();
@@ -447,6 +434,7 @@ std::shared_ptr<Session> Connect(const std::string& target, double timeout_s) {
     }
     session->client = std::make_unique<Client>(*opened);
     session->tensors = std::make_unique<TensorClient>(*opened);
+    session->blocks = std::make_unique<BlockClient>(*opened);
   }
   return session;
 }
@@ -495,6 +483,7 @@ PYBIND11_MODULE(_ferry, m) {
       .def_property_readonly("size", &PyBuffer::size)
       .def_property_readonly("device", &PyBuffer::device)
       .def_property_readonly("address", &PyBuffer::address)
+      .def_property_readonly("backend", &PyBuffer::backend)
       .def_property("owned", &PyBuffer::owned, &PyBuffer::set_owned)
       .def("free", &PyBuffer::Free)
       .def(
@@ -506,7 +495,7 @@ PYBIND11_MODULE(_ferry, m) {
           py::arg("dtype"), py::arg("shape"), py::arg("strides") = std::vector<int64_t>{},
           py::arg("offset") = 0)
       .def_buffer([](PyBuffer& b) {
-        if (b.device() != "host") {
+        if (!b.cpu_addressable()) {
           throw StatusError(absl::FailedPreconditionError(
               absl::StrCat("buffer ", b.id(), " is on ", b.device(), "; use DLPack")));
         }
@@ -526,20 +515,21 @@ PYBIND11_MODULE(_ferry, m) {
       })
       .def("cancel", &NotificationReader::Cancel);
 
-  py::class_<Session, std::shared_ptr<Session>>(m, "Session")
+  py::class_<Session, std::shared_ptr<Session>> session(m, "Session");
+  session
       .def(py::init(&Connect), py::arg("target"), py::arg("timeout") = 5.0)
       .def_readonly("target", &Session::target)
       .def("alloc", [](std::shared_ptr<Session> s, uint64_t size, const std::string& name,
-                       const std::vector<std::string>& allowed_peers) {
+                       const std::vector<std::string>& allowed_peers, const std::string& device) {
              absl::StatusOr<std::unique_ptr<Buffer>> b;
              {
                py::gil_scoped_release release;
-               b = s->client->Alloc(size, name, "host", false, allowed_peers);
+               b = s->client->Alloc(size, name, device, false, allowed_peers);
              }
              return std::make_shared<PyBuffer>(s, Take(std::move(b)), true);
            },
            py::arg("size"), py::arg("name") = "",
-           py::arg("allowed_peers") = std::vector<std::string>{})
+           py::arg("allowed_peers") = std::vector<std::string>{}, py::arg("device") = "host")
       .def("free", [](Session& s, uint64_t id) {
         absl::Status st;
         {
@@ -562,6 +552,9 @@ PYBIND11_MODULE(_ferry, m) {
         d["host_pool_bytes"] = i.host_pool_bytes();
         d["host_pool_used_bytes"] = i.host_pool_used_bytes();
         d["peers"] = std::vector<std::string>(i.peers().begin(), i.peers().end());
+        d["registered_bytes"] = i.registered_bytes();
+        d["block_lists"] = i.block_lists();
+        d["threads"] = i.threads();
         return d;
       })
       // The four calls below return a Call at once (see the comment at the top).
@@ -671,6 +664,7 @@ PYBIND11_MODULE(_ferry, m) {
         d["notifications"] = resp.notifications();
         return d;
       });
+  BindMemory(session);
 }
 
 }  // namespace ferry::python

@@ -1,5 +1,5 @@
 # Tensors: tagged Send/Recv, KV-block notifications (C++), the Python package (pytest) and
-# the two examples, all against real agents.
+# the examples, all against real agents.
 ferry_test(tensor_integration_test LABELS integration LIBS ferry_launch ferry_tensor_client)
 
 if(TARGET ferry_python)
@@ -11,6 +11,14 @@ if(TARGET ferry_python)
            COMMAND ${FERRY_PYTHON} ${PROJECT_SOURCE_DIR}/examples/grad_exchange.py)
   add_test(NAME example_kv_stream
            COMMAND ${FERRY_PYTHON} ${PROJECT_SOURCE_DIR}/examples/kv_stream.py)
-  set_tests_properties(python_tensors example_grad_exchange example_kv_stream PROPERTIES
+  # Paged KV caches the processes allocate themselves, pulled with read_blocks: host memory
+  # (torch or numpy over shared memory), then simulated GPUs.
+  add_test(NAME example_disagg_prefill_decode
+           COMMAND ${FERRY_PYTHON} ${PROJECT_SOURCE_DIR}/examples/disagg_prefill_decode.py)
+  add_test(NAME example_disagg_prefill_decode_sim_gpu
+           COMMAND ${FERRY_PYTHON} ${PROJECT_SOURCE_DIR}/examples/disagg_prefill_decode.py
+                   --sim-gpu)
+  set_tests_properties(python_tensors example_grad_exchange example_kv_stream
+                       example_disagg_prefill_decode example_disagg_prefill_decode_sim_gpu PROPERTIES
                        LABELS integration TIMEOUT 300 ENVIRONMENT "${FERRY_PY_ENV}")
 endif()

@@ -30,10 +30,12 @@ import weakref
 
 from . import _ferry
 from . import launch
+from .blocks import BlockList, Handle, Registration, check_ids
 from .errors import (AlreadyExists, Cancelled, DeadlineExceeded, Error, FailedPrecondition,
                      InvalidArgument, NotFound, OutOfRange, ResourceExhausted, Unavailable)
 
-__all__ = ["Client", "Buffer", "Future", "Notification", "DTYPES", "Error", "Cancelled",
+__all__ = ["Client", "Buffer", "Future", "Notification", "Registration", "BlockList", "Handle",
+           "empty", "DTYPES", "Error", "Cancelled",
            "InvalidArgument", "DeadlineExceeded", "NotFound", "AlreadyExists",
            "ResourceExhausted", "FailedPrecondition", "OutOfRange", "Unavailable", "launch"]
 
@@ -334,20 +336,23 @@ class Client:
 
     def alloc(self, size, name="", device="host", allowed_peers=()):
         """A new agent buffer; named buffers can be written by peers (receive targets, KV
-        caches): by the nodes in allowed_peers only, when it lists any. Freed when the Buffer
-        (and every view of it) is collected, or by free()."""
-        if device not in ("host", "cpu", ""):
-            raise FailedPrecondition(f"device: '{device}' buffers are not available yet (host only)")
-        buf = Buffer(self._s.alloc(int(size), name or "", [str(p) for p in allowed_peers]))
+        caches): by the nodes in allowed_peers only, when it lists any. `device`: "host" or
+        "cuda:N" (GPU N's pool; a simulated GPU's buffer is host memory here). Freed when the
+        Buffer (and every view of it) is collected, or by free()."""
+        device = "host" if device in ("host", "cpu", "") else str(device)
+        buf = Buffer(self._s.alloc(int(size), name or "", [str(p) for p in allowed_peers],
+                                   device))
         self._remember(buf)
         return buf
 
-    def empty(self, shape, dtype="float32", name="", like="numpy"):
-        """An uninitialised tensor in a fresh agent buffer, ready to send without a copy."""
+    def empty(self, shape, dtype="float32", name="", like="numpy", device="host"):
+        """An uninitialised tensor in a fresh agent buffer, ready to send without a copy.
+        `device` "cuda:N": in GPU N's pool (a torch CUDA tensor with like="torch"; on a
+        simulated GPU, numpy or a CPU torch tensor over its memory)."""
         name_ = dtype_name(dtype)
         shape = tuple(int(d) for d in shape)
         nbytes = max(_ferry.span_bytes(name_, list(shape), []), 1)
-        buf = self.alloc(nbytes, name)
+        buf = self.alloc(nbytes, name, device)
         return buf.torch(name_, shape) if like == "torch" else buf.numpy(name_, shape)
 
     def _remember(self, buf):
@@ -389,7 +394,8 @@ class Client:
         with self._lock:
             buffers = list(self._buffers.values())
         for b in buffers:
-            if b.device == "host" and b.address <= address and address + span <= b.address + b.size:
+            cpu = b.device == "host" or b.backend == "sim"
+            if cpu and b.address <= address and address + span <= b.address + b.size:
                 return b, address - b.address
         return None
 
@@ -451,11 +457,126 @@ class Client:
                             *_ended)
         return call, lambda r: _received_view(r, like), None
 
-    def write_blocks(self, buffer, peer, remote_buffer, blocks, notify="", timeout=60.0):
-        """Writes (local_offset, remote_offset, length) blocks of `buffer` into the peer's
-        named buffer, then notifies `notify` there once every block landed."""
-        return self._wait(self._start_write_blocks(buffer, peer, remote_buffer, blocks, notify,
-                                                   timeout))
+    def write_blocks(self, *args, **kwargs):
+        """Two forms.
+
+        write_blocks(bl, local_ids, peer, remote_list_name, remote_ids, notify="",
+        timeout=60.0) -> Handle: pushes blocks local_ids[i] of block list `bl` into blocks
+        remote_ids[i] of the peer's list, as read_blocks pulls; returns at once.
+
+        write_blocks(buffer, peer, remote_buffer, blocks, notify="", timeout=60.0): writes
+        (local_offset, remote_offset, length) blocks of `buffer` into the peer's named
+        buffer, then notifies `notify` there once every block landed; returns then."""
+        if args and isinstance(args[0], BlockList):
+            return self._move_blocks("write", *args, **kwargs)
+        return self._wait(self._start_write_blocks(*args, **kwargs))
+
+    # --- memory you allocated, block lists ---------------------------------------------------
+
+    def register(self, t, name=None, allowed_peers=()):
+        """Registers memory you allocated, so transfers move it in place: a numpy array over
+        shared memory (multiprocessing.shared_memory, a memfd or /dev/shm mapping), a torch
+        CPU tensor after share_memory_(), a CUDA torch tensor (by CUDA IPC handle), or a
+        ferry buffer / a view of one (nothing to register; it keeps its own name). `name`
+        exports the memory to peers (as Client.alloc's name). Private memory (a plain numpy array, malloc) raises
+        FailedPrecondition saying how to share it. Returns a Registration."""
+        name = name or ""
+        peers = [str(p) for p in allowed_peers]
+        if isinstance(t, (Buffer, _ferry.Buffer)):
+            raw = t.raw if isinstance(t, Buffer) else t
+            return Registration(raw.id, raw.size, 0, raw.name, raw.device, keep=raw)
+        if _is_torch(t):
+            if not t.is_contiguous():
+                raise InvalidArgument("tensor: must be contiguous (call .contiguous() first)")
+            nbytes = t.numel() * t.element_size()
+            if t.device.type == "cuda":
+                return self._register_cuda(t, nbytes, name, peers)
+            address = t.data_ptr()
+        else:
+            np = _np()
+            arr = np.asarray(t)
+            if not arr.flags.c_contiguous:
+                raise InvalidArgument("array: must be C-contiguous (np.ascontiguousarray)")
+            address, nbytes = arr.__array_interface__["data"][0], arr.nbytes
+        home = self._locate(address, max(nbytes, 1))
+        if home is not None:  # a ferry buffer's memory: the buffer, under its own name
+            buf, offset = home
+            return Registration(buf.id, nbytes, offset, buf.name, buf.device, keep=(t, buf))
+        r = self._s.register_memory(address, nbytes, name, peers)
+        return Registration(r["id"], nbytes, 0, r["name"], r["device"], owned=True, keep=t)
+
+    def _register_cuda(self, t, nbytes, name, peers):
+        storage = t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage()
+        # torch's own IPC sharing: (device, handle of the caching allocator's block, size,
+        # offset of the storage in that block, ...).
+        shared = storage._share_cuda_()
+        device, handle, offset = shared[0], shared[1], shared[3]
+        offset += t.storage_offset() * t.element_size()
+        r = self._s.register_cuda_ipc(handle, offset, nbytes, f"cuda:{device}", name, peers)
+        return Registration(r["id"], nbytes, 0, r["name"], r["device"], owned=True, keep=t)
+
+    def deregister(self, reg):
+        """Ends a registration (transfers in flight keep the memory until they finish)."""
+        if reg.owned:
+            self._s.deregister(reg.id)
+            reg.owned = False
+
+    def prepare_blocks(self, regs_or_tensors, block_bytes, name=None):
+        """A block list over registrations or tensors (tensors are registered here, named
+        "<name>.<r>" when the list is named), each cut into blocks of `block_bytes`: block j
+        of the r-th is index r * blocks_per_tensor + j. `name` exports the list to peers,
+        which then read or write its blocks by index. Returns a BlockList."""
+        block_bytes = int(block_bytes)
+        if block_bytes <= 0:
+            raise InvalidArgument("block_bytes: must be positive")
+        regs, made = [], []
+        for r, item in enumerate(regs_or_tensors):
+            if isinstance(item, Registration):
+                regs.append(item)
+                continue
+            reg = self.register(item, name=f"{name}.{r}" if name else None)
+            regs.append(reg)
+            if reg.owned:
+                made.append(reg)
+        if not regs:
+            raise InvalidArgument("regs_or_tensors: no memory to cut into blocks")
+        extents = []
+        for r, g in enumerate(regs):
+            if g.length < block_bytes:
+                raise InvalidArgument(f"regs_or_tensors[{r}]: {g.length} bytes is less than one "
+                                      f"block of {block_bytes}")
+            extents.append((g.id, g.offset, block_bytes, g.length // block_bytes))
+        np = _np()
+        list_id, blocks = self._s.prepare_blocks(np.array(extents, dtype=np.uint64), name or "")
+        counts = {e[3] for e in extents}
+        bl = BlockList(self._s, list_id, blocks, name or "", regs,
+                       counts.pop() if len(counts) == 1 else None)
+        bl._made = made
+        return bl
+
+    def read_blocks(self, peer, remote_list_name, remote_ids, bl, local_ids, notify="",
+                    timeout=60.0):
+        """Pulls blocks remote_ids[i] of the peer's list `remote_list_name` into blocks
+        local_ids[i] of `bl`, all in one transfer; `notify` (if set) is delivered to the
+        peer's agent once every block settled. Returns a Handle at once."""
+        return self._move_blocks("read", bl, local_ids, peer, remote_list_name, remote_ids,
+                                 notify, timeout)
+
+    def _move_blocks(self, kind, bl, local_ids, peer, remote_list_name, remote_ids, notify="",
+                     timeout=60.0):
+        local = check_ids(local_ids, "local_ids")
+        remote = check_ids(remote_ids, "remote_ids")
+        timeout_ms = 0 if timeout is None else max(int(timeout * 1000), 1)
+        try:
+            tid, nbytes = self._s.move_blocks(kind, bl.id, local, peer, remote_list_name,
+                                              remote, notify or "", timeout_ms)
+        except Error as e:
+            # The agent names the request's fields; say them as this call's arguments.
+            message = (str(e.args[0]).replace("local_blocks", "local_ids")
+                       .replace("remote_blocks", "remote_ids").replace("remote_list",
+                                                                        "remote_list_name"))
+            raise type(e)(message, e.code) from None
+        return Handle(self._s, tid, nbytes, keep=bl)
 
     def _start_write_blocks(self, buffer, peer, remote_buffer, blocks, notify="", timeout=60.0,
                             _ended=()):
@@ -527,6 +648,22 @@ class Client:
 
     def wait_notification_async(self, name, **kwargs):
         return self._async(self._start_wait_notification, name, **kwargs)
+
+
+_default = None
+_default_lock = threading.Lock()
+
+
+def empty(shape, dtype="float32", device="host", like="numpy", name="", client=None):
+    """An uninitialised tensor in agent memory on `device` ("host", or "cuda:N": GPU N's pool,
+    simulated or CUDA), from `client` or a default Client() made on first use."""
+    global _default
+    if client is None:
+        with _default_lock:
+            if _default is None:
+                _default = Client()
+            client = _default
+    return client.empty(shape, dtype, name=name, like=like, device=device)
 
 
 def _received_view(r, like):

@@ -91,8 +91,9 @@ def _dev_certificates(folder, nodes):
 
 
 @contextlib.contextmanager
-def agents(nodes, host_pool="1GiB", timeout=15.0):
-    """Yields {node: Agent} with every agent serving; stops them all on the way out."""
+def agents(nodes, host_pool="1GiB", timeout=15.0, extra=""):
+    """Yields {node: Agent} with every agent serving; stops them all on the way out. `extra`:
+    more YAML for every agent's config (e.g. simulated GPUs)."""
     folder = tempfile.mkdtemp(prefix="ferry-py-")
     started = {}
     try:
@@ -108,6 +109,7 @@ def agents(nodes, host_pool="1GiB", timeout=15.0):
                     for m in others:
                         f.write(f"  {m}: 127.0.0.1:{ports[m]}\n")
                 f.write(f"host_pool:\n  size: {host_pool}\n")
+                f.write(extra)
                 f.write(security[n])
             with open(a.log, "w") as log:
                 a.process = subprocess.Popen([_ferryd(), "--config", a.config], stdout=log,

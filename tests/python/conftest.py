@@ -6,7 +6,8 @@ import ferry
 
 @pytest.fixture(scope="session")
 def nodes():
-    with ferry.launch.agents(["node-a", "node-b"], host_pool="1GiB") as agents:
+    sim_gpu = "gpu:\n  backend: sim\n  count: 1\n  pool_size: 64MiB\n"
+    with ferry.launch.agents(["node-a", "node-b"], host_pool="1GiB", extra=sim_gpu) as agents:
         yield agents
 
 
