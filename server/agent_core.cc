@@ -115,8 +115,9 @@ absl::StatusOr<std::unique_ptr<AgentCore>> AgentCore::Create(const config::Confi
   // The directory's self entry makes sending to oneself work like sending to any peer.
   core->tensors_ = std::make_unique<TensorState>(core->peers_.get(), core->buffers_.get(),
                                                  core->engine_.get(), config.max_op_bytes);
-  core->sessions_->OnClose([tensors = core->tensors_.get()](uint64_t session) {
-    tensors->blocks().ReleaseOwnedBy(session);
+  // The lists, not the tensor state: a session's sweep may still run as that is torn down.
+  core->sessions_->OnClose([blocks = core->tensors_->shared_blocks()](uint64_t session) {
+    blocks->ReleaseOwnedBy(session);
   });
   spdlog::info("node {}: host pool {} MiB at {} ({})", config.node, config.host_pool_bytes >> 20,
                core->pool_->path(), core->pool_->placement());
@@ -183,7 +184,6 @@ AgentCore::~AgentCore() {
   //    (their chunks' keys), GPU pools, the fabrics that made every key, the host pool last.
   // 0. Nobody is told of the buffers freed below: peers learn of a restart by our incarnation.
   if (buffers_) buffers_->OnUnexport(nullptr);
-  if (sessions_) sessions_->OnClose(nullptr);  // it reaches into tensors_
   for (const auto& f : fabrics_) f->StopServing();
   tensors_.reset();
   peer_health_.reset();  // its Health calls use the peers' stubs

@@ -1,6 +1,8 @@
 // The second process of gpu_memory_test's CUDA IPC check: maps the parent's slab through
 // libferry's OpenCudaIpc, as an application would, checks the pattern the parent wrote and
-// writes its own. CUDA cannot be used in a child forked after CUDA started, hence a program.
+// writes its own; then imports the range as the agent does for RegisterMemory
+// (GpuDevice::Import) and checks that it sees those bytes. CUDA cannot be used in a child
+// forked after CUDA started, hence a program.
 //
 //   gpu_ipc_helper <handle hex> <slab offset> <length> <pci> <seed to check> <seed to write>
 // Exits 0 when all went well; otherwise prints why and exits 1.
@@ -68,6 +70,33 @@ int main(int argc, char** argv) {
   if (absl::Status s = ferry::CloseCudaIpc(handle); !s.ok()) return Fail(s.ToString());
   if (ferry::CloseCudaIpc(handle).code() != absl::StatusCode::kNotFound) {
     return Fail("closing a handle no longer open did not say NOT_FOUND");
+  }
+
+  // The agent's way in (RegisterMemory by IPC handle): GpuDevice::Import of the same range
+  // sees the bytes just written, exports the handle again, and refuses a range past the end
+  // of the allocation the handle names.
+  ferry::memory::GpuImport what;
+  what.kind = "cuda_ipc";
+  what.handle = handle;
+  what.offset = offset;
+  what.length = length;
+  {
+    auto imported = gpu.Import(what);
+    if (!imported.ok()) return Fail(imported.status().ToString());
+    if (absl::Status s = CopyAndWait(gpu, true, host.data(), (*imported)->data(), length);
+        !s.ok()) {
+      return Fail(s.ToString());
+    }
+    bad = ferry::testing::FirstMismatch(host.data(), length, write, offset);
+    if (bad != length) return Fail("Import: the bytes differ at byte " + std::to_string(bad));
+    auto e = (*imported)->Export(0, length);
+    if (!e.ok() || e->handle != handle || e->offset != offset) {
+      return Fail("Import: the imported range does not export the same handle and offset");
+    }
+  }
+  what.length = uint64_t{1} << 40;
+  if (gpu.Import(what).status().code() != absl::StatusCode::kOutOfRange) {
+    return Fail("Import of a range past the allocation was not refused with OUT_OF_RANGE");
   }
   std::printf(
       "gpu_ipc_helper: mapped %llu bytes at slab offset %llu on GPU %d, checked and wrote\n",

@@ -42,8 +42,8 @@ TensorState::TensorState(PeerDirectory* peers, BufferRegistry* buffers, Transfer
       engine_(engine),
       max_op_bytes_(max_op_bytes),
       matcher_(node_, buffers),
-      blocks_(buffers),
-      mover_(peers, buffers, engine, &blocks_) {
+      blocks_(std::make_shared<BlockLists>(buffers)),
+      mover_(peers, buffers, engine, blocks_.get()) {
   // Send ids only need to be unique per sending agent; a random start keeps a restarted
   // agent's ids from colliding with offers its previous life left at a peer.
   std::random_device rd;

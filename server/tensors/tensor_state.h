@@ -42,7 +42,9 @@ class TensorState {
   RecvMatcher& matcher() { return matcher_; }
   NotificationBoard& board() { return board_; }
   // Prepared block lists and the MoveBlocks / ResolveBlocks calls over them.
-  BlockLists& blocks() { return blocks_; }
+  BlockLists& blocks() { return *blocks_; }
+  // For a hook that may run while this is torn down (a session closing then).
+  std::shared_ptr<BlockLists> shared_blocks() const { return blocks_; }
   BlockMover& mover() { return mover_; }
   // The timeout_ms of an engine Submit that should end by `deadline` (see below).
   uint32_t TimeoutMsFor(absl::Time deadline) const { return EngineTimeoutMs(deadline); }
@@ -88,7 +90,7 @@ class TensorState {
   const uint64_t max_op_bytes_;
   RecvMatcher matcher_;
   NotificationBoard board_;
-  BlockLists blocks_;
+  const std::shared_ptr<BlockLists> blocks_;
   BlockMover mover_;  // after blocks_: uses it until it is gone
 
   absl::Mutex mu_;
