@@ -134,6 +134,10 @@ absl::StatusOr<uint64_t> PassFd(const std::string& fd_socket, int fd) {
   std::memcpy(addr.sun_path, fd_socket.c_str(), fd_socket.size() + 1);
   UniqueFd sock(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
   if (!sock.valid()) return absl::ErrnoToStatus(errno, "socket(AF_UNIX)");
+  // An agent that takes no descriptors any more (stopping, stuck) is not waited for forever.
+  timeval limit = {5, 0};
+  setsockopt(sock.get(), SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof(limit));
+  setsockopt(sock.get(), SOL_SOCKET, SO_SNDTIMEO, &limit, sizeof(limit));
   if (connect(sock.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
     return absl::UnavailableError(
         absl::StrCat("connect(", fd_socket, "): ", strerror(errno)));

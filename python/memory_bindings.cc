@@ -6,6 +6,7 @@
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <optional>
 #include <string>
 #include <vector>
@@ -49,6 +50,8 @@ py::dict ResultDict(Session& s, uint64_t id, std::optional<double> wait_s, bool 
     v1::WaitRequest req;
     req.set_transfer_id(id);
     req.set_poll(!wait_s.has_value());
+    // The agent answers RUNNING when `wait_s` passes; the call's own deadline is later.
+    if (wait_s) req.set_wait_ms(static_cast<uint32_t>(std::clamp(*wait_s, 0.001, 3600.0) * 1000));
     req.set_include_ops(failed);
     req.set_failed_only(failed);
     while (true) {
@@ -88,8 +91,8 @@ py::dict ResultDict(Session& s, uint64_t id, std::optional<double> wait_s, bool 
   return d;
 }
 
-std::vector<uint64_t> Indices(const py::array_t<uint64_t, py::array::c_style | py::array::forcecast>& a,
-                              const char* field) {
+std::vector<uint64_t> Indices(
+    const py::array_t<uint64_t, py::array::c_style | py::array::forcecast>& a, const char* field) {
   if (a.ndim() != 1) {
     throw StatusError(absl::InvalidArgumentError(absl::StrCat(field, ": must be one-dimensional")));
   }

@@ -198,9 +198,24 @@ grpc::Status AgentService::EndBuffer(const grpc::ServerContext& ctx, uint64_t id
   absl::Status allowed = core_->local_callers().MayUse(
       core_->local_callers().Of(ctx), (*buffer)->owner_uid(), absl::StrCat("id: buffer ", id));
   if (!allowed.ok()) return ToGrpcStatus(allowed);
+  std::weak_ptr<Buffer> held = *buffer;
   buffer->reset();
   // Transfers using it hold it: its memory goes when the last one finishes.
-  return ToGrpcStatus(core_->buffers().FreeFor(id, *session));
+  absl::Status freed = core_->buffers().FreeFor(id, *session);
+  if (!freed.ok() || !registered) return ToGrpcStatus(freed);
+  // The client reuses its memory once this returns (a caching allocator, a pool of shm):
+  // answer only when no transfer can touch it any more.
+  const absl::Time until =
+      std::min(absl::FromChrono(ctx.deadline()), absl::Now() + absl::Seconds(30));
+  while (!held.expired()) {
+    if (absl::Now() >= until) {
+      return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                          absl::StrCat("id: buffer ", id,
+                                       " is deregistered, but transfers still use its memory"));
+    }
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  return grpc::Status::OK;
 }
 
 grpc::Status AgentService::ListBuffers(grpc::ServerContext* ctx,
@@ -251,6 +266,16 @@ grpc::Status AgentService::Wait(grpc::ServerContext* ctx, const ferry::v1::WaitR
   auto transfer = core_->engine().Find(req->transfer_id());
   if (!transfer.ok()) return ToGrpcStatus(transfer.status());
   if (req->poll()) {
+    *resp = (*transfer)->Result(PageOf(*req));
+    return grpc::Status::OK;
+  }
+  if (req->wait_ms() > 0) {
+    absl::Time until = std::min(absl::FromChrono(ctx->deadline()),
+                                absl::Now() + absl::Milliseconds(req->wait_ms()));
+    while (!(*transfer)->AwaitFinished(std::min(until, absl::Now() + absl::Milliseconds(500)))) {
+      if (ctx->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
+      if (absl::Now() >= until) break;
+    }
     *resp = (*transfer)->Result(PageOf(*req));
     return grpc::Status::OK;
   }

@@ -271,8 +271,8 @@ int Run(int argc, char** argv) {
     peer_server->Shutdown();
     return 1;
   }
-  (*local)->Serve(local_server.get());
-  // Beside the local socket, with its permissions: descriptors for RegisterMemory.
+  // Beside the local socket, with its permissions: descriptors for RegisterMemory. Known to
+  // the core before the first local call can ask for it.
   auto fd_inbox = FdInbox::Start(FdSocketPath(config.local_socket), config.local_socket_mode,
                                  *LookupGroup(config.local_socket_group, "listen.local_group"));
   if (!fd_inbox.ok()) {
@@ -282,6 +282,7 @@ int Run(int argc, char** argv) {
     return 1;
   }
   (*core)->set_fd_inbox(fd_inbox->get());
+  (*local)->Serve(local_server.get());
   // After the hooks AgentCore::Create added (discovery deregistration runs before this).
   (*core)->drain_hooks().Add("readiness: gRPC health NOT_SERVING", [&] {
     for (grpc::Server* server : {peer_server.get(), local_server.get()}) {
@@ -346,6 +347,7 @@ int Run(int argc, char** argv) {
   metrics.reset();  // it reads the core
   discovery.reset();  // before the directory it feeds
   core->reset();
+  fd_inbox->reset();  // unlinks its socket while the instance lock is still ours
   lock->reset();
   spdlog::info("stopped");
   return 0;

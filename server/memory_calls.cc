@@ -15,14 +15,9 @@ grpc::Status AgentService::RegisterMemory(grpc::ServerContext* ctx,
                                           ferry::v1::RegisterMemoryResponse* resp) {
   auto session = SessionOfCall(*ctx, core_->sessions(), core_->local_callers());
   if (!session.ok()) return ToGrpcStatus(session.status());
-  if (*session == 0) {
-    // Nothing else would end it: the memory is the client's, and lives as long as it does.
-    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
-                        "ferry-session: memory is registered for a session (OpenSession), "
-                        "which ends the registration when the client goes");
-  }
   std::optional<LocalCaller> caller = core_->local_callers().Of(*ctx);
   ClientMemorySpec spec;
+  // The ticket first: another uid's is refused (and stays its owner's) whatever else is wrong.
   if (req->fd_ticket() != 0) {
     if (!caller || core_->fd_inbox() == nullptr) {
       return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
@@ -32,6 +27,12 @@ grpc::Status AgentService::RegisterMemory(grpc::ServerContext* ctx,
     auto fd = core_->fd_inbox()->Take(req->fd_ticket(), caller->uid);
     if (!fd.ok()) return ToGrpcStatus(fd.status());
     spec.fd = *std::move(fd);
+  }
+  if (*session == 0) {
+    // Nothing else would end it: the memory is the client's, and lives as long as it does.
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                        "ferry-session: memory is registered for a session (OpenSession), "
+                        "which ends the registration when the client goes");
   }
   spec.ipc_handle = req->cuda_ipc_handle();
   spec.offset = req->offset();

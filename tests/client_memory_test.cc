@@ -116,6 +116,11 @@ TEST_F(ClientMemoryTest, RegisteredHostMemoryMovesInPlaceBothWays) {
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_TRUE(again->existing());
   EXPECT_EQ(again->buffer().id(), reg_a->buffer().id());
+  // ... but not under another name: one registration, one way to reach it.
+  auto renamed = a_.client->RegisterMemory(mine.data, mine.bytes, "mine");
+  ASSERT_FALSE(renamed.ok());
+  EXPECT_EQ(renamed.status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_THAT(renamed.status().message(), HasSubstr("registered already"));
   auto info = a_.client->GetInfo();
   ASSERT_TRUE(info.ok());
   EXPECT_EQ(info->registered_bytes(), mine.bytes);

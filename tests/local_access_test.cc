@@ -5,6 +5,7 @@
 // (the helper drops to it); elsewhere the tests say why they skip.
 
 #include <grp.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -15,7 +16,9 @@
 #include "absl/strings/str_cat.h"
 #include "client/agent_process.h"
 #include "client/child_process.h"
+#include "base/unique_fd.h"
 #include "client/ferry_client.h"
+#include "client/shared_memory.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/agent_pair.h"
@@ -29,13 +32,22 @@ using ::testing::HasSubstr;
 constexpr uint32_t kNobody = 65534;  // Debian's nobody / nogroup
 constexpr int kPermissionDenied = 7, kOk = 0, kUnavailable = 14;
 
+// The agent's fd socket, as GetInfo names it.
+std::string FdSocketOf(Client& c) {
+  auto info = c.GetInfo();
+  EXPECT_TRUE(info.ok());
+  return info.ok() ? info->fd_socket() : "";
+}
+
 // The helper's report: "<what>: <code> <message>" lines.
 std::string RunAsNobody(const std::string& dir, const std::string& socket, uint64_t victim,
-                        uint64_t session) {
+                        uint64_t session, uint64_t ticket = 0) {
   const std::string out = absl::StrCat(dir, "/other-uid.txt");
-  auto pid = SpawnChild({FERRY_OTHER_UID_CLIENT, absl::StrCat(kNobody), socket,
-                         absl::StrCat(victim), absl::StrCat(session), "node-u", "landing"},
-                        out);
+  std::vector<std::string> args = {FERRY_OTHER_UID_CLIENT, absl::StrCat(kNobody), socket,
+                                   absl::StrCat(victim),   absl::StrCat(session), "node-u",
+                                   "landing"};
+  if (ticket != 0) args.push_back(absl::StrCat(ticket));
+  auto pid = SpawnChild(args, out);
   EXPECT_TRUE(pid.ok()) << pid.status();
   int status = 0;
   if (pid.ok()) waitpid(*pid, &status, 0);
@@ -92,8 +104,28 @@ TEST_F(LocalAccessTest, AnotherUidCannotFreeMapMoveOrBorrowTheSession) {
   auto buffers = client_->ListBuffers();
   ASSERT_TRUE(buffers.ok());
   EXPECT_THAT(buffers->front().owner(), HasSubstr("uid 0"));
+  // A descriptor of ours, passed to the fd socket: its ticket is ours alone.
+  UniqueFd memfd(memfd_create("local-access-test", MFD_CLOEXEC));
+  ASSERT_TRUE(memfd.valid());
+  ASSERT_EQ(ftruncate(memfd.get(), 4096), 0);
+  auto ticket = PassFd(FdSocketOf(*client_), memfd.get());
+  ASSERT_TRUE(ticket.ok()) << ticket.status();
   std::string report =
-      RunAsNobody(dir_, agent_->socket(), victim_->id(), client_->session().id());
+      RunAsNobody(dir_, agent_->socket(), victim_->id(), client_->session().id(), *ticket);
+  EXPECT_EQ(CodeOf(Line(report, "ticket")), kPermissionDenied) << report;
+  EXPECT_THAT(Line(report, "ticket"), HasSubstr("passed by uid 0, not uid 65534"));
+  // Still ours to use.
+  {
+    grpc::ClientContext ctx;
+    client_->session().Attach(&ctx);
+    ferry::v1::RegisterMemoryRequest req;
+    req.set_fd_ticket(*ticket);
+    req.set_length(4096);
+    ferry::v1::RegisterMemoryResponse resp;
+    grpc::Status s = client_->stub().RegisterMemory(&ctx, req, &resp);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    EXPECT_TRUE(client_->DeregisterMemory(resp.buffer().id()).ok());
+  }
   EXPECT_EQ(CodeOf(Line(report, "free")), kPermissionDenied) << report;
   EXPECT_THAT(Line(report, "free"), HasSubstr("belongs to uid 0; uid 65534 may not use it"));
   EXPECT_EQ(CodeOf(Line(report, "session")), kPermissionDenied) << report;

@@ -3,7 +3,9 @@
 // and prints one line per attempt, "<what>: <gRPC code name> <message>", for the test to
 // check. It does its own allocation and free too, which must work.
 //
-//   other_uid_client UID SOCKET VICTIM_BUFFER VICTIM_SESSION TARGET_NODE TARGET_NAME
+//   other_uid_client UID SOCKET VICTIM_BUFFER VICTIM_SESSION TARGET_NODE TARGET_NAME [TICKET]
+//
+// TICKET: an fd socket ticket the test's uid was given (RegisterMemory), tried as this uid.
 
 #include <grp.h>
 #include <unistd.h>
@@ -27,8 +29,9 @@ void Report(const std::string& what, const grpc::Status& s) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 7) {
-    std::fprintf(stderr, "usage: %s UID SOCKET VICTIM_BUFFER VICTIM_SESSION NODE NAME\n", argv[0]);
+  if (argc != 7 && argc != 8) {
+    std::fprintf(stderr, "usage: %s UID SOCKET VICTIM_BUFFER VICTIM_SESSION NODE NAME [TICKET]\n",
+                 argv[0]);
     return 2;
   }
   uint32_t uid = 0;
@@ -82,6 +85,16 @@ int main(int argc, char** argv) {
       if (b.id() == victim && !b.shm().path().empty()) mapping = b.shm().path();
     }
     Report(absl::StrCat("list mapping=", mapping), s);
+  }
+  if (argc == 8) {
+    uint64_t ticket = 0;
+    if (!absl::SimpleAtoi(argv[7], &ticket)) return 2;
+    grpc::ClientContext ctx;
+    ferry::v1::RegisterMemoryRequest req;
+    req.set_fd_ticket(ticket);
+    req.set_length(4096);
+    ferry::v1::RegisterMemoryResponse resp;
+    Report("ticket", stub->RegisterMemory(&ctx, req, &resp));
   }
   // Its own buffer (persist: no session needed): allocated, then freed by its owner. Mapped
   // it is not: the pool is reached through /proc/<agent pid>/fd, which only the agent's

@@ -389,13 +389,15 @@ class Client:
             strides = [s // x.dtype.itemsize for s in x.strides]
         return name, shape, strides, x.__array_interface__["data"][0], "host"
 
-    def _locate(self, address, span):
-        """(_ferry.Buffer, offset) holding [address, address+span), or None."""
+    def _locate(self, address, span, any_device=False):
+        """(_ferry.Buffer, offset) holding [address, address+span), or None. Host addresses
+        are looked up among the buffers the CPU reaches; `any_device`: CUDA ones too."""
         with self._lock:
             buffers = list(self._buffers.values())
         for b in buffers:
             cpu = b.device == "host" or b.backend == "sim"
-            if cpu and b.address <= address and address + span <= b.address + b.size:
+            if ((cpu or any_device) and b.address <= address
+                    and address + span <= b.address + b.size):
                 return b, address - b.address
         return None
 
@@ -467,7 +469,7 @@ class Client:
         write_blocks(buffer, peer, remote_buffer, blocks, notify="", timeout=60.0): writes
         (local_offset, remote_offset, length) blocks of `buffer` into the peer's named
         buffer, then notifies `notify` there once every block landed; returns then."""
-        if args and isinstance(args[0], BlockList):
+        if (args and isinstance(args[0], BlockList)) or "bl" in kwargs:
             return self._move_blocks("write", *args, **kwargs)
         return self._wait(self._start_write_blocks(*args, **kwargs))
 
@@ -490,6 +492,11 @@ class Client:
                 raise InvalidArgument("tensor: must be contiguous (call .contiguous() first)")
             nbytes = t.numel() * t.element_size()
             if t.device.type == "cuda":
+                home = self._locate(t.data_ptr(), max(nbytes, 1), any_device=True)
+                if home is not None:  # a view of a ferry GPU buffer
+                    buf, offset = home
+                    return Registration(buf.id, nbytes, offset, buf.name, buf.device,
+                                        keep=(t, buf))
                 return self._register_cuda(t, nbytes, name, peers)
             address = t.data_ptr()
         else:
@@ -503,7 +510,9 @@ class Client:
             buf, offset = home
             return Registration(buf.id, nbytes, offset, buf.name, buf.device, keep=(t, buf))
         r = self._s.register_memory(address, nbytes, name, peers)
-        return Registration(r["id"], nbytes, 0, r["name"], r["device"], owned=True, keep=t)
+        # A range this session registered already is that registration, its first owner's.
+        return Registration(r["id"], nbytes, 0, r["name"], r["device"], owned=not r["existing"],
+                            keep=t)
 
     def _register_cuda(self, t, nbytes, name, peers):
         storage = t.untyped_storage() if hasattr(t, "untyped_storage") else t.storage()
@@ -513,7 +522,8 @@ class Client:
         device, handle, offset = shared[0], shared[1], shared[3]
         offset += t.storage_offset() * t.element_size()
         r = self._s.register_cuda_ipc(handle, offset, nbytes, f"cuda:{device}", name, peers)
-        return Registration(r["id"], nbytes, 0, r["name"], r["device"], owned=True, keep=t)
+        return Registration(r["id"], nbytes, 0, r["name"], r["device"], owned=not r["existing"],
+                            keep=t)
 
     def deregister(self, reg):
         """Ends a registration (transfers in flight keep the memory until they finish)."""
@@ -530,24 +540,30 @@ class Client:
         if block_bytes <= 0:
             raise InvalidArgument("block_bytes: must be positive")
         regs, made = [], []
-        for r, item in enumerate(regs_or_tensors):
-            if isinstance(item, Registration):
-                regs.append(item)
-                continue
-            reg = self.register(item, name=f"{name}.{r}" if name else None)
-            regs.append(reg)
-            if reg.owned:
-                made.append(reg)
-        if not regs:
-            raise InvalidArgument("regs_or_tensors: no memory to cut into blocks")
-        extents = []
-        for r, g in enumerate(regs):
-            if g.length < block_bytes:
-                raise InvalidArgument(f"regs_or_tensors[{r}]: {g.length} bytes is less than one "
-                                      f"block of {block_bytes}")
-            extents.append((g.id, g.offset, block_bytes, g.length // block_bytes))
-        np = _np()
-        list_id, blocks = self._s.prepare_blocks(np.array(extents, dtype=np.uint64), name or "")
+        try:
+            for r, item in enumerate(regs_or_tensors):
+                if isinstance(item, Registration):
+                    regs.append(item)
+                    continue
+                reg = self.register(item, name=f"{name}.{r}" if name else None)
+                regs.append(reg)
+                if reg.owned:
+                    made.append(reg)
+            if not regs:
+                raise InvalidArgument("regs_or_tensors: no memory to cut into blocks")
+            extents = []
+            for r, g in enumerate(regs):
+                if g.length < block_bytes:
+                    raise InvalidArgument(f"regs_or_tensors[{r}]: {g.length} bytes is less than "
+                                          f"one block of {block_bytes}")
+                extents.append((g.id, g.offset, block_bytes, g.length // block_bytes))
+            np = _np()
+            list_id, blocks = self._s.prepare_blocks(np.array(extents, dtype=np.uint64),
+                                                     name or "")
+        except BaseException:
+            for reg in made:  # what this call registered goes with it
+                self.deregister(reg)
+            raise
         counts = {e[3] for e in extents}
         bl = BlockList(self._s, list_id, blocks, name or "", regs,
                        counts.pop() if len(counts) == 1 else None)
@@ -558,7 +574,8 @@ class Client:
                     timeout=60.0):
         """Pulls blocks remote_ids[i] of the peer's list `remote_list_name` into blocks
         local_ids[i] of `bl`, all in one transfer; `notify` (if set) is delivered to the
-        peer's agent once every block settled. Returns a Handle at once."""
+        peer's agent once every block settled. `timeout`: seconds for the transfer (None or
+        <= 0: the agent's default). Returns a Handle at once."""
         return self._move_blocks("read", bl, local_ids, peer, remote_list_name, remote_ids,
                                  notify, timeout)
 
@@ -566,7 +583,8 @@ class Client:
                      timeout=60.0):
         local = check_ids(local_ids, "local_ids")
         remote = check_ids(remote_ids, "remote_ids")
-        timeout_ms = 0 if timeout is None else max(int(timeout * 1000), 1)
+        # None or <= 0: the agent's default timeout (a transfer always has one).
+        timeout_ms = 0 if timeout is None or timeout <= 0 else max(int(timeout * 1000), 1)
         try:
             tid, nbytes = self._s.move_blocks(kind, bl.id, local, peer, remote_list_name,
                                               remote, notify or "", timeout_ms)

@@ -74,11 +74,22 @@ absl::StatusOr<struct stat> SharedFile(int fd, uint64_t offset, uint64_t length)
 
 absl::StatusOr<std::unique_ptr<BufferMemory>> MapClientFile(UniqueFd fd, uint64_t offset,
                                                             uint64_t length) {
-  RETURN_IF_ERROR(SharedFile(fd.get(), offset, length).status());
-  // A client that shrinks the file under a transfer would fault the agent (SIGBUS): a memfd
-  // that allows sealing is sealed against it (memfd_create(2), F_SEAL_SHRINK). POSIX shm and
-  // plain files cannot be sealed; shrinking those is the known limit (README).
+  // A file that shrinks under a transfer faults the agent (SIGBUS) when its CPU touches the
+  // pages that went. A memfd made with MFD_ALLOW_SEALING is sealed against shrinking first
+  // (memfd_create(2), F_SEAL_SHRINK), and only then measured; other files (POSIX shm, plain
+  // files, memfds without sealing) cannot be sealed: shrinking those is the known limit
+  // (README).
   (void)fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK);
+  RETURN_IF_ERROR(SharedFile(fd.get(), offset, length).status());
+  // tmpfs allocates a sparse file's pages on first touch, and a full one (a container's
+  // 64 MiB /dev/shm) answers that touch with SIGBUS: the range is allocated now, so that a
+  // full file system is this call's clean error instead.
+  if (int err = posix_fallocate(fd.get(), static_cast<off_t>(offset), static_cast<off_t>(length));
+      err != 0 && err != EOPNOTSUPP && err != EINVAL) {
+    return absl::ErrnoToStatus(
+        err, absl::StrCat("fd_ticket: posix_fallocate(client memory, ", FormatByteSize(length),
+                          ")"));
+  }
   const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
   const uint64_t lead = offset % page;
   const uint64_t mapped = lead + length;
@@ -120,7 +131,18 @@ absl::StatusOr<ClientRegistration> ClientMemory::Register(ClientMemorySpec spec,
     auto it = ranges_.find(key);
     if (it != ranges_.end()) {
       auto buffer = buffers_->Get(it->second, "id");
-      if (buffer.ok()) return ClientRegistration{*std::move(buffer), true};
+      if (buffer.ok()) {
+        const std::vector<std::string>& peers = (*buffer)->allowed_peers();
+        if ((*buffer)->name() != spec.name || peers != spec.allowed_peers) {
+          // The same memory under two names (or exports) would be two registrations a
+          // deregistration of either tears half down: one registration, one way to reach it.
+          return absl::AlreadyExistsError(absl::StrCat(
+              "name: this range is registered already, as buffer ", (*buffer)->id(),
+              (*buffer)->name().empty() ? " (unnamed)" : " named '" + (*buffer)->name() + "'",
+              ", exported otherwise; deregister it first, or register it the same way"));
+        }
+        return ClientRegistration{*std::move(buffer), true};
+      }
       ranges_.erase(it);
     }
   }

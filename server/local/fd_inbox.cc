@@ -54,6 +54,7 @@ void FdInbox::AcceptLoop() {
     if (poll(fds, 2, -1) < 0) {
       if (errno == EINTR) continue;
       spdlog::error("fd socket: poll: {}; no more descriptors taken", strerror(errno));
+      listener_ = UniqueFd();  // clients are refused at once rather than left waiting
       return;
     }
     if (fds[1].revents != 0) return;
@@ -114,9 +115,12 @@ uint64_t FdInbox::Hold(UniqueFd fd, uid_t uid) {
   if (!ticket.ok() || *ticket == 0) return 0;
   absl::MutexLock lock(&mu_);
   DropExpiredLocked();
-  if (held_.size() >= kMaxHeld) {
-    spdlog::warn("fd socket: {} descriptors wait for RegisterMemory already; refusing uid {}'s",
-                 held_.size(), uid);
+  size_t of_uid = 0;
+  for (const auto& [ticket, held] : held_) of_uid += held.uid == uid;
+  if (held_.size() >= kMaxHeld || of_uid >= kMaxHeldPerUid) {
+    spdlog::warn("fd socket: {} descriptors ({} of uid {}) wait for RegisterMemory already; "
+                 "refusing another",
+                 held_.size(), of_uid, uid);
     return 0;
   }
   held_.emplace(*ticket, Held{std::move(fd), uid, absl::Now() + kTicketTtl});

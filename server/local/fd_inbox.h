@@ -10,8 +10,8 @@
 //
 // The ticket then names the descriptor in RegisterMemory, once, by the same uid (the
 // kernel's SO_PEERCRED of both connections, never what the client says), within kTicketTtl.
-// At most kMaxHeld descriptors wait at a time, so a client that never registers cannot
-// exhaust the agent's descriptors.
+// At most kMaxHeld descriptors wait at a time, kMaxHeldPerUid of one uid, so a client that
+// never registers can neither exhaust the agent's descriptors nor crowd out other uids.
 
 #include <sys/types.h>
 
@@ -37,6 +37,7 @@ class FdInbox {
   static constexpr char kHello[] = "ferryfd1";  // 8 bytes on the wire, without the NUL
   static constexpr absl::Duration kTicketTtl = absl::Seconds(60);
   static constexpr size_t kMaxHeld = 1024;
+  static constexpr size_t kMaxHeldPerUid = 256;
 
   // Binds `path` as ListenUnix does and starts accepting.
   static absl::StatusOr<std::unique_ptr<FdInbox>> Start(const std::string& path, mode_t mode,

@@ -178,6 +178,9 @@ class StageCallServer {
       if (!s.ok()) {
         if (copy_error_.ok()) copy_error_ = s;
         waiting_.clear();
+        // The fetches dropped here are never answered: end the call, so that the reader
+        // learns now rather than at its deadline (and no later fetch waits for this thread).
+        ctx_->TryCancel();
         return;
       }
     }

@@ -39,6 +39,11 @@ grpc::Status TensorService::PrepareBlocks(grpc::ServerContext* ctx,
   auto list = core_->tensors().blocks().Prepare({req->extents().begin(), req->extents().end()},
                                                 req->name(), *session);
   if (!list.ok()) return ToGrpcStatus(list.status());
+  if (!core_->sessions().IsOpen(*session)) {
+    // The session ended while we prepared: its sweep may have missed this list.
+    core_->tensors().blocks().Release((*list)->id(), *session).IgnoreError();
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "ferry-session: the session ended");
+  }
   resp->set_list((*list)->id());
   resp->set_blocks((*list)->size());
   return grpc::Status::OK;

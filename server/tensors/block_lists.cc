@@ -33,11 +33,13 @@ absl::StatusOr<std::shared_ptr<const BlockList>> BlockLists::Prepare(
     return absl::InvalidArgumentError(
         absl::StrCat("name: ", Echo(name), " must be at most 256 characters without spaces"));
   }
+  uint64_t total = 0;
   for (size_t r = 0; r < extents.size(); ++r) {
     const ferry::v1::BlockExtent& e = extents[r];
     const std::string at = absl::StrCat("extents[", r, "]");
     ASSIGN_OR_RETURN(std::shared_ptr<Buffer> buffer, buffers_->Get(e.buffer(), at + ".buffer"));
-    if (e.block_bytes() == 0) return absl::InvalidArgumentError(at + ".block_bytes: must be positive");
+    if (e.block_bytes() == 0)
+      return absl::InvalidArgumentError(at + ".block_bytes: must be positive");
     if (e.count() == 0) return absl::InvalidArgumentError(at + ".count: must be positive");
     const uint64_t size = buffer->size();
     if (e.offset() > size || e.count() > (size - e.offset()) / e.block_bytes()) {
@@ -45,6 +47,11 @@ absl::StatusOr<std::shared_ptr<const BlockList>> BlockLists::Prepare(
                                                 e.block_bytes(), " bytes from offset ", e.offset(),
                                                 " do not fit in buffer ", e.buffer(), " (", size,
                                                 " bytes)"));
+    }
+    total += e.count();
+    if (total > kMaxListBlocks) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(at, ".count: the list would have more than ", kMaxListBlocks, " blocks"));
     }
     if (!name.empty() && buffer->name().empty()) {
       return absl::InvalidArgumentError(absl::StrCat(

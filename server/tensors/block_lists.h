@@ -69,14 +69,18 @@ class BlockList {
   const ExtentIndex index_;
 };
 
+// The most blocks one list holds (indices stay well inside 64 bits, as a peer checks too).
+inline constexpr uint64_t kMaxListBlocks = 1ull << 32;
+
 class BlockLists {
  public:
   explicit BlockLists(BufferRegistry* buffers) : buffers_(buffers) {}
 
-  // A list for `session` over `extents`, each checked now: a live buffer, the extent's
-  // blocks inside it, no empty extent (INVALID_ARGUMENT naming "extents[r].<field>"); a
-  // named list's buffers must be named, as peers reach them by name; ALREADY_EXISTS for a
-  // name another list exports.
+  // A list for `session` over `extents`, each checked now: a live buffer (NOT_FOUND naming
+  // "extents[r].buffer"), the extent's blocks inside it (OUT_OF_RANGE naming
+  // "extents[r].count"), no empty extent, at most kMaxListBlocks in all (INVALID_ARGUMENT
+  // naming the field); a named list's buffers must be named, as peers reach them by name;
+  // ALREADY_EXISTS for a name another list exports.
   absl::StatusOr<std::shared_ptr<const BlockList>> Prepare(
       std::vector<ferry::v1::BlockExtent> extents, const std::string& name, uint64_t session);
   // NOT_FOUND for an unknown id, PERMISSION_DENIED for another session's list.

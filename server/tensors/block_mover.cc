@@ -47,7 +47,9 @@ absl::StatusOr<ferry::v1::ResolveBlocksResponse> BlockMover::AskPeer(const std::
   uint64_t blocks = 0;
   for (int r = 0; r < resp.extents_size(); ++r) {
     const ferry::v1::RemoteExtent& e = resp.extents(r);
-    if (e.block_bytes() == 0 || e.count() == 0 || e.count() > kMaxRemoteBlocks - blocks) {
+    // Each block's offset must be computable: offset + count * block_bytes fits in 64 bits.
+    if (e.block_bytes() == 0 || e.count() == 0 || e.count() > kMaxRemoteBlocks - blocks ||
+        e.count() > (UINT64_MAX - e.offset()) / e.block_bytes()) {
       return absl::DataLossError(absl::StrCat("remote_list: ", node, "'s answer for ", Echo(list),
                                               " has a malformed extent ", r));
     }
@@ -147,15 +149,12 @@ absl::StatusOr<ferry::v1::ResolveBlocksResponse> BlockMover::Resolve(
   if (!list.ok()) return list.status();
   ferry::v1::ResolveBlocksResponse resp;
   for (const ferry::v1::BlockExtent& e : (*list)->extents()) {
+    // A buffer since freed, or one not exported to the caller: not told apart from a list
+    // that does not exist, so that a peer learns nothing of what it may not reach.
     auto buffer = buffers_->Get(e.buffer(), "list");
-    if (!buffer.ok()) {
-      return absl::NotFoundError(absl::StrCat("block list ", Echo(name), ": its buffer ",
-                                              e.buffer(), " was freed"));
-    }
-    // Not told apart from a list that does not exist: a peer learns nothing of what it may
-    // not reach.
-    if (!(*buffer)->ExportedTo(caller)) {
-      return absl::NotFoundError(absl::StrCat("no block list named ", Echo(name)));
+    if (!buffer.ok() || !(*buffer)->ExportedTo(caller)) {
+      return absl::NotFoundError(absl::StrCat("no block list named ", Echo(name),
+                                              " (or one of its buffers is gone)"));
     }
     ferry::v1::RemoteExtent* out = resp.add_extents();
     out->set_buffer((*buffer)->name());

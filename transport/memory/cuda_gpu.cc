@@ -332,9 +332,8 @@ class CudaGpu : public GpuDevice {
         new CudaSlab(index_, std::move(memory), bytes, handle, dmabuf_unsupported_));
   }
 
-  // A client's allocation by IPC handle: opened on this GPU (the handle names an allocation
-  // of whichever device made it; cudaIpcOpenMemHandle fails with cudaErrorInvalidDevice /
-  // cudaErrorInvalidResourceHandle when that is not this one, or the handle is stale).
+  // A client's allocation by IPC handle, opened with this GPU current (a stale handle fails
+  // with cudaErrorInvalidResourceHandle) and kept only if it is this GPU's memory.
   absl::StatusOr<std::unique_ptr<DeviceSlab>> Import(const GpuImport& what) override {
     if (what.kind != "cuda_ipc") {
       return absl::UnimplementedError(absl::StrCat(
@@ -355,15 +354,36 @@ class CudaGpu : public GpuDevice {
     void* p = nullptr;
     RETURN_IF_ERROR(
         CudaStatus(cudaIpcOpenMemHandle(&p, ipc, cudaIpcMemLazyEnablePeerAccess),
-                   absl::StrCat("cudaIpcOpenMemHandle(GPU ", index_, ")")));
+                   absl::StrCat("cuda_ipc_handle: cudaIpcOpenMemHandle(GPU ", index_, ")")));
     DeviceMemory memory(p, DeviceMemoryDeleter{index_, true});
-    // The allocation's extent bounds the range: cuMemGetAddressRange on the opened base.
+    // The handle names an allocation of whichever GPU made it, and with peer access enabled
+    // it opens on another GPU too: memory of a GPU other than this one is refused rather
+    // than planned as this GPU's (its NIC, its DMA-BUF export, its copy engine).
+    cudaPointerAttributes attributes = {};
+    RETURN_IF_ERROR(CudaStatus(cudaPointerGetAttributes(&attributes, p),
+                               absl::StrCat("cudaPointerGetAttributes(GPU ", index_, ")")));
+    if (attributes.device != index_) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "device: the handle names memory of GPU ", attributes.device, " of this agent, not of ",
+          "GPU ", index_, " (CUDA ordinals differ between processes: name the GPU as the agent ",
+          "numbers it, by its PCI address in GetInfo)"));
+    }
+    // The allocation's extent bounds the range (cuMemGetAddressRange on the opened base); a
+    // range not known to fit is refused: an access past the allocation would poison this
+    // process's CUDA context for every client.
     size_t extent = 0;
     CUdeviceptr base = 0;
-    if (Driver().mem_get_address_range != nullptr &&
-        Driver().mem_get_address_range(&base, &extent, reinterpret_cast<CUdeviceptr>(p)) ==
-            CUDA_SUCCESS &&
-        (what.offset > extent || what.length > extent - what.offset)) {
+    if (Driver().mem_get_address_range == nullptr) {
+      return absl::UnimplementedError(
+          absl::StrCat("cuda_ipc_handle: cannot bound the range: ", Driver().why_missing));
+    }
+    if (CUresult r =
+            Driver().mem_get_address_range(&base, &extent, reinterpret_cast<CUdeviceptr>(p));
+        r != CUDA_SUCCESS) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "cuda_ipc_handle: cuMemGetAddressRange(GPU ", index_, "): ", DriverErrorString(r)));
+    }
+    if (what.offset > extent || what.length > extent - what.offset) {
       return absl::OutOfRangeError(absl::StrCat("length: [", what.offset, ", +", what.length,
                                                 ") is outside the ", FormatByteSize(extent),
                                                 " allocation the handle names"));
