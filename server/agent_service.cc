@@ -265,19 +265,10 @@ grpc::Status AgentService::Wait(grpc::ServerContext* ctx, const ferry::v1::WaitR
                                 ferry::v1::TransferResult* resp) {
   auto transfer = core_->engine().Find(req->transfer_id());
   if (!transfer.ok()) return ToGrpcStatus(transfer.status());
-  if (req->poll()) {
-    *resp = (*transfer)->Result(PageOf(*req));
-    return grpc::Status::OK;
-  }
-  if (req->wait_ms() > 0) {
-    absl::Time until = std::min(absl::FromChrono(ctx->deadline()),
-                                absl::Now() + absl::Milliseconds(req->wait_ms()));
-    while (!(*transfer)->AwaitFinished(std::min(until, absl::Now() + absl::Milliseconds(500)))) {
-      if (ctx->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
-      if (absl::Now() >= until) break;
-    }
-    *resp = (*transfer)->Result(PageOf(*req));
-    return grpc::Status::OK;
+  // poll: answer now; wait_ms: at most that long; either answers RUNNING rather than failing.
+  if (req->poll() || req->wait_ms() > 0) {
+    absl::Time until = req->poll() ? absl::Now() : absl::Now() + absl::Milliseconds(req->wait_ms());
+    return AwaitResult(ctx, **transfer, PageOf(*req), resp, until);
   }
   return AwaitResult(ctx, **transfer, PageOf(*req), resp);
 }
@@ -299,12 +290,15 @@ grpc::Status AgentService::Transfer(grpc::ServerContext* ctx, const ferry::v1::T
 }
 
 grpc::Status AgentService::AwaitResult(grpc::ServerContext* ctx, const server::Transfer& transfer,
-                                       const ResultPage& page, ferry::v1::TransferResult* resp) {
+                                       const ResultPage& page, ferry::v1::TransferResult* resp,
+                                       std::optional<absl::Time> until) {
+  const absl::Time deadline = std::min(absl::FromChrono(ctx->deadline()),
+                                       until.value_or(absl::InfiniteFuture()));
   // Wake up now and then to notice a client that hung up.
-  absl::Time deadline = absl::FromChrono(ctx->deadline());
   while (!transfer.AwaitFinished(std::min(deadline, absl::Now() + absl::Milliseconds(500)))) {
     if (ctx->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
     if (absl::Now() >= deadline) {
+      if (until) break;  // the caller's own limit: the result as it stands (RUNNING)
       return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
                           absl::StrCat("transfer ", transfer.id(), " is still running"));
     }

@@ -4,6 +4,9 @@
 // thread by design (they wait for a transfer); everything else returns at once.
 // OpenSession is a callback method: a session is an idle call that holds no thread.
 
+#include <optional>
+
+#include "absl/time/time.h"
 #include "ferry/v1/agent.grpc.pb.h"
 #include "server/engine/transfer.h"
 
@@ -72,8 +75,10 @@ class AgentService final
   // and the admin group may); the engine validates the rest.
   absl::Status MayUseLocalBuffers(const grpc::ServerContext& ctx,
                                   const google::protobuf::RepeatedPtrField<ferry::v1::Op>& ops);
+  // `until`: answer at that time with the result as it stands (RUNNING) instead of failing.
   grpc::Status AwaitResult(grpc::ServerContext* ctx, const server::Transfer& transfer,
-                           const ResultPage& page, ferry::v1::TransferResult* resp);
+                           const ResultPage& page, ferry::v1::TransferResult* resp,
+                           std::optional<absl::Time> until = std::nullopt);
 
   AgentCore* const core_;
 };

@@ -46,8 +46,6 @@ class TensorState {
   // For a hook that may run while this is torn down (a session closing then).
   std::shared_ptr<BlockLists> shared_blocks() const { return blocks_; }
   BlockMover& mover() { return mover_; }
-  // The timeout_ms of an engine Submit that should end by `deadline` (see below).
-  uint32_t TimeoutMsFor(absl::Time deadline) const { return EngineTimeoutMs(deadline); }
 
   absl::StatusOr<ferry::v1::SendResponse> Send(const ferry::v1::SendRequest& req,
                                                absl::Time deadline, const CancelledFn& client_gone);
