@@ -91,6 +91,7 @@ def prefill(socket, sim_gpu):
     while held:
         n = next(pulled)
         held.pop(int(n.name.split("-")[1].split()[0]))
+    pulled.close()  # ends the stream now, not in the interpreter's teardown
     print(f"prefill: {REQUESTS} requests of {PER_REQUEST} blocks x {TENSORS} tensors served, "
           f"every block freed on decode's notification", flush=True)
 
