@@ -562,5 +562,85 @@ TEST_F(TransferEngineTest, DestroyingTheEngineSettlesRunningTransfersUnavailable
   local_.ReleaseCompletions();
 }
 
+// A check (MoveBlocks' verify) runs once every op settled and before anyone sees the
+// transfer finished: it sees which ops moved, fails the ones it names (their bytes no longer
+// count), Cancel and the deadline leave it be, and the finished hook runs after it.
+TEST_F(TransferEngineTest, ACheckRunsBeforeTheTransferFinishesAndFailsTheOpsItNames) {
+  auto src = Local(4 * kSlice, 21);
+  ferry::v1::SubmitRequest request;
+  for (int i = 0; i < 3; ++i)
+    *request.add_ops() = Op(ferry::v1::WRITE, *src, i * 4096, 4096, i * 4096);
+  absl::Mutex mu;
+  TransferEngine::CheckDone pending;
+  std::vector<int> seen_codes;
+  std::atomic<int> finished_hooks{0};
+  auto check = [&](std::shared_ptr<const Transfer> t, TransferEngine::CheckDone done) {
+    absl::MutexLock lock(&mu);
+    t->VisitOps([&](const Transfer::OpView& op) { seen_codes.push_back(op.code); });
+    pending = std::move(done);
+  };
+  auto id = engine_->Submit(request, [&](const Transfer&) { ++finished_hooks; }, check);
+  ASSERT_TRUE(id.ok()) << id.status();
+  auto t = engine_->Find(*id);
+  ASSERT_TRUE(t.ok());
+  auto check_started = [&]() {
+    absl::MutexLock lock(&mu);
+    return static_cast<bool>(pending);
+  };
+  for (absl::Time give_up = absl::Now() + kPatience; !check_started() && absl::Now() < give_up;) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  ASSERT_TRUE(check_started());
+  EXPECT_EQ(seen_codes, std::vector<int>({0, 0, 0}));
+  EXPECT_FALSE((*t)->finished());
+  EXPECT_EQ((*t)->Result().state(), ferry::v1::RUNNING);
+  ASSERT_TRUE(engine_->Cancel(*id).ok());  // a check in progress is left to end
+  EXPECT_FALSE((*t)->AwaitFinished(absl::Now() + absl::Milliseconds(100)));
+  EXPECT_EQ(finished_hooks.load(), 0);
+  EXPECT_EQ(engine_->active(), 1u);
+  {
+    absl::MutexLock lock(&mu);
+    std::move(pending)({{1, absl::DataLossError("differs")}}, absl::OkStatus());
+    pending = nullptr;
+  }
+  ferry::v1::TransferResult r = AwaitEnd(*id);
+  EXPECT_EQ(r.state(), ferry::v1::FAILED);
+  EXPECT_EQ(r.code(), static_cast<int>(absl::StatusCode::kDataLoss));
+  EXPECT_EQ(r.message(), "ops[1]: differs");
+  EXPECT_EQ(r.ops_failed(), 1u);
+  EXPECT_EQ(r.ops_succeeded(), 2u);
+  EXPECT_EQ(r.bytes(), 2 * 4096u);
+  ASSERT_EQ(r.ops_size(), 3);
+  EXPECT_EQ(r.ops(0).code(), 0);
+  EXPECT_EQ(r.ops(1).bytes(), 0u);
+  EXPECT_TRUE(AwaitEngineCounts(0, 1));
+  EXPECT_EQ(finished_hooks.load(), 1);
+
+  // A check that cannot be made fails every op that moved; one never answered when the
+  // engine goes ends UNAVAILABLE, and its late answer changes nothing.
+  auto again = engine_->Submit(request, {}, [&](std::shared_ptr<const Transfer>,
+                                                 TransferEngine::CheckDone done) {
+    std::move(done)({}, absl::UnavailableError("peer gone"));
+  });
+  ASSERT_TRUE(again.ok());
+  ferry::v1::TransferResult gone = AwaitEnd(*again);
+  EXPECT_EQ(gone.ops_failed(), 3u);
+  EXPECT_EQ(gone.message(), "ops[0]: peer gone");
+  auto last = engine_->Submit(request, {}, check);
+  ASSERT_TRUE(last.ok());
+  for (absl::Time give_up = absl::Now() + kPatience; !check_started() && absl::Now() < give_up;) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  ASSERT_TRUE(check_started());
+  auto held = engine_->Find(*last);
+  ASSERT_TRUE(held.ok());
+  engine_.reset();
+  ASSERT_TRUE((*held)->finished());
+  EXPECT_EQ((*held)->Result().code(), static_cast<int>(absl::StatusCode::kUnavailable));
+  absl::MutexLock lock(&mu);
+  std::move(pending)({}, absl::OkStatus());
+  EXPECT_EQ((*held)->Result().ops_failed(), 3u);
+}
+
 }  // namespace
 }  // namespace ferry::server

@@ -164,23 +164,62 @@ bool Transfer::SettleLocked(size_t index, const absl::Status& status, const std:
     bytes_done_ += lengths_[index];
   } else {
     ++failed_;
-    // A refusal explains the UNAVAILABLE failures it caused: tcp and verbs end a connection
-    // after a refused op (wire.h, IBV_WC_REM_ACCESS_ERR), and the ops posted to it meanwhile
-    // may settle before the refused one. The result names the refusal (a buffer freed while
-    // the op ran), not the broken connection.
-    const bool explains = first_error_.code() == absl::StatusCode::kUnavailable &&
-                          (status.code() == absl::StatusCode::kAborted ||
-                           status.code() == absl::StatusCode::kPermissionDenied);
-    if (first_error_.ok() || explains) {
-      first_error_ =
-          absl::Status(status.code(), absl::StrCat("ops[", index, "]: ", status.message()));
-    }
+    NoteErrorLocked(index, status);
   }
   ++version_;
   if (++settled_ < lengths_.size()) return false;
   end_ = now;
   ops_.reset();  // the buffers go back once nothing in flight holds them
   return true;
+}
+
+void Transfer::NoteErrorLocked(size_t index, const absl::Status& status) {
+  // A refusal explains the UNAVAILABLE failures it caused: tcp and verbs end a connection
+  // after a refused op (wire.h, IBV_WC_REM_ACCESS_ERR), and the ops posted to it meanwhile
+  // may settle before the refused one. The result names the refusal (a buffer freed while
+  // the op ran), not the broken connection.
+  const bool explains = first_error_.code() == absl::StatusCode::kUnavailable &&
+                        (status.code() == absl::StatusCode::kAborted ||
+                         status.code() == absl::StatusCode::kPermissionDenied);
+  if (first_error_.ok() || explains) {
+    first_error_ =
+        absl::Status(status.code(), absl::StrCat("ops[", index, "]: ", status.message()));
+  }
+}
+
+void Transfer::ExpectCheck() {
+  absl::MutexLock lock(&mu_);
+  check_pending_ = true;
+}
+
+bool Transfer::checking() const {
+  absl::MutexLock lock(&mu_);
+  return settled_ == lengths_.size() && check_pending_;
+}
+
+void Transfer::FailSettledLocked(size_t index, const absl::Status& status) {
+  OpState& st = states_[index];
+  if (!st.settled || st.code != 0) return;
+  st.code = static_cast<int>(status.code());
+  st.message = std::string(status.message());
+  bytes_done_ -= st.bytes;
+  st.bytes = 0;
+  ++failed_;
+  NoteErrorLocked(index, status);
+}
+
+void Transfer::EndCheck(const std::vector<CheckFailure>& failed, const absl::Status& rest) {
+  absl::MutexLock lock(&mu_);
+  if (!check_pending_) return;
+  for (const CheckFailure& f : failed) {
+    if (f.index < states_.size() && !f.status.ok()) FailSettledLocked(f.index, f.status);
+  }
+  if (!rest.ok()) {
+    for (size_t i = 0; i < states_.size(); ++i) FailSettledLocked(i, rest);
+  }
+  check_pending_ = false;
+  end_ = absl::Now();
+  ++version_;
 }
 
 void Transfer::SettleAll(const absl::Status& why) {
@@ -190,12 +229,12 @@ void Transfer::SettleAll(const absl::Status& why) {
 
 bool Transfer::finished() const {
   absl::MutexLock lock(&mu_);
-  return settled_ == lengths_.size();
+  return DoneLocked();
 }
 
 bool Transfer::AwaitFinished(absl::Time deadline) const {
   absl::MutexLock lock(&mu_);
-  auto done = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return settled_ == lengths_.size(); };
+  auto done = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return DoneLocked(); };
   return mu_.AwaitWithDeadline(absl::Condition(&done), deadline);
 }
 
@@ -211,7 +250,7 @@ ferry::v1::TransferResult Transfer::Result(const ResultPage& page) const {
   ferry::v1::TransferResult r;
   r.set_transfer_id(id_);
   r.set_policy_generation(policy_->generation);
-  bool done = settled_ == lengths_.size();
+  bool done = DoneLocked();
   r.set_state(!done ? ferry::v1::RUNNING
                     : first_error_.ok() ? ferry::v1::SUCCEEDED : ferry::v1::FAILED);
   r.set_code(static_cast<int>(first_error_.code()));
@@ -243,7 +282,7 @@ ferry::v1::TransferProgress Transfer::Progress(uint64_t* version) const {
   absl::MutexLock lock(&mu_);
   ferry::v1::TransferProgress p;
   p.set_transfer_id(id_);
-  bool done = settled_ == lengths_.size();
+  bool done = DoneLocked();
   p.set_state(!done ? ferry::v1::RUNNING
                     : first_error_.ok() ? ferry::v1::SUCCEEDED : ferry::v1::FAILED);
   p.set_ops_total(lengths_.size());

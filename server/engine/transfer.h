@@ -88,6 +88,20 @@ class Transfer {
   // Settles every op still open with `why` (deadline, shutdown).
   void SettleAll(const absl::Status& why);
 
+  // A check (MoveBlocks' verify) follows the last op: until EndCheck the transfer runs on,
+  // so that no waiter sees it finished before its bytes were checked. Called before any op
+  // settles. EndCheck fails the listed ops that had succeeded (whatever failed stays failed)
+  // and every other op that had succeeded with `rest` unless it is OK (a check that could
+  // not be made).
+  struct CheckFailure {
+    size_t index;
+    absl::Status status;
+  };
+  void ExpectCheck();
+  // Every op settled and the check has not ended.
+  bool checking() const;
+  void EndCheck(const std::vector<CheckFailure>& failed, const absl::Status& rest);
+
   bool finished() const;
   // Blocks until the transfer finished or `deadline`; false on timeout.
   bool AwaitFinished(absl::Time deadline) const;
@@ -133,6 +147,14 @@ class Transfer {
   bool SettleLocked(size_t index, const absl::Status& status, const std::string& provider,
                     absl::Time now = absl::Now()) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   ferry::v1::OpResult ResultOfLocked(size_t index) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
+  bool DoneLocked() const ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    return settled_ == lengths_.size() && !check_pending_;
+  }
+  // Fails op `index`, which had settled OK (EndCheck).
+  void FailSettledLocked(size_t index, const absl::Status& status)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void NoteErrorLocked(size_t index, const absl::Status& status)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // `names` as a shared list, the one the previous op stored when equal (ops of a batch
   // mostly take the same rails).
   Names Intern(std::vector<std::string> names, Names& last) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -156,6 +178,7 @@ class Transfer {
   absl::Status first_error_ ABSL_GUARDED_BY(mu_);
   absl::Time end_ ABSL_GUARDED_BY(mu_);
   uint64_t version_ ABSL_GUARDED_BY(mu_) = 0;
+  bool check_pending_ ABSL_GUARDED_BY(mu_) = false;
   Names last_ours_ ABSL_GUARDED_BY(mu_), last_theirs_ ABSL_GUARDED_BY(mu_);
 };
 

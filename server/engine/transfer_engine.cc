@@ -33,11 +33,21 @@ absl::Status RangeError(const std::string& field, uint64_t offset, uint64_t leng
 }  // namespace
 
 TransferEngine::TransferEngine(EngineDeps deps, EngineLimits limits)
-    : deps_(std::move(deps)), buffers_(deps_.buffers), peers_(deps_.peers), limits_(limits) {
+    : deps_(std::move(deps)), buffers_(deps_.buffers), peers_(deps_.peers), limits_(limits),
+      life_(std::make_shared<Life>()) {
+  {
+    absl::MutexLock lock(&life_->mu);
+    life_->engine = this;
+  }
   reaper_ = std::thread([this] { ReapExpired(); });
 }
 
 TransferEngine::~TransferEngine() {
+  {
+    // A check's `done` running now finishes first; later ones find no engine.
+    absl::MutexLock lock(&life_->mu);
+    life_->engine = nullptr;
+  }
   std::vector<std::shared_ptr<Transfer>> running;
   {
     absl::MutexLock lock(&mu_);
@@ -45,7 +55,11 @@ TransferEngine::~TransferEngine() {
     for (auto& [id, t] : active_) running.push_back(t);
   }
   reaper_.join();
-  for (auto& t : running) t->SettleAll(absl::UnavailableError("agent is shutting down"));
+  const absl::Status stopping = absl::UnavailableError("agent is shutting down");
+  for (auto& t : running) {
+    t->SettleAll(stopping);
+    t->EndCheck({}, stopping);  // its bytes were never checked
+  }
   std::list<Worker> workers;
   {
     absl::MutexLock lock(&workers_mu_);
@@ -141,7 +155,7 @@ absl::StatusOr<std::vector<PlannedOp>> TransferEngine::Plan(const ferry::v1::Sub
 }
 
 absl::StatusOr<uint64_t> TransferEngine::Submit(const ferry::v1::SubmitRequest& request,
-                                                FinishedHook on_finished) {
+                                                FinishedHook on_finished, CheckHook check) {
   // Checked before planning too: Plan may ask peers to resolve buffers, which a drain need
   // not wait for.
   if (draining()) return absl::UnavailableError(kDrainingMessage);
@@ -165,6 +179,10 @@ absl::StatusOr<uint64_t> TransferEngine::Submit(const ferry::v1::SubmitRequest& 
     transfers_.emplace(id, transfer);
     active_.emplace(id, transfer);
     if (on_finished) finished_hooks_.emplace(id, std::move(on_finished));
+    if (check) {
+      transfer->ExpectCheck();  // before Post: no op has settled yet
+      check_hooks_.emplace(id, std::move(check));
+    }
   }
   if (spdlog::should_log(spdlog::level::debug)) {
     spdlog::debug("transfer {}: submitted, {} ops to {}, deadline in {} ms", transfer->id(),
@@ -531,6 +549,30 @@ void TransferEngine::StartStaging(const std::shared_ptr<Transfer>& transfer, Pla
 void TransferEngine::OnFinished(uint64_t id) {
   std::shared_ptr<Transfer> finished;
   FinishedHook hook;
+  CheckHook check;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = active_.find(id);
+    if (it == active_.end()) return;
+    if (it->second->checking()) {
+      // Its check starts now, once (a Cancel or the deadline meanwhile comes here again and
+      // finds it taken); it stays active until the check's `done`.
+      auto c = check_hooks_.find(id);
+      if (c == check_hooks_.end()) return;
+      check = std::move(c->second);
+      check_hooks_.erase(c);
+      finished = it->second;
+    }
+  }
+  if (check) {
+    check(finished, [life = life_, id, transfer = finished](
+                        std::vector<Transfer::CheckFailure> failed, absl::Status rest) {
+      transfer->EndCheck(failed, rest);
+      absl::MutexLock lock(&life->mu);
+      if (life->engine != nullptr) life->engine->OnFinished(id);
+    });
+    return;
+  }
   {
     absl::MutexLock lock(&mu_);
     auto it = active_.find(id);

@@ -12,6 +12,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
+#include "absl/functional/any_invocable.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "ferry/v1/agent.pb.h"
@@ -77,11 +78,19 @@ class TransferEngine {
   // timed out, or the agent stopping), on the thread that settled its last op: it must not
   // block (hand slow work, a peer call, to a thread of its own).
   using FinishedHook = std::function<void(const Transfer&)>;
+  // Runs once when every op settled, before the transfer counts as finished (MoveBlocks'
+  // verify), on the thread that settled the last op: it must not block, and must call
+  // `done` exactly once, from any thread, with what the check found (Transfer::EndCheck).
+  // Until then waiters see the transfer RUNNING and Cancel leaves it be. `done` after the
+  // engine is gone ends the check and nothing else.
+  using CheckDone = absl::AnyInvocable<void(std::vector<Transfer::CheckFailure> failed,
+                                            absl::Status rest) &&>;
+  using CheckHook = std::function<void(std::shared_ptr<const Transfer>, CheckDone done)>;
   // Validates the whole batch (nothing moves if any op is bad; the status names the field,
   // e.g. "ops[3].remote_offset"), then posts every op. Returns the transfer id.
-  // `on_finished` runs when it finished (never when Submit fails).
+  // `on_finished` runs when it finished (never when Submit fails), after `check` if given.
   absl::StatusOr<uint64_t> Submit(const ferry::v1::SubmitRequest& request,
-                                  FinishedHook on_finished = {});
+                                  FinishedHook on_finished = {}, CheckHook check = {});
   // NOT_FOUND for an unknown (or long forgotten) transfer id.
   absl::StatusOr<std::shared_ptr<Transfer>> Find(uint64_t id) const;
   // Ends a running transfer: its open ops settle CANCELLED now, its staging pipeline stops
@@ -162,8 +171,16 @@ class TransferEngine {
   uint64_t finished_count_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<uint64_t, std::shared_ptr<Transfer>> transfers_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, std::shared_ptr<Transfer>> active_ ABSL_GUARDED_BY(mu_);
-  // Submit's on_finished of the active transfers that have one.
+  // Submit's on_finished and check of the active transfers that have one; a check is taken
+  // out when it starts.
   absl::flat_hash_map<uint64_t, FinishedHook> finished_hooks_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<uint64_t, CheckHook> check_hooks_ ABSL_GUARDED_BY(mu_);
+  // What a check's `done` reaches the engine through: null once the engine is going.
+  struct Life {
+    absl::Mutex mu;
+    TransferEngine* engine ABSL_GUARDED_BY(mu);
+  };
+  const std::shared_ptr<Life> life_;
   std::deque<uint64_t> history_ ABSL_GUARDED_BY(mu_);
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
