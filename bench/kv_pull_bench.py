@@ -6,7 +6,8 @@ Two agents on this machine (tcp over loopback), each process's KV cache its own 
 shared memory, registered through prepare_blocks: 16 layers x {K, V} tensors of 128 blocks
 of 32 KiB. One request = 64 scattered blocks of every tensor (2048 blocks, 64 MiB), pulled
 with ONE read_blocks call; the baseline pulls the same 64 MiB as one block of a second list
-over one contiguous 64 MiB region. Then: the time from calling read_blocks with 4096 pairs
+over one contiguous 64 MiB region, and the request pull again with verify=True (both agents
+checksum every block). Then: the time from calling read_blocks with 4096 pairs
 to holding its handle, and the part of it spent in Python (index checks and conversion)
 rather than in the agent (validation, the peer's ResolveBlocks, planning 4096 ops).
 
@@ -69,17 +70,24 @@ def main():
         def pull_one():
             d.read_blocks("prefill", "one-op", [0], one_mine, [0]).wait(60)
 
+        def pull_verified():
+            d.read_blocks("prefill", "kv", remote, mine, local, verify=True).wait(60)
+
         pull_blocks(), pull_one()  # connections and kept answers, once
-        blocks_s, one_s = [], []
-        for _ in range(REPS):  # alternating, so that both see the same machine
+        blocks_s, one_s, verified_s = [], [], []
+        for _ in range(REPS):  # alternating, so that all see the same machine
             blocks_s.append(timed(pull_blocks))
             one_s.append(timed(pull_one))
+            verified_s.append(timed(pull_verified))
         b, o = statistics.median(blocks_s), statistics.median(one_s)
+        v = statistics.median(verified_s)
         print(f"request pull: {len(remote)} blocks of {BLOCK >> 10} KiB "
               f"({nbytes >> 20} MiB) in one read_blocks: median {b * 1e3:.1f} ms "
               f"({nbytes / b / 1e9:.2f} GB/s)")
         print(f"same bytes as one op: median {o * 1e3:.1f} ms ({nbytes / o / 1e9:.2f} GB/s); "
               f"blocks / one op = {o / b:.2f} of its throughput")
+        print(f"the request pull with verify=True (CRC32C of every block on both agents): "
+              f"median {v * 1e3:.1f} ms, {v / b:.2f} x the unverified pull")
 
         # A read_blocks call of 4096 pairs: time to the handle, and the Python part of it.
         r4 = [t * BLOCKS + j for t in range(TENSORS) for j in range(BLOCKS)]

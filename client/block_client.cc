@@ -38,7 +38,7 @@ absl::StatusOr<ferry::v1::MoveBlocksResponse> BlockClient::Move(
     ferry::v1::OpType type, uint64_t list, const std::vector<uint64_t>& local_blocks,
     const std::string& peer, const std::string& remote_list,
     const std::vector<uint64_t>& remote_blocks, const std::string& notification,
-    uint32_t timeout_ms) {
+    uint32_t timeout_ms, bool verify) {
   ferry::v1::MoveBlocksRequest req;
   req.set_type(type);
   req.set_list(list);
@@ -48,6 +48,7 @@ absl::StatusOr<ferry::v1::MoveBlocksResponse> BlockClient::Move(
   req.mutable_remote_blocks()->Add(remote_blocks.begin(), remote_blocks.end());
   req.set_notification(notification);
   req.set_timeout_ms(timeout_ms);
+  req.set_verify(verify);
   ferry::v1::MoveBlocksResponse resp;
   auto ctx = Context();
   grpc::Status s = stub_->MoveBlocks(ctx.get(), req, &resp);

@@ -30,13 +30,15 @@ class BlockClient {
       const std::vector<ferry::v1::BlockExtent>& extents, const std::string& name = "");
   absl::Status Release(uint64_t list);
   // Starts moving local_blocks[i] <-> remote_blocks[i] of `peer`'s list `remote_list`.
+  // `verify`: compare every pair's CRC32C on both sides before the transfer finishes.
   absl::StatusOr<ferry::v1::MoveBlocksResponse> Move(ferry::v1::OpType type, uint64_t list,
                                                      const std::vector<uint64_t>& local_blocks,
                                                      const std::string& peer,
                                                      const std::string& remote_list,
                                                      const std::vector<uint64_t>& remote_blocks,
                                                      const std::string& notification = "",
-                                                     uint32_t timeout_ms = 0);
+                                                     uint32_t timeout_ms = 0,
+                                                     bool verify = false);
 
  private:
   std::unique_ptr<grpc::ClientContext> Context() const;

@@ -123,8 +123,10 @@ def decode(socket, sim_gpu):
         # Every layer's K and V in one call: block j of tensor t is t * NUM_BLOCKS + j.
         remote_ids = [t * NUM_BLOCKS + int(b) for t in range(TENSORS) for b in remote]
         local_ids = [t * NUM_BLOCKS + b for t in range(TENSORS) for b in local]
+        # Odd requests are also checked by both agents (CRC32C of every block) before the
+        # handle completes; the bytes are compared below either way.
         handle = c.read_blocks("prefill", "kv", remote_ids, mine, local_ids,
-                               notify=f"req-{req} pulled")
+                               notify=f"req-{req} pulled", verify=req % 2 == 1)
         in_flight[req] = (handle, local)
     while in_flight:
         pulled_bytes += finish(min(in_flight))

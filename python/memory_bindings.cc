@@ -189,7 +189,7 @@ void BindMemory(py::class_<Session, std::shared_ptr<Session>>& session) {
               py::array_t<uint64_t, py::array::c_style | py::array::forcecast> local_ids,
               const std::string& peer, const std::string& remote_list,
               py::array_t<uint64_t, py::array::c_style | py::array::forcecast> remote_ids,
-              const std::string& notify, uint32_t timeout_ms) {
+              const std::string& notify, uint32_t timeout_ms, bool verify) {
              if (type != "read" && type != "write") {
                throw StatusError(absl::InvalidArgumentError("type: must be 'read' or 'write'"));
              }
@@ -199,14 +199,14 @@ void BindMemory(py::class_<Session, std::shared_ptr<Session>>& session) {
              {
                py::gil_scoped_release release;
                r = s.blocks->Move(type == "read" ? v1::READ : v1::WRITE, list, local, peer,
-                                  remote_list, remote, notify, timeout_ms);
+                                  remote_list, remote, notify, timeout_ms, verify);
              }
              auto resp = Take(std::move(r));
              return py::make_tuple(resp.transfer_id(), resp.bytes());
            },
            py::arg("type"), py::arg("list"), py::arg("local_ids"), py::arg("peer"),
            py::arg("remote_list"), py::arg("remote_ids"), py::arg("notify") = "",
-           py::arg("timeout_ms") = 0)
+           py::arg("timeout_ms") = 0, py::arg("verify") = false)
       // wait_s None: as it stands now (poll); else waits up to that many seconds.
       .def("transfer_result",
            [](Session& s, uint64_t id, std::optional<double> wait_s, bool failed) {

@@ -12,13 +12,16 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/crc32c.h"
 #include "client/block_client.h"
 #include "client/ferry_client.h"
 #include "client/shared_memory.h"
 #include "client/tensor_client.h"
+#include "ferry/v1/tensor.grpc.pb.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/agent_pair.h"
+#include "tests/peer_channel.h"
 
 namespace ferry {
 namespace {
@@ -360,6 +363,103 @@ TEST_F(ClientMemoryTest, SimGpuRegistrationMovesAndCancelsMidTransfer) {
   ASSERT_FALSE(note.ok());
   EXPECT_EQ(note.status().code(), absl::StatusCode::kCancelled) << note.status();
   ASSERT_TRUE(a_.client->SetPolicy({}, true).ok());
+}
+
+// verify: after the move both agents checksum each pair's blocks (the peer's on its
+// simulated GPU, read back through its copy engine). Two pairs that land in one block cannot
+// both hold their source's bytes: the check fails the one (or both, if their bytes
+// interleaved) by index, DATA_LOSS naming both checksums, and tells the peer so.
+TEST_F(ClientMemoryTest, VerifyChecksumsEveryPairAndFailsThoseThatDiffer) {
+  SharedRegion gpu_mem(16 * kBlock), host_mem(16 * kBlock);
+  gpu_mem.Fill(11);
+  auto reg = a_.client->RegisterFd(gpu_mem.fd.get(), 0, gpu_mem.bytes, "cuda:0", "vg");
+  ASSERT_TRUE(reg.ok()) << reg.status();
+  auto dst = b_.client->RegisterMemory(host_mem.data, host_mem.bytes);
+  ASSERT_TRUE(dst.ok()) << dst.status();
+  auto theirs = a_.blocks->Prepare({Extent(reg->buffer().id(), 0, kBlock, 16)}, "verify-kv");
+  ASSERT_TRUE(theirs.ok()) << theirs.status();
+  auto ours = b_.blocks->Prepare({Extent(dst->buffer().id(), 0, kBlock, 16)});
+  ASSERT_TRUE(ours.ok()) << ours.status();
+  CallOptions o;
+  o.timeout = absl::Seconds(10);
+
+  auto good = b_.blocks->Move(ferry::v1::READ, ours->list(), {0, 1, 2}, "node-a", "verify-kv",
+                              {5, 9, 13}, "good", 0, /*verify=*/true);
+  ASSERT_TRUE(good.ok()) << good.status();
+  ferry::v1::TransferResult done = AwaitByPoll(*b_.client, good->transfer_id());
+  EXPECT_EQ(done.state(), ferry::v1::SUCCEEDED) << done.message();
+  EXPECT_EQ(done.bytes(), 3 * kBlock);
+  for (auto [to, from] : {std::pair{0, 5}, {1, 9}, {2, 13}}) {
+    EXPECT_EQ(std::memcmp(host_mem.data + to * kBlock, gpu_mem.data + from * kBlock, kBlock), 0);
+  }
+  EXPECT_TRUE(a_.tensors->WaitNotification("good", "node-b", o).ok());
+  // Pushed the other way and checked on the GPU side.
+  auto pushed = b_.blocks->Move(ferry::v1::WRITE, ours->list(), {1}, "node-a", "verify-kv", {15},
+                                "", 0, true);
+  ASSERT_TRUE(pushed.ok()) << pushed.status();
+  EXPECT_EQ(AwaitByPoll(*b_.client, pushed->transfer_id()).state(), ferry::v1::SUCCEEDED);
+  EXPECT_EQ(std::memcmp(gpu_mem.data + 15 * kBlock, host_mem.data + kBlock, kBlock), 0);
+
+  // Unchecked, the same collision passes for a success: the check is what catches it.
+  auto unchecked = b_.blocks->Move(ferry::v1::READ, ours->list(), {7, 7}, "node-a", "verify-kv",
+                                   {1, 2});
+  ASSERT_TRUE(unchecked.ok()) << unchecked.status();
+  EXPECT_EQ(AwaitByPoll(*b_.client, unchecked->transfer_id()).state(), ferry::v1::SUCCEEDED);
+
+  auto clash = b_.blocks->Move(ferry::v1::READ, ours->list(), {7, 7, 8}, "node-a", "verify-kv",
+                               {1, 2, 3}, "clash", 0, true);
+  ASSERT_TRUE(clash.ok()) << clash.status();
+  ferry::v1::TransferResult end = AwaitByPoll(*b_.client, clash->transfer_id(), true);
+  EXPECT_EQ(end.state(), ferry::v1::FAILED);
+  EXPECT_EQ(end.code(), static_cast<int>(absl::StatusCode::kDataLoss)) << end.message();
+  EXPECT_GE(end.ops_failed(), 1u);
+  EXPECT_LE(end.ops_failed(), 2u);
+  EXPECT_EQ(end.bytes(), (3 - end.ops_failed()) * kBlock);  // failed pairs count no bytes
+  for (const auto& op : end.ops()) {
+    EXPECT_LT(op.index(), 2u) << "pair 2 (block 8) did not collide";
+    EXPECT_EQ(op.code(), static_cast<int>(absl::StatusCode::kDataLoss));
+    EXPECT_THAT(op.message(), HasSubstr("verify: the blocks differ: local block 7 has CRC32C"));
+    EXPECT_THAT(op.message(), HasSubstr("node-a's block"));
+  }
+  EXPECT_EQ(std::memcmp(host_mem.data + 8 * kBlock, gpu_mem.data + 3 * kBlock, kBlock), 0);
+  auto note = a_.tensors->WaitNotification("clash", "node-b", o);
+  ASSERT_FALSE(note.ok());
+  EXPECT_EQ(note.status().code(), absl::StatusCode::kDataLoss) << note.status();
+}
+
+// The peer's side of verify, spoken to directly as another node: what it refuses.
+TEST_F(ClientMemoryTest, ChecksumBlocksRefusesWhatItMayNotAnswerNamingTheField) {
+  SharedRegion mem(4 * kBlock);
+  mem.Fill(3);
+  auto reg = a_.client->RegisterMemory(mem.data, mem.bytes, "sums");
+  ASSERT_TRUE(reg.ok()) << reg.status();
+  ASSERT_TRUE(a_.blocks->Prepare({Extent(reg->buffer().id(), 0, kBlock, 4)}, "sums").ok());
+  auto stub = ferry::v1::TensorPeer::NewStub(
+      PeerChannelAs(pair_.dir, pair_.a->peer_address(), "node-a", "node-b"));
+  auto ask = [&](const std::string& list, std::vector<uint64_t> blocks,
+                 ferry::v1::ChecksumBlocksResponse* resp) {
+    ferry::v1::ChecksumBlocksRequest req;
+    req.set_list(list);
+    req.set_from_node("node-b");
+    req.mutable_blocks()->Add(blocks.begin(), blocks.end());
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(10));
+    return stub->ChecksumBlocks(&ctx, req, resp);
+  };
+  ferry::v1::ChecksumBlocksResponse resp;
+  grpc::Status s = ask("sums", {3, 0}, &resp);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  ASSERT_EQ(resp.crc32c_size(), 2);
+  EXPECT_EQ(resp.crc32c(0), Crc32c(mem.data + 3 * kBlock, kBlock));
+  EXPECT_EQ(resp.crc32c(1), Crc32c(mem.data, kBlock));
+  s = ask("sums", {0, 4}, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("blocks[1]: 4 is out of range"));
+  s = ask("nope", {0}, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND);
+  s = ask("sums", std::vector<uint64_t>(65537, 0), &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(s.error_message(), HasSubstr("blocks: 65537 is more than 65536"));
 }
 
 // GPU to GPU, staged on both sides, several pulls at once: the serving agent's bounce pool

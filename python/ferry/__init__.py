@@ -31,13 +31,15 @@ import weakref
 from . import _ferry
 from . import launch
 from .blocks import BlockList, Handle, Registration, check_ids
-from .errors import (AlreadyExists, Cancelled, DeadlineExceeded, Error, FailedPrecondition,
-                     InvalidArgument, NotFound, OutOfRange, ResourceExhausted, Unavailable)
+from .errors import (AlreadyExists, Cancelled, DataLoss, DeadlineExceeded, Error,
+                     FailedPrecondition, InvalidArgument, NotFound, OutOfRange, ResourceExhausted,
+                     Unavailable)
 
 __all__ = ["Client", "Buffer", "Future", "Notification", "Registration", "BlockList", "Handle",
            "empty", "DTYPES", "Error", "Cancelled",
            "InvalidArgument", "DeadlineExceeded", "NotFound", "AlreadyExists",
-           "ResourceExhausted", "FailedPrecondition", "OutOfRange", "Unavailable", "launch"]
+           "ResourceExhausted", "FailedPrecondition", "OutOfRange", "Unavailable", "DataLoss",
+           "launch"]
 
 DTYPES = ("float32", "float16", "bfloat16", "int8", "uint8", "int32", "int64",
           "float8_e4m3fn", "float8_e5m2", "float64", "int16", "bool")
@@ -463,8 +465,8 @@ class Client:
         """Two forms.
 
         write_blocks(bl, local_ids, peer, remote_list_name, remote_ids, notify="",
-        timeout=60.0) -> Handle: pushes blocks local_ids[i] of block list `bl` into blocks
-        remote_ids[i] of the peer's list, as read_blocks pulls; returns at once.
+        timeout=60.0, verify=False) -> Handle: pushes blocks local_ids[i] of block list `bl`
+        into blocks remote_ids[i] of the peer's list, as read_blocks pulls; returns at once.
 
         write_blocks(buffer, peer, remote_buffer, blocks, notify="", timeout=60.0): writes
         (local_offset, remote_offset, length) blocks of `buffer` into the peer's named
@@ -571,23 +573,25 @@ class Client:
         return bl
 
     def read_blocks(self, peer, remote_list_name, remote_ids, bl, local_ids, notify="",
-                    timeout=60.0):
+                    timeout=60.0, verify=False):
         """Pulls blocks remote_ids[i] of the peer's list `remote_list_name` into blocks
         local_ids[i] of `bl`, all in one transfer; `notify` (if set) is delivered to the
         peer's agent once every block settled. `timeout`: seconds for the transfer (None or
-        <= 0: the agent's default). Returns a Handle at once."""
+        <= 0: the agent's default). `verify`: once the bytes moved, both agents checksum
+        every block (CRC32C) and a pair whose blocks differ fails (DataLoss, by index).
+        Returns a Handle at once."""
         return self._move_blocks("read", bl, local_ids, peer, remote_list_name, remote_ids,
-                                 notify, timeout)
+                                 notify, timeout, verify)
 
     def _move_blocks(self, kind, bl, local_ids, peer, remote_list_name, remote_ids, notify="",
-                     timeout=60.0):
+                     timeout=60.0, verify=False):
         local = check_ids(local_ids, "local_ids")
         remote = check_ids(remote_ids, "remote_ids")
         # None or <= 0: the agent's default timeout (a transfer always has one).
         timeout_ms = 0 if timeout is None or timeout <= 0 else max(int(timeout * 1000), 1)
         try:
             tid, nbytes = self._s.move_blocks(kind, bl.id, local, peer, remote_list_name,
-                                              remote, notify or "", timeout_ms)
+                                              remote, notify or "", timeout_ms, bool(verify))
         except Error as e:
             # The agent names the request's fields; say them as this call's arguments.
             message = (str(e.args[0]).replace("local_blocks", "local_ids")

@@ -70,9 +70,14 @@ class Unavailable(Error):
     code = 14
 
 
+class DataLoss(Error):
+    """Bytes that arrived differ from what was sent (a verify=True check failed)."""
+    code = 15
+
+
 _BY_CODE = {cls.code: cls for cls in (Cancelled, InvalidArgument, DeadlineExceeded, NotFound,
                                       AlreadyExists, ResourceExhausted, FailedPrecondition,
-                                      OutOfRange, Unavailable)}
+                                      OutOfRange, Unavailable, DataLoss)}
 
 
 def from_status(code, message):

@@ -152,6 +152,8 @@ class BufferRegistry {
   absl::Status Unexport(uint64_t id);
   // NOT_FOUND naming `field` ("ops[3].local_buffer") for an unknown or freed id.
   absl::StatusOr<std::shared_ptr<Buffer>> Get(uint64_t id, const std::string& field) const;
+  // The GPUs its GPU buffers live on (null: none), for whoever reads their bytes by copy.
+  GpuPools* gpus() const { return gpus_; }
   absl::StatusOr<std::shared_ptr<Buffer>> FindByName(const std::string& name) const;
   std::vector<std::shared_ptr<Buffer>> List() const;
   size_t count() const;

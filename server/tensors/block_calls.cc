@@ -1,5 +1,5 @@
 // The Tensors and TensorPeer calls over prepared block lists: PrepareBlocks, ReleaseBlocks,
-// MoveBlocks (server/tensors/block_mover.h) and the peer's ResolveBlocks.
+// MoveBlocks (server/tensors/block_mover.h) and the peer's ResolveBlocks and ChecksumBlocks.
 
 #include "absl/strings/str_cat.h"
 #include "base/grpc_status.h"
@@ -78,6 +78,17 @@ grpc::Status TensorPeerService::ResolveBlocks(grpc::ServerContext* ctx,
   auto resolved = core_->tensors().mover().Resolve(req->list(), *from);
   if (!resolved.ok()) return ToGrpcStatus(resolved.status());
   *resp = *std::move(resolved);
+  return grpc::Status::OK;
+}
+
+grpc::Status TensorPeerService::ChecksumBlocks(grpc::ServerContext* ctx,
+                                               const ferry::v1::ChecksumBlocksRequest* req,
+                                               ferry::v1::ChecksumBlocksResponse* resp) {
+  absl::StatusOr<std::string> from = CallerNode(*ctx, req->from_node());
+  if (!from.ok()) return ToGrpcStatus(from.status());
+  auto sums = core_->tensors().mover().Checksum(*req, *from);
+  if (!sums.ok()) return ToGrpcStatus(sums.status());
+  *resp = *std::move(sums);
   return grpc::Status::OK;
 }
 

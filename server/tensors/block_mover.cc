@@ -2,10 +2,12 @@
 
 #include <algorithm>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/echo.h"
 #include "base/status_macros.h"
+#include "server/tensors/block_checksum.h"
 #include "ferry/v1/tensor.grpc.pb.h"
 #include "server/tensors/peer_call.h"
 
@@ -16,6 +18,13 @@ namespace {
 constexpr absl::Duration kResolveTimeout = absl::Seconds(10);
 // More blocks than a peer's answer may describe: no MoveBlocks names that many.
 constexpr uint64_t kMaxRemoteBlocks = 1ull << 32;
+
+// Not told apart from a list that does not exist, so that a peer learns nothing of what
+// it may not reach.
+absl::Status NoSuchList(const std::string& name) {
+  return absl::NotFoundError(
+      absl::StrCat("no block list named ", Echo(name), " (or one of its buffers is gone)"));
+}
 
 // The engine names op i; MoveBlocks' op i is pair i, which the caller knows as
 // local_blocks[i] -> remote_blocks[i].
@@ -93,6 +102,16 @@ absl::StatusOr<ferry::v1::MoveBlocksResponse> BlockMover::Move(
   ferry::v1::SubmitRequest submit;
   submit.mutable_ops()->Reserve(n);
   uint64_t bytes = 0;
+  std::shared_ptr<VerifyPlan> plan;
+  absl::flat_hash_map<uint64_t, std::shared_ptr<const Buffer>> held;  // by id, for the plan
+  if (req.verify()) {
+    plan = std::make_shared<VerifyPlan>();
+    plan->peer = req.peer();
+    plan->remote_list = req.remote_list();
+    plan->local_ids.assign(req.local_blocks().begin(), req.local_blocks().end());
+    plan->remote_ids.assign(req.remote_blocks().begin(), req.remote_blocks().end());
+    plan->local.reserve(n);
+  }
   for (int i = 0; i < n; ++i) {
     const uint64_t r = req.remote_blocks(i);
     if (r >= remote_index.size()) {
@@ -118,6 +137,13 @@ absl::StatusOr<ferry::v1::MoveBlocksResponse> BlockMover::Move(
     op->set_remote_offset(e.offset() + j * e.block_bytes());
     op->set_length(local.length);
     bytes += local.length;
+    if (plan) {
+      std::shared_ptr<const Buffer>& buffer = held[local.buffer];
+      if (!buffer) {
+        ASSIGN_OR_RETURN(buffer, buffers_->Get(local.buffer, "list"));
+      }
+      plan->local.push_back({buffer, local.offset, local.length});
+    }
   }
   submit.set_timeout_ms(timeout_ms);
 
@@ -135,7 +161,8 @@ absl::StatusOr<ferry::v1::MoveBlocksResponse> BlockMover::Move(
       notifier->Send(node, std::move(note));
     };
   }
-  auto id = engine_->Submit(submit, std::move(hook));
+  auto id = engine_->Submit(submit, std::move(hook),
+                            plan ? verifier_.Hook(std::move(plan)) : TransferEngine::CheckHook());
   if (!id.ok()) return AsPairs(id.status());
   ferry::v1::MoveBlocksResponse resp;
   resp.set_transfer_id(*id);
@@ -149,18 +176,48 @@ absl::StatusOr<ferry::v1::ResolveBlocksResponse> BlockMover::Resolve(
   if (!list.ok()) return list.status();
   ferry::v1::ResolveBlocksResponse resp;
   for (const ferry::v1::BlockExtent& e : (*list)->extents()) {
-    // A buffer since freed, or one not exported to the caller: not told apart from a list
-    // that does not exist, so that a peer learns nothing of what it may not reach.
+    // A buffer since freed, or one not exported to the caller.
     auto buffer = buffers_->Get(e.buffer(), "list");
-    if (!buffer.ok() || !(*buffer)->ExportedTo(caller)) {
-      return absl::NotFoundError(absl::StrCat("no block list named ", Echo(name),
-                                              " (or one of its buffers is gone)"));
-    }
+    if (!buffer.ok() || !(*buffer)->ExportedTo(caller)) return NoSuchList(name);
     ferry::v1::RemoteExtent* out = resp.add_extents();
     out->set_buffer((*buffer)->name());
     out->set_offset(e.offset());
     out->set_block_bytes(e.block_bytes());
     out->set_count(e.count());
+  }
+  return resp;
+}
+
+absl::StatusOr<ferry::v1::ChecksumBlocksResponse> BlockMover::Checksum(
+    const ferry::v1::ChecksumBlocksRequest& req, const std::string& caller) const {
+  auto list = lists_->Exported(req.list());
+  if (!list.ok()) return list.status();
+  if (req.blocks_size() > kMaxChecksumBlocks) {
+    return absl::InvalidArgumentError(absl::StrCat("blocks: ", req.blocks_size(),
+                                                   " is more than ", kMaxChecksumBlocks,
+                                                   " in one call"));
+  }
+  ferry::v1::ChecksumBlocksResponse resp;
+  resp.mutable_crc32c()->Reserve(req.blocks_size());
+  absl::flat_hash_map<uint64_t, std::shared_ptr<Buffer>> buffers;  // each looked up once
+  std::vector<char> scratch;
+  for (int i = 0; i < req.blocks_size(); ++i) {
+    const uint64_t index = req.blocks(i);
+    if (index >= (*list)->size()) {
+      return absl::InvalidArgumentError(absl::StrCat("blocks[", i, "]: ", index,
+                                                     " is out of range (the list has ",
+                                                     (*list)->size(), " blocks)"));
+    }
+    const ListBlock block = (*list)->At(index);
+    std::shared_ptr<Buffer>& buffer = buffers[block.buffer];
+    if (!buffer) {
+      auto found = buffers_->Get(block.buffer, "list");
+      if (!found.ok() || !(*found)->ExportedTo(caller)) return NoSuchList(req.list());
+      buffer = *std::move(found);
+    }
+    ASSIGN_OR_RETURN(uint32_t crc, BlockCrc32c(*buffer, block.offset, block.length,
+                                               buffers_->gpus(), scratch));
+    resp.add_crc32c(crc);
   }
   return resp;
 }

@@ -1,9 +1,9 @@
 #pragma once
 // MoveBlocks: (local index -> remote index) pairs between a prepared list and a peer's
 // exported one, as one engine transfer whose op i is pair i; and ResolveBlocks, the peer's
-// side, which says where an exported list's blocks are. The notification goes out when the
-// transfer finished, from the engine's completion hook through the NotifySender: no thread
-// waits for any transfer.
+// side, which says where an exported list's blocks are (and, for verify, what they hold).
+// The notification goes out when the transfer finished, from the engine's completion hook
+// through the NotifySender: no thread waits for any transfer.
 
 #include <cstdint>
 #include <memory>
@@ -16,6 +16,7 @@
 #include "server/engine/transfer_engine.h"
 #include "server/peers/peer_directory.h"
 #include "server/tensors/block_lists.h"
+#include "server/tensors/block_verifier.h"
 #include "server/tensors/notify_sender.h"
 
 namespace ferry::server {
@@ -25,9 +26,13 @@ class BlockMover {
   BlockMover(PeerDirectory* peers, BufferRegistry* buffers, TransferEngine* engine,
              BlockLists* lists)
       : peers_(peers), buffers_(buffers), engine_(engine), lists_(lists),
-        notifier_(std::make_shared<NotifySender>(peers)) {}
-  // Delivers the notifications already queued; later hooks queue nothing.
-  ~BlockMover() { notifier_->Stop(); }
+        notifier_(std::make_shared<NotifySender>(peers)), verifier_(peers, buffers->gpus()) {}
+  // Ends the checks not made (their transfers fail UNAVAILABLE), then delivers the
+  // notifications already queued; later hooks queue nothing.
+  ~BlockMover() {
+    verifier_.Stop();
+    notifier_->Stop();
+  }
 
   // Validates the whole request (MoveBlocks in tensor.proto says how it is refused), asks
   // the peer where its blocks are (by `deadline`) and submits the transfer; returns at once.
@@ -38,6 +43,10 @@ class BlockMover {
   // none, a buffer of it was freed, or one is not exported to `caller`.
   absl::StatusOr<ferry::v1::ResolveBlocksResponse> Resolve(const std::string& name,
                                                            const std::string& caller) const;
+  // The CRC32C of blocks `req.blocks` of the list exported as `req.list`, for peer `caller`
+  // (ChecksumBlocks in tensor.proto says how it is refused).
+  absl::StatusOr<ferry::v1::ChecksumBlocksResponse> Checksum(
+      const ferry::v1::ChecksumBlocksRequest& req, const std::string& caller) const;
   const NotifySender& notifier() const { return *notifier_; }
 
  private:
@@ -52,6 +61,7 @@ class BlockMover {
   // Shared with the engine's hooks, which may run after this is gone (the agent stopping
   // fails the transfers still running): they find it stopped and queue nothing.
   const std::shared_ptr<NotifySender> notifier_;
+  BlockVerifier verifier_;
 };
 
 }  // namespace ferry::server

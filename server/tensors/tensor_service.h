@@ -53,6 +53,8 @@ class TensorPeerService final : public ferry::v1::TensorPeer::Service {
                           ferry::v1::CancelSendResponse*) override;
   grpc::Status ResolveBlocks(grpc::ServerContext*, const ferry::v1::ResolveBlocksRequest*,
                              ferry::v1::ResolveBlocksResponse*) override;  // block_calls.cc
+  grpc::Status ChecksumBlocks(grpc::ServerContext*, const ferry::v1::ChecksumBlocksRequest*,
+                              ferry::v1::ChecksumBlocksResponse*) override;  // block_calls.cc
   grpc::Status Notify(grpc::ServerContext*, const ferry::v1::Notification*,
                       ferry::v1::NotifyResponse*) override;
 

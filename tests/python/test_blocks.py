@@ -80,6 +80,25 @@ def test_torch_tensors_after_share_memory(a, b):
     theirs.release()
 
 
+def test_verify_fails_the_pairs_whose_blocks_differ(a, b):
+    keep = []
+    src, dst = shared_array(4 * BLOCK, keep), shared_array(4 * BLOCK, keep)
+    src[:] = np.random.default_rng(5).integers(0, 256, src.size, dtype=np.uint8)
+    theirs = b.prepare_blocks([src], BLOCK, name="verify-kv")
+    ours = a.prepare_blocks([dst], BLOCK)
+    h = a.read_blocks("node-b", "verify-kv", [2, 3], ours, [0, 1], verify=True).wait(10)
+    assert h.status() == "succeeded"
+    assert np.array_equal(dst[:2 * BLOCK], src[2 * BLOCK:])
+    # Two pairs into block 3: it cannot hold both sources, and the check says which failed.
+    h = a.read_blocks("node-b", "verify-kv", [0, 1, 2], ours, [3, 3, 2], verify=True)
+    with pytest.raises(ferry.DataLoss, match="verify: the blocks differ"):
+        h.wait(10)
+    failed = h.failed()
+    assert 1 <= len(failed) <= 2 and all(i in (0, 1) and code == 15 for i, code, _ in failed)
+    ours.release()
+    theirs.release()
+
+
 def test_private_memory_is_refused_with_how_to_share_it(a):
     with pytest.raises(ferry.FailedPrecondition, match="share_memory_"):
         a.register(np.zeros(1 << 20, dtype=np.uint8))
