@@ -16,3 +16,9 @@ add_dependencies(gpu_memory_test gpu_ipc_helper)
 add_executable(gpu_staged_client ${CMAKE_CURRENT_SOURCE_DIR}/gpu_staged_client.cc)
 target_link_libraries(gpu_staged_client PRIVATE ferry_client ferry_memory absl::str_format
                       absl::strings absl::synchronization)
+
+# CUDA VMM import by shareable fd; the test allocates with the driver's VMM calls itself.
+ferry_test(gpu_vmm_test LABELS gpu LIBS ferry_memory absl::strings absl::synchronization)
+if(FERRY_HAVE_CUDA)
+  target_link_libraries(gpu_vmm_test PRIVATE CUDA::cudart_static)
+endif()

@@ -27,7 +27,7 @@ set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
 pack_dir=$root/build-gpu-pack
-gpu_targets=(gpu_memory_test gpu_ipc_helper ferry-gpu-bench ferryd ferryctl gpu_staged_client)
+gpu_targets=(gpu_memory_test gpu_vmm_test gpu_ipc_helper ferry-gpu-bench ferryd ferryctl gpu_staged_client)
 jobs=${FERRY_GPU_JOBS:-$(nproc)}
 backend=${FERRY_GPU_BACKEND:-cuda}
 
@@ -40,7 +40,8 @@ if [ "${1:-}" = "--pack" ]; then
     { echo "run.sh --pack: $build was not configured with CUDA" >&2; exit 1; }
   rm -rf "$pack_dir"
   mkdir -p "$pack_dir/lib"
-  bins=("$build/tests/gpu_memory_test" "$build/tests/gpu_ipc_helper" "$build/bench/ferry-gpu-bench"
+  bins=("$build/tests/gpu_memory_test" "$build/tests/gpu_vmm_test" "$build/tests/gpu_ipc_helper"
+        "$build/bench/ferry-gpu-bench"
         "$build/server/ferryd" "$build/client/ferryctl" "$build/tests/gpu_staged_client")
   cp "${bins[@]}" "$pack_dir/"
   packed=()
@@ -116,7 +117,8 @@ else
   bench_bin=$pack_dir/ferry-gpu-bench
   agent_bins=(--bin "$pack_dir")
   echo "pack built at commit $(cat "$pack_dir/commit" 2>/dev/null || echo '?')"
-  for b in gpu_memory_test gpu_ipc_helper ferry-gpu-bench ferryd ferryctl gpu_staged_client; do
+  for b in gpu_memory_test gpu_vmm_test gpu_ipc_helper ferry-gpu-bench ferryd ferryctl \
+           gpu_staged_client; do
     if [ ! -x "$pack_dir/$b" ]; then
       status_build="pack: $b missing (made by an older run.sh --pack?)"
     elif ldd "$pack_dir/$b" | grep "not found"; then
@@ -133,6 +135,10 @@ if [ "$status_build" = ok ]; then
        --output-junit "$out/tests.xml")
   else
     timeout "$(left 300)" "$test_bin" --gtest_output="xml:$out/tests.xml"
+    rc=$?
+    timeout "$(left 60)" "$pack_dir/gpu_vmm_test" --gtest_output="xml:$out/vmm-tests.xml" ||
+      rc=$?
+    (exit "$rc")
   fi
   rc=$?
   status_tests=$([ "$rc" -eq 0 ] && echo passed || echo "FAILED (rc $rc)")

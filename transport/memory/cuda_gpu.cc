@@ -44,7 +44,18 @@ struct DriverApi {
   PFN_cuPointerSetAttribute_v6000 pointer_set_attribute = nullptr;
   PFN_cuMemGetHandleForAddressRange_v11070 get_handle_for_address_range = nullptr;
   PFN_cuMemGetAddressRange_v3020 mem_get_address_range = nullptr;
+  // Virtual memory management: importing a client's VMM allocation by its shareable fd.
+  PFN_cuMemImportFromShareableHandle_v10020 mem_import = nullptr;
+  PFN_cuMemGetAllocationPropertiesFromHandle_v10020 mem_get_properties = nullptr;
+  PFN_cuMemGetAllocationGranularity_v10020 mem_get_granularity = nullptr;
+  PFN_cuMemAddressReserve_v10020 mem_address_reserve = nullptr;
+  PFN_cuMemAddressFree_v10020 mem_address_free = nullptr;
+  PFN_cuMemMap_v10020 mem_map = nullptr;
+  PFN_cuMemUnmap_v10020 mem_unmap = nullptr;
+  PFN_cuMemSetAccess_v10020 mem_set_access = nullptr;
+  PFN_cuMemRelease_v10020 mem_release = nullptr;
   std::string why_missing;
+  std::string why_no_vmm;  // the VMM entry points that are missing, "" when all are there
 };
 
 // The ABI version the PFN_ types above are declared for (CUDA 12.0): asking by version keeps
@@ -81,6 +92,16 @@ const DriverApi& Driver() {
     LoadEntryPoint("cuMemGetHandleForAddressRange", &a->get_handle_for_address_range,
                    &a->why_missing);
     LoadEntryPoint("cuMemGetAddressRange", &a->mem_get_address_range, &a->why_missing);
+    LoadEntryPoint("cuMemImportFromShareableHandle", &a->mem_import, &a->why_no_vmm);
+    LoadEntryPoint("cuMemGetAllocationPropertiesFromHandle", &a->mem_get_properties,
+                   &a->why_no_vmm);
+    LoadEntryPoint("cuMemGetAllocationGranularity", &a->mem_get_granularity, &a->why_no_vmm);
+    LoadEntryPoint("cuMemAddressReserve", &a->mem_address_reserve, &a->why_no_vmm);
+    LoadEntryPoint("cuMemAddressFree", &a->mem_address_free, &a->why_no_vmm);
+    LoadEntryPoint("cuMemMap", &a->mem_map, &a->why_no_vmm);
+    LoadEntryPoint("cuMemUnmap", &a->mem_unmap, &a->why_no_vmm);
+    LoadEntryPoint("cuMemSetAccess", &a->mem_set_access, &a->why_no_vmm);
+    LoadEntryPoint("cuMemRelease", &a->mem_release, &a->why_no_vmm);
     return a;
   }();
   return *api;
@@ -98,8 +119,20 @@ std::string DriverErrorString(CUresult r) {
 struct DeviceMemoryDeleter {
   int device;
   bool ipc = false;  // opened with cudaIpcOpenMemHandle: closed, not freed
+  // Mapped from a VMM handle (cuMemMap over an address range this process reserved, of this
+  // many bytes): unmapped and the range freed; the client's allocation lives on.
+  uint64_t vmm_bytes = 0;
   void operator()(void* p) const noexcept {
     ScopedCudaDevice d(device);
+    if (vmm_bytes > 0) {
+      const auto ptr = reinterpret_cast<CUdeviceptr>(p);
+      for (auto [name, r] :
+           {std::pair{"cuMemUnmap", Driver().mem_unmap(ptr, vmm_bytes)},
+            std::pair{"cuMemAddressFree", Driver().mem_address_free(ptr, vmm_bytes)}}) {
+        if (r != CUDA_SUCCESS) spdlog::warn("{}(GPU {}): {}", name, device, DriverErrorString(r));
+      }
+      return;
+    }
     cudaError_t err = ipc ? cudaIpcCloseMemHandle(p) : cudaFree(p);
     if (err != cudaSuccess) {
       spdlog::warn("{}", CudaStatus(err, absl::StrCat(ipc ? "cudaIpcCloseMemHandle" : "cudaFree",
@@ -335,11 +368,11 @@ class CudaGpu : public GpuDevice {
   // A client's allocation by IPC handle, opened with this GPU current (a stale handle fails
   // with cudaErrorInvalidResourceHandle) and kept only if it is this GPU's memory.
   absl::StatusOr<std::unique_ptr<DeviceSlab>> Import(const GpuImport& what) override {
+    if (what.kind == "fd") return ImportVmm(what);
     if (what.kind != "cuda_ipc") {
-      return absl::UnimplementedError(absl::StrCat(
-          "GPU ", index_, ": importing '", what.kind,
-          "' memory (a CUDA VMM shareable handle) is not built yet; register it by CUDA IPC "
-          "handle (cudaIpcGetMemHandle)"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "GPU ", index_, ": cannot import '", what.kind,
+          "' memory (a CUDA IPC handle or a VMM shareable fd)"));
     }
     if (what.handle.size() != sizeof(cudaIpcMemHandle_t)) {
       return absl::InvalidArgumentError(absl::StrCat("cuda_ipc_handle: ", what.handle.size(),
@@ -395,6 +428,82 @@ class CudaGpu : public GpuDevice {
 
   absl::Status CopyToHost(void* host, const void* device, uint64_t n, CopyDone done) override {
     return Submit(host, device, n, cudaMemcpyDeviceToHost, std::move(done));
+  }
+
+  // A client's VMM allocation (cuMemCreate, exported with cuMemExportToShareableHandle as a
+  // POSIX fd, as PyTorch's expandable segments make them): imported, mapped into an address
+  // range of our own and made readable and writable by this GPU. cuMemMap maps from the
+  // allocation's start (its offset must be 0, cuMemMap(3)) and fails for a size past its
+  // end, which bounds the range: [0, offset + length) rounded up to the granularity.
+  absl::StatusOr<std::unique_ptr<DeviceSlab>> ImportVmm(const GpuImport& what) {
+    const DriverApi& api = Driver();
+    if (!api.why_no_vmm.empty()) {
+      return absl::UnimplementedError(
+          absl::StrCat("fd: this driver cannot import VMM memory: ", api.why_no_vmm));
+    }
+    if (what.fd < 0) return absl::InvalidArgumentError("fd: no descriptor");
+    if (what.length == 0) return absl::InvalidArgumentError("length: must be positive");
+    ScopedCudaDevice d(index_);
+    RETURN_IF_ERROR(d.status());
+    auto call = [&](const char* name, CUresult r) -> absl::Status {
+      if (r == CUDA_SUCCESS) return absl::OkStatus();
+      return absl::InvalidArgumentError(
+          absl::StrCat("fd: ", name, "(GPU ", index_, "): ", DriverErrorString(r)));
+    };
+    CUmemGenericAllocationHandle handle = 0;
+    RETURN_IF_ERROR(call("cuMemImportFromShareableHandle",
+                         api.mem_import(&handle, reinterpret_cast<void*>(
+                                                     static_cast<uintptr_t>(what.fd)),
+                                        CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR)));
+    // The mapping holds the allocation; our handle to it goes whatever happens next.
+    struct Released {
+      const DriverApi& api;
+      CUmemGenericAllocationHandle h;
+      ~Released() { api.mem_release(h); }
+    } released{api, handle};
+    CUmemAllocationProp prop = {};
+    RETURN_IF_ERROR(call("cuMemGetAllocationPropertiesFromHandle",
+                         api.mem_get_properties(&prop, handle)));
+    if (prop.location.type != CU_MEM_LOCATION_TYPE_DEVICE || prop.location.id != index_) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "device: the descriptor names memory of ",
+          prop.location.type == CU_MEM_LOCATION_TYPE_DEVICE
+              ? absl::StrCat("GPU ", prop.location.id, " of this agent")
+              : std::string("the host"),
+          ", not of GPU ", index_, " (name the GPU as the agent numbers it, in GetInfo)"));
+    }
+    size_t granularity = 0;
+    RETURN_IF_ERROR(call("cuMemGetAllocationGranularity",
+                         api.mem_get_granularity(&granularity, &prop,
+                                                 CU_MEM_ALLOC_GRANULARITY_MINIMUM)));
+    if (granularity == 0) granularity = 2 << 20;
+    if (what.length > UINT64_MAX - granularity ||
+        what.offset > UINT64_MAX - granularity - what.length) {
+      return absl::OutOfRangeError("length: offset + length overflows");
+    }
+    const uint64_t bytes =
+        (what.offset + what.length + granularity - 1) / granularity * granularity;
+    CUdeviceptr base = 0;
+    RETURN_IF_ERROR(call("cuMemAddressReserve", api.mem_address_reserve(&base, bytes, 0, 0, 0)));
+    if (CUresult r = api.mem_map(base, bytes, 0, handle, 0); r != CUDA_SUCCESS) {
+      api.mem_address_free(base, bytes);
+      return absl::OutOfRangeError(absl::StrCat(
+          "length: cuMemMap(GPU ", index_, ", ", FormatByteSize(bytes), "): ",
+          DriverErrorString(r), " (is [", what.offset, ", +", what.length,
+          ") inside the allocation?)"));
+    }
+    DeviceMemory memory(reinterpret_cast<void*>(base), DeviceMemoryDeleter{index_, false, bytes});
+    CUmemAccessDesc access = {};
+    access.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    access.location.id = index_;
+    access.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    RETURN_IF_ERROR(call("cuMemSetAccess", api.mem_set_access(base, bytes, &access, 1)));
+    // Clients map it by their own fd; a CUDA IPC handle cannot name VMM memory.
+    return std::unique_ptr<DeviceSlab>(new CudaSlab(
+        index_, std::move(memory), what.length,
+        absl::FailedPreconditionError(
+            "memory registered by VMM fd is mapped by the client that owns it, not exported"),
+        dmabuf_unsupported_, what.offset));
   }
   absl::Status CopyToDevice(void* device, const void* host, uint64_t n, CopyDone done) override {
     return Submit(device, host, n, cudaMemcpyHostToDevice, std::move(done));
