@@ -29,6 +29,7 @@
 #include "server/peers/discovery.h"
 #include "tests/agent_pair.h"
 #include "tests/etcd_process.h"
+#include "tests/text_file.h"
 
 namespace ferry {
 namespace {
@@ -141,6 +142,10 @@ class DiscoveryTest : public ::testing::Test {
 
   void TearDown() override {
     clients_.clear();
+    // An agent's own words (a sanitizer's report among them) are the clue to a failure.
+    for (const auto& [node, agent] : agents_) {
+      if (HasFailure()) PrintLogTail(node, agent->log_path(), 12000);
+    }
     agents_.clear();
     etcd_.reset();
     if (!dir_.empty()) std::system(("rm -rf " + dir_).c_str());
