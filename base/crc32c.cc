@@ -1,6 +1,7 @@
 #include "base/crc32c.h"
 
 #include <array>
+#include <bit>
 #include <cstring>
 
 namespace ferry {
@@ -27,7 +28,8 @@ constexpr Tables MakeTables() {
 constexpr Tables kTables = MakeTables();
 
 uint32_t Software(const unsigned char* p, uint64_t n, uint32_t c) {
-  for (; n >= 8; p += 8, n -= 8) {
+  // Eight bytes at a time as one little-endian word; a big-endian CPU goes byte by byte.
+  for (; std::endian::native == std::endian::little && n >= 8; p += 8, n -= 8) {
     uint64_t v;
     std::memcpy(&v, p, 8);
     v ^= c;  // little-endian: the CRC meets the first four bytes

@@ -164,11 +164,17 @@ TEST_F(ClientMemoryTest, PrivateOrUnshareableMemoryIsRefusedWithWhatToDo) {
   int p[2];
   ASSERT_EQ(pipe(p), 0);
   auto piped = a_.client->RegisterFd(p[0], 0, 4096);
+  // For a GPU, a descriptor that is not a file goes to the backend as a VMM handle would
+  // (CUDA's is the driver's device): the simulated GPU takes only its allocations' files.
+  auto piped_gpu = a_.client->RegisterFd(p[0], 0, 4096, "cuda:0");
   close(p[0]);
   close(p[1]);
   ASSERT_FALSE(piped.ok());
   EXPECT_EQ(piped.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(piped.status().message(), HasSubstr("fd_ticket"));
+  ASSERT_FALSE(piped_gpu.ok());
+  EXPECT_EQ(piped_gpu.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(piped_gpu.status().message(), HasSubstr("not a simulated allocation"));
   SharedRegion small(64 << 10);
   auto past = a_.client->RegisterFd(small.fd.get(), 32 << 10, 64 << 10);
   ASSERT_FALSE(past.ok());

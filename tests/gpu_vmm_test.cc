@@ -71,7 +71,8 @@ struct VmmAllocation {
         r != CUDA_SUCCESS) {
       return "cuMemExportToShareableHandle: CUresult " + std::to_string(r);
     }
-    if (reserve(&ptr, bytes, 0, 0, 0) != CUDA_SUCCESS || map(ptr, bytes, 0, handle, 0) != CUDA_SUCCESS) {
+    if (reserve(&ptr, bytes, 0, 0, 0) != CUDA_SUCCESS ||
+        map(ptr, bytes, 0, handle, 0) != CUDA_SUCCESS) {
       return "cuMemAddressReserve/cuMemMap failed";
     }
     mapped = true;
@@ -97,7 +98,8 @@ struct VmmAllocation {
 TEST(GpuVmmImportTest, ARangeOfAVmmAllocationImportsByFdAndReadsItsBytes) {
   auto gpus = CreateCudaGpus();
   if (!gpus.ok() || gpus->empty()) {
-    std::string why = gpus.ok() ? "the CUDA driver sees no GPU" : std::string(gpus.status().message());
+    std::string why =
+        gpus.ok() ? "the CUDA driver sees no GPU" : std::string(gpus.status().message());
     std::printf("skipping: no CUDA GPU: %s\n", why.c_str());
     GTEST_SKIP() << "no CUDA GPU: " << why;
   }

@@ -117,7 +117,17 @@ absl::StatusOr<ClientRegistration> ClientMemory::Register(ClientMemorySpec spec,
   }
   dev_t dev = 0;
   ino_t ino = 0;
-  if (!by_handle) {
+  // A CUDA VMM shareable fd is not a file (a descriptor of the NVIDIA driver's device, the
+  // same device and inode for every allocation): the GPU backend checks it, and since it
+  // names no range we could compare, each registration of one is its own.
+  bool vmm_fd = false;
+  if (!by_handle && gpu >= 0) {
+    struct stat st = {};
+    if (fstat(spec.fd.get(), &st) != 0) return absl::ErrnoToStatus(errno, "fd_ticket: fstat");
+    vmm_fd = !S_ISREG(st.st_mode);
+    if (vmm_fd && spec.length == 0) return absl::InvalidArgumentError("length: must be positive");
+  }
+  if (!by_handle && !vmm_fd) {
     ASSIGN_OR_RETURN(struct stat st, SharedFile(spec.fd.get(), spec.offset, spec.length));
     dev = st.st_dev;
     ino = st.st_ino;
@@ -126,7 +136,7 @@ absl::StatusOr<ClientRegistration> ClientMemory::Register(ClientMemorySpec spec,
   }
   const RangeKey key{owner.session, gpu < 0 ? "host" : spec.device, dev, ino, spec.ipc_handle,
                      spec.offset, spec.length};
-  {
+  if (!vmm_fd) {
     absl::MutexLock lock(&mu_);
     auto it = ranges_.find(key);
     if (it != ranges_.end()) {
@@ -174,7 +184,7 @@ absl::StatusOr<ClientRegistration> ClientMemory::Register(ClientMemorySpec spec,
       ++it;
     }
   }
-  ranges_[key] = buffer->id();
+  if (!vmm_fd) ranges_[key] = buffer->id();
   return ClientRegistration{std::move(buffer), false};
 }
 

@@ -227,6 +227,11 @@ void Transfer::SettleAll(const absl::Status& why) {
   for (size_t i = 0; i < states_.size(); ++i) SettleLocked(i, why, "");
 }
 
+bool Transfer::all_settled() const {
+  absl::MutexLock lock(&mu_);
+  return settled_ == lengths_.size();
+}
+
 bool Transfer::finished() const {
   absl::MutexLock lock(&mu_);
   return DoneLocked();

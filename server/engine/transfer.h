@@ -103,6 +103,8 @@ class Transfer {
   void EndCheck(const std::vector<CheckFailure>& failed, const absl::Status& rest);
 
   bool finished() const;
+  // Every op settled (a check may still run): nothing more of it should go to the fabric.
+  bool all_settled() const;
   // Blocks until the transfer finished or `deadline`; false on timeout.
   bool AwaitFinished(absl::Time deadline) const;
   // Blocks until the progress version differs from `seen` or `deadline`.

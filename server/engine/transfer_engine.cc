@@ -296,7 +296,8 @@ void TransferEngine::Post(const std::shared_ptr<Transfer>& transfer, absl::Time 
   PlannedOps planned = transfer->ops();
   if (!planned) return;  // cancelled before it was posted
   const auto& ops = *planned;
-  auto wanted = [transfer] { return !transfer->finished(); };
+  // Not finished() : a cancelled transfer whose check runs must not post its queued slices.
+  auto wanted = [transfer] { return !transfer->all_settled(); };
   // Direct ops waiting to be posted as one: ops first..last, contiguous on both sides.
   struct Run {
     size_t first = 0, last = 0;
@@ -658,7 +659,8 @@ void TransferEngine::ReapExpired() {
     absl::Time now = absl::Now();
     std::vector<std::shared_ptr<Transfer>> expired;
     for (auto& [id, t] : active_) {
-      if (t->deadline() <= now) expired.push_back(t);
+      // One whose check runs has nothing left to expire: the check ends it.
+      if (t->deadline() <= now && !t->checking()) expired.push_back(t);
     }
     if (expired.empty()) continue;
     mu_.Unlock();

@@ -86,7 +86,8 @@ grpc::Status TensorPeerService::ChecksumBlocks(grpc::ServerContext* ctx,
                                                ferry::v1::ChecksumBlocksResponse* resp) {
   absl::StatusOr<std::string> from = CallerNode(*ctx, req->from_node());
   if (!from.ok()) return ToGrpcStatus(from.status());
-  auto sums = core_->tensors().mover().Checksum(*req, *from);
+  auto sums =
+      core_->tensors().mover().Checksum(*req, *from, [ctx] { return ctx->IsCancelled(); });
   if (!sums.ok()) return ToGrpcStatus(sums.status());
   *resp = *std::move(sums);
   return grpc::Status::OK;

@@ -189,7 +189,8 @@ absl::StatusOr<ferry::v1::ResolveBlocksResponse> BlockMover::Resolve(
 }
 
 absl::StatusOr<ferry::v1::ChecksumBlocksResponse> BlockMover::Checksum(
-    const ferry::v1::ChecksumBlocksRequest& req, const std::string& caller) const {
+    const ferry::v1::ChecksumBlocksRequest& req, const std::string& caller,
+    const std::function<bool()>& cancelled) const {
   auto list = lists_->Exported(req.list());
   if (!list.ok()) return list.status();
   if (req.blocks_size() > kMaxChecksumBlocks) {
@@ -208,6 +209,7 @@ absl::StatusOr<ferry::v1::ChecksumBlocksResponse> BlockMover::Checksum(
                                                      " is out of range (the list has ",
                                                      (*list)->size(), " blocks)"));
     }
+    if (cancelled()) return absl::CancelledError("the caller went before every block was read");
     const ListBlock block = (*list)->At(index);
     std::shared_ptr<Buffer>& buffer = buffers[block.buffer];
     if (!buffer) {

@@ -6,6 +6,7 @@
 // through the NotifySender: no thread waits for any transfer.
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
@@ -44,9 +45,11 @@ class BlockMover {
   absl::StatusOr<ferry::v1::ResolveBlocksResponse> Resolve(const std::string& name,
                                                            const std::string& caller) const;
   // The CRC32C of blocks `req.blocks` of the list exported as `req.list`, for peer `caller`
-  // (ChecksumBlocks in tensor.proto says how it is refused).
+  // (ChecksumBlocks in tensor.proto says how it is refused). Stops, CANCELLED, once
+  // `cancelled` says the caller went.
   absl::StatusOr<ferry::v1::ChecksumBlocksResponse> Checksum(
-      const ferry::v1::ChecksumBlocksRequest& req, const std::string& caller) const;
+      const ferry::v1::ChecksumBlocksRequest& req, const std::string& caller,
+      const std::function<bool()>& cancelled) const;
   const NotifySender& notifier() const { return *notifier_; }
 
  private:

@@ -31,7 +31,9 @@ TransferEngine::CheckHook BlockVerifier::Hook(std::shared_ptr<const VerifyPlan> 
     // The thread starts with the first verified transfer: an agent whose clients never ask
     // for verify holds none.
     absl::MutexLock lock(&state_->mu);
-    if (!state_->stopping && !thread_.joinable()) thread_ = std::thread([this] { Run(); });
+    if (!state_->stopping && threads_.size() < kVerifyWorkers) {
+      threads_.emplace_back([this] { Run(); });
+    }
   }
   return [state = state_, plan = std::move(plan)](std::shared_ptr<const Transfer> transfer,
                                                   TransferEngine::CheckDone done) {
@@ -50,10 +52,12 @@ void BlockVerifier::Stop() {
   {
     absl::MutexLock lock(&state_->mu);
     state_->stopping = true;
-    if (state_->call != nullptr) state_->call->TryCancel();
+    for (grpc::ClientContext* call : state_->calls) call->TryCancel();
   }
-  // Hook starts the thread under the lock, and never once stopping is set: no race here.
-  if (thread_.joinable()) thread_.join();
+  // Hook starts threads under the lock, and none once stopping is set: no race here.
+  for (std::thread& t : threads_) {
+    if (t.joinable()) t.join();
+  }
 }
 
 void BlockVerifier::Run() {
@@ -96,12 +100,12 @@ absl::StatusOr<std::vector<uint32_t>> BlockVerifier::AskPeer(const VerifyPlan& p
   {
     absl::MutexLock lock(&state_->mu);
     if (state_->stopping) return Stopping();
-    state_->call = ctx.get();
+    state_->calls.insert(ctx.get());
   }
   grpc::Status s = stub->ChecksumBlocks(ctx.get(), req, &resp);
   {
     absl::MutexLock lock(&state_->mu);
-    state_->call = nullptr;
+    state_->calls.erase(ctx.get());
   }
   if (!s.ok()) return PeerCallError(s, absl::StrCat("verify: ", plan.peer, " answered"));
   // Network input: exactly one checksum per block asked for.
@@ -114,6 +118,12 @@ absl::StatusOr<std::vector<uint32_t>> BlockVerifier::AskPeer(const VerifyPlan& p
 
 void BlockVerifier::Check(Job job) {
   const VerifyPlan& plan = *job.plan;
+  if (absl::Now() > job.transfer->deadline() + kMinCheckTime) {
+    // It waited its turn past its deadline (others' peers were slow): not checked now.
+    std::move(job.done)({}, absl::DeadlineExceededError(
+                                "verify: the transfer's deadline passed before its check began"));
+    return;
+  }
   std::vector<size_t> moved;  // the pairs whose bytes moved: the others failed already
   size_t i = 0;
   job.transfer->VisitOps([&](const Transfer::OpView& op) {
@@ -127,8 +137,9 @@ void BlockVerifier::Check(Job job) {
     const size_t last = std::min(moved.size(), first + kMaxChecksumBlocks);
     auto theirs = AskPeer(plan, moved, first, last, deadline);
     if (!theirs.ok()) {
-      // Unchecked bytes are not vouched for: every pair that moved fails with the reason.
-      std::move(job.done)({}, theirs.status());
+      // Unchecked bytes are not vouched for: every pair that moved fails with the reason
+      // (those found to differ already, with theirs).
+      std::move(job.done)(std::move(failed), theirs.status());
       return;
     }
     for (size_t k = first; k < last; ++k) {

@@ -2,8 +2,8 @@
 // MoveBlocks' verify: once a transfer's bytes moved, each pair's local block is checksummed
 // here (CRC32C) and its remote block by the peer (TensorPeer.ChecksumBlocks); a pair whose
 // two differ fails DATA_LOSS. It runs as the transfer's check (TransferEngine::CheckHook),
-// before the transfer counts as finished, on one thread of its own (started by the first
-// verified transfer): no engine thread reads memory or waits for a peer.
+// before the transfer counts as finished, on a few threads of its own (started by the first
+// verified transfers): no engine thread reads memory or waits for a peer.
 
 #include <cstdint>
 #include <deque>
@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_set.h"
 #include "absl/synchronization/mutex.h"
 #include "grpcpp/grpcpp.h"
 #include "server/buffers/buffer_registry.h"
@@ -23,6 +24,8 @@ namespace ferry::server {
 
 // More blocks than one ChecksumBlocks call may name (its request stays under 1 MiB).
 inline constexpr int kMaxChecksumBlocks = 65536;
+// Checks made at once at most.
+inline constexpr size_t kVerifyWorkers = 4;
 
 // What checking one MoveBlocks needs: pair i is local block `local_ids[i]` (held in
 // `local[i]`: the check reads it after the transfer let its buffers go) and the peer's
@@ -46,8 +49,8 @@ class BlockVerifier {
   // The check for one transfer, to hand to TransferEngine::Submit. Only pairs whose op
   // succeeded are checked; the rest keep their failure.
   TransferEngine::CheckHook Hook(std::shared_ptr<const VerifyPlan> plan);
-  // Checks not started end UNAVAILABLE (their bytes were not verified), the running one's
-  // peer call is cancelled; later hooks end at once. Idempotent.
+  // Checks not started end UNAVAILABLE (their bytes were not verified), the running ones'
+  // peer calls are cancelled; later hooks end at once. Idempotent.
   void Stop();
 
  private:
@@ -61,7 +64,7 @@ class BlockVerifier {
     absl::Mutex mu;
     std::deque<Job> queue ABSL_GUARDED_BY(mu);
     bool stopping ABSL_GUARDED_BY(mu) = false;
-    grpc::ClientContext* call ABSL_GUARDED_BY(mu) = nullptr;  // the running check's
+    absl::flat_hash_set<grpc::ClientContext*> calls ABSL_GUARDED_BY(mu);  // running checks'
   };
 
   void Run();
@@ -74,7 +77,9 @@ class BlockVerifier {
   PeerDirectory* const peers_;
   GpuPools* const gpus_;
   const std::shared_ptr<State> state_ = std::make_shared<State>();
-  std::thread thread_;  // started by the first Hook (under state_->mu)
+  // Started by the first Hooks, up to kVerifyWorkers (under state_->mu): a peer slow to
+  // answer holds up one worker, not every verified transfer.
+  std::vector<std::thread> threads_;
 };
 
 }  // namespace ferry::server

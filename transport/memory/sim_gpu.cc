@@ -14,6 +14,7 @@
 // optionally at a set bandwidth (PCIe is usually the slow stage of staging).
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -131,6 +132,16 @@ class SimGpu : public GpuDevice {
           "' memory (a simulated allocation is shared by its file descriptor)"));
     }
     if (what.length == 0) return absl::InvalidArgumentError("length: must be positive");
+    // Only a simulated allocation's file, as cuMemImportFromShareableHandle takes only a
+    // VMM handle's descriptor (CUDA_ERROR_INVALID_VALUE for any other).
+    struct stat st = {};
+    if (fstat(what.fd, &st) != 0) return absl::ErrnoToStatus(errno, "fd: fstat");
+    if (!S_ISREG(st.st_mode) || what.offset > static_cast<uint64_t>(st.st_size) ||
+        what.length > static_cast<uint64_t>(st.st_size) - what.offset) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "fd: simulated GPU ", index_, ": not a simulated allocation's shared memory covering [",
+          what.offset, ", +", what.length, ")"));
+    }
     UniqueFd fd(fcntl(what.fd, F_DUPFD_CLOEXEC, 0));
     if (!fd.valid()) return absl::ErrnoToStatus(errno, "fcntl(F_DUPFD_CLOEXEC)");
     return MapDevice(std::move(fd), what.offset, what.length);
