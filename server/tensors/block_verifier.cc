@@ -28,7 +28,7 @@ BlockVerifier::BlockVerifier(PeerDirectory* peers, GpuPools* gpus) : peers_(peer
 
 TransferEngine::CheckHook BlockVerifier::Hook(std::shared_ptr<const VerifyPlan> plan) {
   {
-    // The thread starts with the first verified transfer: an agent whose clients never ask
+    // Workers start with the first verified transfers: an agent whose clients never ask
     // for verify holds none.
     absl::MutexLock lock(&state_->mu);
     if (!state_->stopping && threads_.size() < kVerifyWorkers) {
