@@ -15,13 +15,13 @@
 #include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "client/gpu_mapping.h"
-#include "tests/gpu_copy_wait.h"
+#include "transport/memory/gpu_copy_wait.h"
 #include "tests/gpu_pattern.h"
 #include "transport/memory/gpu_device.h"
 
 namespace {
 
-using ferry::testing::CopyAndWait;
+using ferry::memory::CopyAndWait;
 
 int Fail(const std::string& why) {
   std::fprintf(stderr, "gpu_ipc_helper: %s\n", why.c_str());

@@ -29,7 +29,7 @@
 #include "base/status_macros.h"
 #include "client/ferry_client.h"
 #include "client/gpu_mapping.h"
-#include "tests/gpu_copy_wait.h"
+#include "transport/memory/gpu_copy_wait.h"
 #include "transport/memory/gpu_device.h"
 
 namespace ferry {
@@ -105,14 +105,14 @@ class Copier {
       std::memcpy(host, b.data(), n);
       return absl::OkStatus();
     }
-    return testing::CopyAndWait(*gpu_, true, host, b.data(), n);
+    return memory::CopyAndWait(*gpu_, true, host, b.data(), n);
   }
   absl::Status ToBuffer(const Buffer& b, const void* host, uint64_t n) {
     if (gpu_ == nullptr) {
       std::memcpy(b.data(), host, n);
       return absl::OkStatus();
     }
-    return testing::CopyAndWait(*gpu_, false, b.data(), host, n);
+    return memory::CopyAndWait(*gpu_, false, b.data(), host, n);
   }
 
  private:

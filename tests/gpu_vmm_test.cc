@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "tests/gpu_copy_wait.h"
+#include "transport/memory/gpu_copy_wait.h"
 #include "tests/gpu_pattern.h"
 #include "transport/memory/gpu_device.h"
 
@@ -110,14 +110,14 @@ TEST(GpuVmmImportTest, ARangeOfAVmmAllocationImportsByFdAndReadsItsBytes) {
   ASSERT_EQ(why, "");
   std::vector<char> pattern(kBytes), back(kLength);
   ferry::testing::FillPattern(pattern.data(), kBytes, 5, 0);
-  ASSERT_TRUE(ferry::testing::CopyAndWait(gpu, false, reinterpret_cast<void*>(vmm.ptr),
+  ASSERT_TRUE(ferry::memory::CopyAndWait(gpu, false, reinterpret_cast<void*>(vmm.ptr),
                                           pattern.data(), kBytes)
                   .ok());
 
   auto slab = gpu.Import({.kind = "fd", .fd = vmm.fd, .offset = kOffset, .length = kLength});
   ASSERT_TRUE(slab.ok()) << slab.status();
   EXPECT_EQ((*slab)->size(), kLength);
-  ASSERT_TRUE(ferry::testing::CopyAndWait(gpu, true, back.data(), (*slab)->data(), kLength).ok());
+  ASSERT_TRUE(ferry::memory::CopyAndWait(gpu, true, back.data(), (*slab)->data(), kLength).ok());
   EXPECT_EQ(ferry::testing::FirstMismatch(back.data(), kLength, 5, kOffset), kLength);
   // Not re-exported: the client maps it by its own fd.
   EXPECT_FALSE((*slab)->Export(0, kLength).ok());

@@ -19,7 +19,7 @@
 #include "absl/strings/str_join.h"
 #include "gtest/gtest.h"
 #include "tests/completion_waiter.h"
-#include "tests/gpu_copy_wait.h"
+#include "transport/memory/gpu_copy_wait.h"
 #include "tests/gpu_pattern.h"
 #include "transport/memory/gpu_device.h"
 #include "transport/verbs/rdma_core_api.h"
@@ -28,7 +28,7 @@
 namespace ferry::verbs {
 namespace {
 
-using ferry::testing::CopyAndWait;
+using ferry::memory::CopyAndWait;
 using ferry::testing::FillPattern;
 using ferry::testing::FirstMismatch;
 

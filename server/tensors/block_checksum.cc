@@ -3,8 +3,9 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "absl/synchronization/notification.h"
 #include "base/crc32c.h"
+#include "base/status_macros.h"
+#include "transport/memory/gpu_copy_wait.h"
 
 namespace ferry::server {
 namespace {
@@ -26,16 +27,8 @@ absl::StatusOr<uint32_t> BlockCrc32c(const Buffer& buffer, uint64_t offset, uint
   uint32_t crc = 0;
   for (uint64_t done = 0; done < length;) {
     const uint64_t n = std::min(length - done, kCopyPiece);
-    absl::Notification copied;
-    absl::Status result;
-    absl::Status s = gpu.CopyToHost(scratch.data(), buffer.data() + offset + done, n,
-                                    [&](absl::Status st) {
-                                      result = std::move(st);
-                                      copied.Notify();
-                                    });
-    if (!s.ok()) return s;
-    copied.WaitForNotification();
-    if (!result.ok()) return result;
+    RETURN_IF_ERROR(memory::CopyAndWait(gpu, /*to_host=*/true, scratch.data(),
+                                        buffer.data() + offset + done, n));
     crc = Crc32c(scratch.data(), n, crc);
     done += n;
   }

@@ -7,8 +7,8 @@
 #include "absl/strings/str_cat.h"
 #include "base/echo.h"
 #include "base/status_macros.h"
-#include "server/tensors/block_checksum.h"
 #include "ferry/v1/tensor.grpc.pb.h"
+#include "server/tensors/block_checksum.h"
 #include "server/tensors/peer_call.h"
 
 namespace ferry::server {

@@ -1,6 +1,7 @@
 #pragma once
-// One copy on a GPU's copy engine, waited for: how the GPU tests and their helper programs
-// put bytes into device memory and read them back, never touching device memory with the CPU.
+// One copy on a GPU's copy engine, waited for: how MoveBlocks' verify reads GPU blocks, and
+// how the GPU tests and their helper programs put bytes into device memory and read them
+// back, never touching device memory with the CPU.
 
 #include <cstdint>
 #include <utility>
@@ -9,11 +10,11 @@
 #include "absl/synchronization/notification.h"
 #include "transport/memory/gpu_device.h"
 
-namespace ferry::testing {
+namespace ferry::memory {
 
 // Device -> host when `to_host`, else host -> device. The copy's own status, or why it could
 // not be submitted.
-inline absl::Status CopyAndWait(memory::GpuDevice& gpu, bool to_host, void* dst, const void* src,
+inline absl::Status CopyAndWait(GpuDevice& gpu, bool to_host, void* dst, const void* src,
                                 uint64_t n) {
   absl::Notification finished;
   absl::Status result;
@@ -28,4 +29,4 @@ inline absl::Status CopyAndWait(memory::GpuDevice& gpu, bool to_host, void* dst,
   return result;
 }
 
-}  // namespace ferry::testing
+}  // namespace ferry::memory
