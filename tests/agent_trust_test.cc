@@ -273,8 +273,7 @@ TEST(AgentTrustServerTest, AnUnreadableCertificateStopsTheAgentNamingTheKey) {
   auto agent = AgentProcess::Start(
       {"node-a", dir, 0, {},
        absl::StrCat("security:\n  mode: mtls\n  ca: ", dir, "/none.pem\n  cert: ", dir,
-                    "/none.pem\n  key: ", dir, "/none.key\n")},
-      absl::Seconds(5));
+                    "/none.pem\n  key: ", dir, "/none.key\n")});
   ASSERT_FALSE(agent.ok());
   EXPECT_THAT(ReadFile(absl::StrCat(dir, "/node-a.log")), HasSubstr("security.ca: cannot read"));
   std::system(("rm -rf " + dir).c_str());
