@@ -109,7 +109,8 @@ TEST(FairQueueTest, SlicesOfAnEndedTransferAreNotPostedAndReportCancelled) {
   auto queue = std::make_shared<FairQueue>(2 << 20);
   int done = 0, cancelled = 0;
   bool wanted = true;
-  queue->Enqueue(1, Slices(ep, 10, 1 << 20, 0, &done, &cancelled), [&wanted] { return wanted; });
+  queue->Enqueue(1, Slices(ep, 10, 1 << 20, 0, &done, &cancelled),
+                 MakeWanted([&wanted] { return wanted; }));
   EXPECT_EQ(ep->posted(), 2u);
   wanted = false;  // cancelled: the two on the wire finish, the other eight never go
   while (ep->CompleteOne()) {

@@ -181,10 +181,11 @@ class StripedOpTest : public ::testing::Test {
 
   std::shared_ptr<StripedOp> Start(uint64_t length) {
     StripedOp::Spec spec{false, 0, 0, length, kSlice, "node-b", 1, 0};
-    auto op = std::make_shared<StripedOp>(spec, lanes_, reserve_, ledger_, queue_,
-                                          [this] { return wanted_; },
+    Wanted wanted = MakeWanted([this] { return wanted_; });
+    auto op = std::make_shared<StripedOp>(spec, std::make_shared<LaneSet>(lanes_, reserve_),
+                                          ledger_, queue_, wanted,
                                           [this](StripedOutcome o) { outcome_ = std::move(o); });
-    queue_->Enqueue(1, op->Slices(), [this] { return wanted_; });
+    queue_->Enqueue(1, op->Slices(), wanted);
     return op;
   }
 
@@ -210,8 +211,10 @@ TEST_F(StripedOpTest, SlicesAlternateBetweenTheRoutesAndTheOutcomeNamesThem) {
   }
   ASSERT_TRUE(outcome_.has_value());
   EXPECT_TRUE(outcome_->status.ok()) << outcome_->status;
-  EXPECT_THAT(outcome_->ours, ElementsAre("tcp:mlx5_0", "tcp:mlx5_1"));
-  EXPECT_THAT(outcome_->theirs, ElementsAre("tcp:mlx5_0", "tcp:mlx5_1"));
+  ASSERT_NE(outcome_->ours, nullptr);
+  EXPECT_THAT(*outcome_->ours, ElementsAre("tcp:mlx5_0", "tcp:mlx5_1"));
+  ASSERT_NE(outcome_->theirs, nullptr);
+  EXPECT_THAT(*outcome_->theirs, ElementsAre("tcp:mlx5_0", "tcp:mlx5_1"));
   EXPECT_THAT(outcome_->retries, IsEmpty());
   auto snap = ledger_->Snapshot(absl::Now());
   ASSERT_THAT(snap, SizeIs(2));
@@ -231,7 +234,8 @@ TEST_F(StripedOpTest, ATransportErrorMovesTheSliceToTheOtherRouteAndPausesItsRai
   }
   ASSERT_TRUE(outcome_.has_value());
   EXPECT_TRUE(outcome_->status.ok()) << outcome_->status;
-  EXPECT_THAT(outcome_->ours, ElementsAre("tcp:mlx5_0"));
+  ASSERT_NE(outcome_->ours, nullptr);
+  EXPECT_THAT(*outcome_->ours, ElementsAre("tcp:mlx5_0"));
   ASSERT_THAT(outcome_->retries, SizeIs(2));
   EXPECT_THAT(outcome_->retries[0], HasSubstr("1 MiB at +1048576 on tcp:mlx5_1->tcp:mlx5_1 "
                                               "failed (connection reset by peer); carried by "
@@ -275,7 +279,8 @@ TEST_F(StripedOpTest, WhenEveryNicFailedTheReserveProviderCarriesTheRest) {
   }
   ASSERT_TRUE(outcome_.has_value());
   EXPECT_TRUE(outcome_->status.ok()) << outcome_->status;
-  EXPECT_THAT(outcome_->ours, ElementsAre("tcp"));
+  ASSERT_NE(outcome_->ours, nullptr);
+  EXPECT_THAT(*outcome_->ours, ElementsAre("tcp"));
   ASSERT_THAT(outcome_->retries, SizeIs(2));
   EXPECT_THAT(outcome_->retries[1], HasSubstr("on verbs:mlx5_1->verbs:mlx5_1 failed (port down); "
                                               "carried by tcp->tcp"));

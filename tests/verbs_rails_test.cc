@@ -216,7 +216,9 @@ class VerbsRailsTest : public ::testing::Test {
     absl::Notification done;
     StripedOp::Spec spec{read, 0, 0, kOpBytes, kSliceBytes, kPeer, /*transfer_id=*/1, 0};
     // No `wanted`, as FairQueue::Enqueue allows: nothing cancels this op.
-    auto op = std::make_shared<StripedOp>(std::move(spec), Lanes(local), std::vector<Lane>{},
+    auto op = std::make_shared<StripedOp>(std::move(spec),
+                                          std::make_shared<LaneSet>(Lanes(local),
+                                                                    std::vector<Lane>{}),
                                           // The test's ledger outlives the op it waits for.
                                           std::shared_ptr<RailLedger>(&ledger, [](auto*) {}),
                                           queue, nullptr, [&](StripedOutcome o) {
@@ -360,8 +362,9 @@ TEST_F(VerbsRailsTest, OneOpIsStripedOverFourDevicesAndTwoQpsEach) {
   ASSERT_TRUE(w.status.ok()) << w.status;
   EXPECT_EQ(Compare(dst_.mem, src_.mem), "");
   EXPECT_THAT(w.retries, IsEmpty());
-  EXPECT_EQ(w.ours.size(), static_cast<size_t>(kDevices));
-  EXPECT_EQ(w.theirs.size(), static_cast<size_t>(kDevices));
+  ASSERT_TRUE(w.ours && w.theirs);
+  EXPECT_EQ(w.ours->size(), static_cast<size_t>(kDevices));
+  EXPECT_EQ(w.theirs->size(), static_cast<size_t>(kDevices));
   ExpectCountersAgree(carried);
   ExpectEvenShares(carried);
   // Eight lanes, eight QPs: each posted its eighth of the slices as one work request each.
@@ -399,7 +402,8 @@ TEST_P(VerbsRailsFailoverTest, ALinkLostMidTransferMovesItsSlicesToTheOtherDevic
   const RailPeerCounters rail = LedgerOf(ledger, routes_[kFailing].ours, now);
   EXPECT_EQ(rail.state, "paused");
   EXPECT_FALSE(ledger.Usable(routes_[kFailing].ours, kPeer, now));
-  EXPECT_THAT(outcome.ours, Contains(routes_[kFailing].ours.ToString()));  // before it failed
+  ASSERT_NE(outcome.ours, nullptr);
+  EXPECT_THAT(*outcome.ours, Contains(routes_[kFailing].ours.ToString()));  // before it failed
   // The failed device's lanes are broken; the others' are not.
   for (size_t k = 0; k < endpoints_.size(); ++k) {
     EXPECT_EQ(endpoints_[k]->broken(), static_cast<int>(k % kDevices) == kFailing) << "lane " << k;

@@ -6,7 +6,7 @@
 
 namespace ferry::server {
 
-void FairQueue::Enqueue(uint64_t id, std::vector<SliceWork> slices, std::function<bool()> wanted) {
+void FairQueue::Enqueue(uint64_t id, std::vector<SliceWork> slices, Wanted wanted) {
   if (slices.empty()) return;
   {
     absl::MutexLock lock(&mu_);
@@ -30,18 +30,22 @@ void FairQueue::Pump() {
     }
     pumping_ = true;
   }
+  // Taken out of the queue a few at a time: a window of 4 KiB slices is 4096 of them, and
+  // one vector that large per pump was allocated, grown and faulted in every time.
+  constexpr size_t kBatch = 64;
+  std::vector<std::pair<SliceWork, Wanted>> batch;
+  batch.reserve(kBatch);
   while (true) {
-    std::vector<std::pair<SliceWork, std::function<bool()>>> batch;
+    batch.clear();
     {
       absl::MutexLock lock(&mu_);
       // One slice per transfer per turn, while the next one fits in the window (and always
       // one, so a slice larger than the window still goes).
-      while (!turns_.empty()) {
+      while (!turns_.empty() && batch.size() < kBatch) {
         uint64_t id = turns_.front();
         Pending& p = pending_.at(id);
         const uint64_t next = p.slices.front().local.length;
         if (in_flight_ > 0 && in_flight_ + next > window_bytes_) break;
-        turns_.pop_front();
         SliceWork work = std::move(p.slices.front());
         p.slices.pop_front();
         --queued_;
@@ -49,8 +53,9 @@ void FairQueue::Pump() {
         batch.emplace_back(std::move(work), p.wanted);
         if (p.slices.empty()) {
           pending_.erase(id);
+          turns_.pop_front();
         } else {
-          turns_.push_back(id);
+          turns_.splice(turns_.end(), turns_, turns_.begin());  // last in line, same node
         }
       }
       if (batch.empty()) {
@@ -65,9 +70,9 @@ void FairQueue::Pump() {
   }
 }
 
-void FairQueue::Post(SliceWork work, const std::function<bool()>& wanted) {
+void FairQueue::Post(SliceWork work, const Wanted& wanted) {
   const uint64_t bytes = work.local.length;
-  if (wanted && !wanted()) {
+  if (wanted && *wanted && !(*wanted)()) {
     Release(bytes);
     std::move(work.done)(absl::CancelledError("the transfer ended before this slice was posted"));
     return;

@@ -32,6 +32,14 @@ struct SliceWork {
   fabric::Completion done;  // runs exactly once: the slice's outcome, or CANCELLED unposted
 };
 
+// Asked before a transfer's slice is posted: false (the transfer ended) skips the slice.
+// Null: always wanted. Shared, so that the ops of a batch and the queue hold one, not a copy
+// each (a std::function holding a shared_ptr allocates on every copy).
+using Wanted = std::shared_ptr<const std::function<bool()>>;
+inline Wanted MakeWanted(std::function<bool()> wanted) {
+  return std::make_shared<const std::function<bool()>>(std::move(wanted));
+}
+
 class FairQueue : public std::enable_shared_from_this<FairQueue> {
  public:
   explicit FairQueue(uint64_t window_bytes) : window_bytes_(window_bytes) {}
@@ -39,7 +47,7 @@ class FairQueue : public std::enable_shared_from_this<FairQueue> {
   // Queues the slices of transfer `id` (in order) and posts what the window allows.
   // `wanted` is asked before each of them is posted: false (the transfer ended) skips
   // the slice, whose completion then runs with CANCELLED.
-  void Enqueue(uint64_t id, std::vector<SliceWork> slices, std::function<bool()> wanted);
+  void Enqueue(uint64_t id, std::vector<SliceWork> slices, Wanted wanted);
 
   uint64_t window_bytes() const { return window_bytes_; }
   uint64_t in_flight_bytes() const;
@@ -48,10 +56,10 @@ class FairQueue : public std::enable_shared_from_this<FairQueue> {
  private:
   struct Pending {
     std::deque<SliceWork> slices;
-    std::function<bool()> wanted;
+    Wanted wanted;
   };
   void Pump();
-  void Post(SliceWork work, const std::function<bool()>& wanted);
+  void Post(SliceWork work, const Wanted& wanted);
   void Release(uint64_t bytes);
 
   const uint64_t window_bytes_;

@@ -1,25 +1,30 @@
 #include "server/engine/striped_op.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "base/byte_size.h"
 
 namespace ferry::server {
 
-namespace {
-
-std::vector<Lane> Joined(std::vector<Lane> lanes, std::vector<Lane> reserve) {
-  for (Lane& l : reserve) lanes.push_back(std::move(l));
-  return lanes;
+LaneSet::LaneSet(std::vector<Lane> primary_lanes, std::vector<Lane> reserve_lanes)
+    : lanes(std::move(primary_lanes)), primary(lanes.size()) {
+  for (Lane& l : reserve_lanes) lanes.push_back(std::move(l));
+  for (const Lane& l : lanes) {
+    ours.push_back(std::make_shared<const std::vector<std::string>>(
+        std::vector<std::string>{l.route.ours.ToString()}));
+    theirs.push_back(std::make_shared<const std::vector<std::string>>(
+        std::vector<std::string>{l.route.theirs.ToString()}));
+  }
 }
 
-}  // namespace
-
-StripedOp::StripedOp(Spec spec, std::vector<Lane> lanes, std::vector<Lane> reserve,
+StripedOp::StripedOp(Spec spec, std::shared_ptr<const LaneSet> lanes,
                      std::shared_ptr<RailLedger> ledger, std::shared_ptr<FairQueue> queue,
-                     std::function<bool()> wanted, Done done)
+                     Wanted wanted, Done done)
     : spec_(std::move(spec)),
-      primary_(lanes.size()),
-      lanes_(Joined(std::move(lanes), std::move(reserve))),
+      set_(std::move(lanes)),
+      primary_(set_->primary),
+      lanes_(set_->lanes),
       ledger_(std::move(ledger)),
       queue_(std::move(queue)),
       wanted_(std::move(wanted)),
@@ -83,6 +88,25 @@ bool ExplainsUnavailable(const absl::Status& first, const absl::Status& now) {
 
 }  // namespace
 
+StripedOutcome StripedOp::OutcomeLocked() {
+  StripedOutcome outcome{error_, nullptr, nullptr, retries_};
+  if (carried_.size() == 1) {
+    outcome.ours = set_->ours[carried_[0]];
+    outcome.theirs = set_->theirs[carried_[0]];
+  } else if (!carried_.empty()) {
+    auto names = [&](const std::vector<RailNames>& by_lane) {
+      std::vector<std::string> out;
+      for (size_t lane : carried_) out.push_back(by_lane[lane]->front());
+      std::sort(out.begin(), out.end());
+      out.erase(std::unique(out.begin(), out.end()), out.end());
+      return std::make_shared<const std::vector<std::string>>(std::move(out));
+    };
+    outcome.ours = names(set_->ours);
+    outcome.theirs = names(set_->theirs);
+  }
+  return outcome;
+}
+
 void StripedOp::OnSlice(const SliceRange& slice, size_t lane, absl::Status status) {
   const Route& route = lanes_[lane].route;
   if (status.ok()) {
@@ -94,9 +118,11 @@ void StripedOp::OnSlice(const SliceRange& slice, size_t lane, absl::Status statu
   {
     absl::MutexLock lock(&mu_);
     if (status.ok()) {
-      ours_.insert(route.ours.ToString());
-      theirs_.insert(route.theirs.ToString());
-    } else if (status.code() == absl::StatusCode::kUnavailable && (!wanted_ || wanted_())) {
+      if (std::find(carried_.begin(), carried_.end(), lane) == carried_.end()) {
+        carried_.push_back(lane);
+      }
+    } else if (status.code() == absl::StatusCode::kUnavailable &&
+               (!wanted_ || !*wanted_ || (*wanted_)())) {
       // No `wanted` means nothing cancels the op (as FairQueue::Enqueue reads it): retry.
       failed_.insert(route);
       int other = OtherLane(lane);
@@ -116,8 +142,7 @@ void StripedOp::OnSlice(const SliceRange& slice, size_t lane, absl::Status statu
     }
     if (!again && --open_ == 0) {
       finished = std::move(done_);
-      outcome = {error_, {ours_.begin(), ours_.end()}, {theirs_.begin(), theirs_.end()},
-                 retries_};
+      outcome = OutcomeLocked();
     }
   }
   // Outside the lock: the queue may post (and a refused post complete) on this thread.

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/inlined_vector.h"
 #include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
@@ -34,12 +35,25 @@ struct Lane {
   fabric::RemoteSlice base;                      // the remote buffer's byte 0, via route.theirs
 };
 
-// How an op went: its status, the rails that carried its bytes on each side, and one line
-// per slice that moved to another route.
+// Names of rails ("tcp", "verbs:mlx5_0"), shared: the ops of a batch mostly name the same.
+using RailNames = std::shared_ptr<const std::vector<std::string>>;
+
+// The lanes of the ops planned alike (a batch's ops between the same two buffers), built once
+// and shared by them: the primary lanes, then the reserve, and each lane's rails as the
+// one-name lists an outcome reports, so that an op carried by one lane builds no strings.
+struct LaneSet {
+  LaneSet(std::vector<Lane> primary_lanes, std::vector<Lane> reserve_lanes);
+  std::vector<Lane> lanes;  // [0, primary) the ops', the rest their reserve
+  size_t primary;
+  std::vector<RailNames> ours, theirs;  // by lane: its route's rail on each side
+};
+
+// How an op went: its status, the rails that carried its bytes on each side (sorted, each
+// once; null when none did), and one line per slice that moved to another route.
 struct StripedOutcome {
   absl::Status status;
-  std::vector<std::string> ours;
-  std::vector<std::string> theirs;
+  RailNames ours;
+  RailNames theirs;
   std::vector<std::string> retries;
 };
 
@@ -59,12 +73,11 @@ class StripedOp : public std::enable_shared_from_this<StripedOp> {
   };
   using Done = absl::AnyInvocable<void(StripedOutcome) &&>;
 
-  // `lanes` is not empty; `reserve` (maybe empty) only takes slices that `lanes` failed.
-  // Both stay valid (regions registered) until `done` ran; `queue` is the peer's; `wanted`
+  // `lanes` has a primary lane; its reserve lanes only take slices the primary ones failed.
+  // They stay valid (regions registered) until `done` ran; `queue` is the peer's; `wanted`
   // as FairQueue::Enqueue's.
-  StripedOp(Spec spec, std::vector<Lane> lanes, std::vector<Lane> reserve,
-            std::shared_ptr<RailLedger> ledger, std::shared_ptr<FairQueue> queue,
-            std::function<bool()> wanted, Done done);
+  StripedOp(Spec spec, std::shared_ptr<const LaneSet> lanes, std::shared_ptr<RailLedger> ledger,
+            std::shared_ptr<FairQueue> queue, Wanted wanted, Done done);
 
   // The op's slices, for the caller to enqueue on the peer's queue with the rest of its
   // batch (FairQueue::Enqueue). Call once, on an op held by a shared_ptr.
@@ -77,22 +90,26 @@ class StripedOp : public std::enable_shared_from_this<StripedOp> {
   // primary lanes after `failed` first, then the reserve ones), or -1.
   int OtherLane(size_t failed) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
+  // The rails the settled slices took on each side, by the names the lanes share.
+  StripedOutcome OutcomeLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   const Spec spec_;
-  const size_t primary_;      // lanes_[0, primary_) are the op's, the rest its reserve
-  const std::vector<Lane> lanes_;
+  const std::shared_ptr<const LaneSet> set_;
+  const size_t primary_;             // lanes_[0, primary_) are the op's, the rest its reserve
+  const std::vector<Lane>& lanes_;   // set_'s
   // Shared, not borrowed: a slice's completion may run after the engine that owns the
   // ledger is gone (a fabric finishing ops at teardown; ASan saw it).
   const std::shared_ptr<RailLedger> ledger_;
   const std::shared_ptr<FairQueue> queue_;
-  const std::function<bool()> wanted_;
+  const Wanted wanted_;
 
   absl::Mutex mu_;
   Done done_ ABSL_GUARDED_BY(mu_);
   size_t open_ ABSL_GUARDED_BY(mu_) = 0;  // slices not yet settled
   absl::Status error_ ABSL_GUARDED_BY(mu_);
   std::set<Route> failed_ ABSL_GUARDED_BY(mu_);
-  std::set<std::string> ours_ ABSL_GUARDED_BY(mu_);
-  std::set<std::string> theirs_ ABSL_GUARDED_BY(mu_);
+  // The lanes that carried a slice, each once: inline for the one lane of a small op.
+  absl::InlinedVector<size_t, 2> carried_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> retries_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -129,17 +129,15 @@ bool Transfer::Settle(size_t index, const absl::Status& status, const std::strin
 }
 
 bool Transfer::SettleRun(size_t first, size_t last, const absl::Status& status,
-                         const std::string& provider, std::vector<std::string> ours,
-                         std::vector<std::string> theirs, std::vector<std::string> retries) {
+                         const std::string& provider, Names ours, Names theirs,
+                         std::vector<std::string> retries) {
   const absl::Time now = absl::Now();
   absl::MutexLock lock(&mu_);
-  const Names ours_shared = Intern(std::move(ours), last_ours_);
-  const Names theirs_shared = Intern(std::move(theirs), last_theirs_);
   bool finished = false;
   for (size_t i = first; i <= last && i < states_.size(); ++i) {
     OpState& st = states_[i];
-    st.ours = ours_shared;
-    st.theirs = theirs_shared;
+    st.ours = ours;
+    st.theirs = theirs;
     // A retried slice carried the whole run: said once, on its first op, so that the
     // transfer's retry count is the slices that moved.
     if (i == first) st.retries = std::move(retries);

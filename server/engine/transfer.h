@@ -79,12 +79,14 @@ class Transfer {
   // Settles op `index` (first call wins; later ones are ignored). Returns true when this
   // settled the last op.
   bool Settle(size_t index, const absl::Status& status, const std::string& provider);
+  // Rails by name, shared by the ops that took the same ones (null: none carried bytes).
+  using Names = std::shared_ptr<const std::vector<std::string>>;
   // Settles ops first..last (inclusive), which rode as one fabric op, alike: one lock, the
   // rails recorded for each, the retries on `first` (they moved the run's slices), each op's
   // duration the run's. Returns true when this settled the last op.
   bool SettleRun(size_t first, size_t last, const absl::Status& status,
-                 const std::string& provider, std::vector<std::string> ours,
-                 std::vector<std::string> theirs, std::vector<std::string> retries);
+                 const std::string& provider, Names ours, Names theirs,
+                 std::vector<std::string> retries);
   // Settles every op still open with `why` (deadline, shutdown).
   void SettleAll(const absl::Status& why);
 
@@ -131,7 +133,6 @@ class Transfer {
   ferry::v1::TransferProgress Progress(uint64_t* version) const;
 
  private:
-  using Names = std::shared_ptr<const std::vector<std::string>>;
   // What becomes of one op, kept small: the result message is built only when asked for
   // (Result with include_ops), since most callers never ask for 4096 of them.
   struct OpState {

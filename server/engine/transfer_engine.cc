@@ -215,7 +215,7 @@ struct SharedPlan {
   LegPlan local, remote;
   Transfer::Legs legs;
   bool lanes_built = false;  // direct ops only, on the first that gets that far
-  std::vector<Lane> lanes, reserve;
+  std::shared_ptr<const LaneSet> lanes;  // null when no lane could be had
   absl::Status no_lane;
 };
 
@@ -297,7 +297,19 @@ void TransferEngine::Post(const std::shared_ptr<Transfer>& transfer, absl::Time 
   if (!planned) return;  // cancelled before it was posted
   const auto& ops = *planned;
   // Not finished() : a cancelled transfer whose check runs must not post its queued slices.
-  auto wanted = [transfer] { return !transfer->all_settled(); };
+  const Wanted wanted = MakeWanted([transfer] { return !transfer->all_settled(); });
+  // Each peer's queue, asked of the engine once per batch rather than once per op (again
+  // only when an op takes more routes to the peer than those before: a wider window).
+  std::map<std::string, std::pair<size_t, std::shared_ptr<FairQueue>>> queues;
+  auto queue_for = [&](const std::string& node) -> const std::shared_ptr<FairQueue>& {
+    const size_t routes = routes_to[node];
+    auto& [made_for, queue] = queues[node];
+    if (!queue || made_for < routes) {
+      queue = QueueFor(node, limits, routes);
+      made_for = routes;
+    }
+    return queue;
+  };
   // Direct ops waiting to be posted as one: ops first..last, contiguous on both sides.
   struct Run {
     size_t first = 0, last = 0;
@@ -323,9 +335,8 @@ void TransferEngine::Post(const std::shared_ptr<Transfer>& transfer, absl::Time 
     transfer->MarkPosted(r.first, r.last - r.first + 1);
     StripedOp::Spec spec{r.read, r.local_offset, r.remote_offset, r.length, limits.slice_bytes,
                          node, transfer->id(), next_lane_.fetch_add(1, std::memory_order_relaxed)};
-    auto striped = std::make_shared<StripedOp>(std::move(spec), r.plan->lanes, r.plan->reserve,
-                                               ledger_, QueueFor(node, limits, routes_to[node]),
-                                               wanted, std::move(done));
+    auto striped = std::make_shared<StripedOp>(std::move(spec), r.plan->lanes, ledger_,
+                                               queue_for(node), wanted, std::move(done));
     std::vector<SliceWork>& to_peer = work[node];
     for (SliceWork& slice : striped->Slices()) to_peer.push_back(std::move(slice));
   };
@@ -420,6 +431,7 @@ void TransferEngine::Post(const std::shared_ptr<Transfer>& transfer, absl::Time 
     }
     if (!plan.lanes_built) {
       plan.lanes_built = true;
+      std::vector<Lane> lanes, reserve;
       // Lanes one NIC after the other (route 0 lane 0, route 1 lane 0, ..., route 0 lane 1),
       // so that consecutive slices leave through different NICs.
       uint32_t most_lanes = 1;
@@ -438,8 +450,8 @@ void TransferEngine::Post(const std::shared_ptr<Transfer>& transfer, absl::Time 
             if (plan.no_lane.ok()) plan.no_lane = e.status();
             continue;
           }
-          plan.lanes.push_back({e->endpoint, route, op.local->region(route.ours),
-                                *op.remote->KeyFor(route.theirs)});
+          lanes.push_back({e->endpoint, route, op.local->region(route.ours),
+                           *op.remote->KeyFor(route.theirs)});
         }
       }
       // Where slices go when every NIC of the provider failed them (tcp behind verbs),
@@ -449,12 +461,15 @@ void TransferEngine::Post(const std::shared_ptr<Transfer>& transfer, absl::Time 
           const absl::StatusOr<PeerEndpoint>& e =
               endpoint(node, route, 0, op.remote->incarnation);
           if (!e.ok()) continue;
-          plan.reserve.push_back({e->endpoint, route, op.local->region(route.ours),
-                                  *op.remote->KeyFor(route.theirs)});
+          reserve.push_back({e->endpoint, route, op.local->region(route.ours),
+                             *op.remote->KeyFor(route.theirs)});
         }
       }
+      if (!lanes.empty()) {
+        plan.lanes = std::make_shared<LaneSet>(std::move(lanes), std::move(reserve));
+      }
     }
-    if (plan.lanes.empty()) {
+    if (!plan.lanes) {
       Settle(transfer, i,
              plan.no_lane.ok() ? absl::FailedPreconditionError(absl::StrCat(
                                      "no ", provider, " fabric serves the rails that reach ",
@@ -495,7 +510,7 @@ void TransferEngine::Post(const std::shared_ptr<Transfer>& transfer, absl::Time 
   flush();
   // Each peer's slices go to its queue at once, after planning: nothing completes meanwhile.
   for (auto& [node, slices] : work) {
-    QueueFor(node, limits, routes_to[node])->Enqueue(transfer->id(), std::move(slices), wanted);
+    queue_for(node)->Enqueue(transfer->id(), std::move(slices), wanted);
   }
   if (!staged.empty()) StartStaging(transfer, std::move(planned), std::move(staged));
 }
