@@ -17,19 +17,21 @@ void FairQueue::Enqueue(uint64_t id, std::vector<SliceWork> slices, Wanted wante
     }
     queued_ += slices.size();
     for (auto& s : slices) it->second.slices.push_back(std::move(s));
+    if (!ClaimPumpLocked()) return;
   }
   Pump();
 }
 
-void FairQueue::Pump() {
-  {
-    absl::MutexLock lock(&mu_);
-    if (pumping_) {
-      again_ = true;  // the pumping thread takes another look before it stops
-      return;
-    }
-    pumping_ = true;
+bool FairQueue::ClaimPumpLocked() {
+  if (pumping_) {
+    again_ = true;  // the pumping thread takes another look before it stops
+    return false;
   }
+  pumping_ = true;
+  return true;
+}
+
+void FairQueue::Pump() {
   // Taken out of the queue a few at a time: a window of 4 KiB slices is 4096 of them, and
   // one vector that large per pump was allocated, grown and faulted in every time.
   constexpr size_t kBatch = 64;
@@ -66,29 +68,46 @@ void FairQueue::Pump() {
       }
       again_ = false;
     }
-    for (auto& [work, wanted] : batch) Post(std::move(work), wanted);
+    // `wanted` once per transfer per pass (a transfer's slices mostly follow each other
+    // here): each answer takes the transfer's lock.
+    const std::function<bool()>* asked = nullptr;
+    bool answer = true;
+    for (auto& [work, wanted] : batch) {
+      const std::function<bool()>* f = wanted && *wanted ? wanted.get() : nullptr;
+      if (f != asked) {
+        asked = f;
+        answer = f == nullptr || (*f)();
+      }
+      Post(std::move(work), answer);
+    }
   }
 }
 
-void FairQueue::Post(SliceWork work, const Wanted& wanted) {
+void FairQueue::Post(SliceWork work, bool wanted) {
   const uint64_t bytes = work.local.length;
-  if (wanted && *wanted && !(*wanted)()) {
+  if (!wanted) {
     Release(bytes);
     std::move(work.done)(absl::CancelledError("the transfer ended before this slice was posted"));
     return;
   }
   // Held by the posted completion and here: a post refused now never runs its completion.
-  auto done = std::make_shared<fabric::Completion>(std::move(work.done));
-  fabric::Completion on_done = [self = shared_from_this(), done, bytes](absl::Status s) {
-    self->Release(bytes);
-    std::move (*done)(std::move(s));
+  // One allocation, and a completion small enough to be held in place (a shared_ptr).
+  struct Posted {
+    std::shared_ptr<FairQueue> queue;
+    uint64_t bytes;
+    fabric::Completion done;
+  };
+  auto held = std::make_shared<Posted>(Posted{shared_from_this(), bytes, std::move(work.done)});
+  fabric::Completion on_done = [held](absl::Status s) {
+    held->queue->Release(held->bytes);
+    std::move(held->done)(std::move(s));
   };
   absl::Status posted = work.read
                             ? work.endpoint->PostRead(work.local, work.remote, std::move(on_done))
                             : work.endpoint->PostWrite(work.local, work.remote, std::move(on_done));
   if (!posted.ok()) {
     Release(bytes);
-    std::move (*done)(std::move(posted));
+    std::move(held->done)(std::move(posted));
   }
 }
 
@@ -96,6 +115,8 @@ void FairQueue::Release(uint64_t bytes) {
   {
     absl::MutexLock lock(&mu_);
     in_flight_ -= bytes;
+    // Nothing waits for the room: no pump (a completion takes the queue's lock once).
+    if (turns_.empty() || !ClaimPumpLocked()) return;
   }
   Pump();
 }

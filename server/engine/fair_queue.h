@@ -32,9 +32,10 @@ struct SliceWork {
   fabric::Completion done;  // runs exactly once: the slice's outcome, or CANCELLED unposted
 };
 
-// Asked before a transfer's slice is posted: false (the transfer ended) skips the slice.
-// Null: always wanted. Shared, so that the ops of a batch and the queue hold one, not a copy
-// each (a std::function holding a shared_ptr allocates on every copy).
+// Asked before a transfer's slices are posted (once for those a pump takes together):
+// false (the transfer ended) skips them. Null: always wanted. Shared, so that the ops of a
+// batch and the queue hold one, not a copy each (a std::function holding a shared_ptr
+// allocates on every copy).
 using Wanted = std::shared_ptr<const std::function<bool()>>;
 inline Wanted MakeWanted(std::function<bool()> wanted) {
   return std::make_shared<const std::function<bool()>>(std::move(wanted));
@@ -45,8 +46,8 @@ class FairQueue : public std::enable_shared_from_this<FairQueue> {
   explicit FairQueue(uint64_t window_bytes) : window_bytes_(window_bytes) {}
 
   // Queues the slices of transfer `id` (in order) and posts what the window allows.
-  // `wanted` is asked before each of them is posted: false (the transfer ended) skips
-  // the slice, whose completion then runs with CANCELLED.
+  // `wanted` is asked before they are posted: false (the transfer ended) skips the slices
+  // not yet posted, whose completions then run with CANCELLED.
   void Enqueue(uint64_t id, std::vector<SliceWork> slices, Wanted wanted);
 
   uint64_t window_bytes() const { return window_bytes_; }
@@ -58,8 +59,11 @@ class FairQueue : public std::enable_shared_from_this<FairQueue> {
     std::deque<SliceWork> slices;
     Wanted wanted;
   };
+  // True when the caller is now the one thread that pumps, and must call Pump.
+  bool ClaimPumpLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Pump();
-  void Post(SliceWork work, const Wanted& wanted);
+  // Posts `work`, or completes it CANCELLED when its transfer no longer wants it.
+  void Post(SliceWork work, bool wanted);
   void Release(uint64_t bytes);
 
   const uint64_t window_bytes_;

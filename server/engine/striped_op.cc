@@ -30,17 +30,30 @@ StripedOp::StripedOp(Spec spec, std::shared_ptr<const LaneSet> lanes,
       wanted_(std::move(wanted)),
       done_(std::move(done)) {}
 
-std::vector<SliceWork> StripedOp::Slices() {
+void StripedOp::AppendSlices(std::vector<SliceWork>& out) {
+  if (spec_.length <= spec_.slice_bytes) {
+    // One slice, as most ops of a KV batch are: no plan to build.
+    {
+      absl::MutexLock lock(&mu_);
+      open_ = 1;
+    }
+    out.push_back(Work({0, spec_.length}, spec_.first_lane % primary_));
+    return;
+  }
   std::vector<SliceRange> slices = PlanSlices(spec_.length, spec_.slice_bytes);
   {
     absl::MutexLock lock(&mu_);
     open_ = slices.size();
   }
-  std::vector<SliceWork> out;
-  out.reserve(slices.size());
+  out.reserve(out.size() + slices.size());
   for (size_t k = 0; k < slices.size(); ++k) {
     out.push_back(Work(slices[k], (spec_.first_lane + k) % primary_));
   }
+}
+
+std::vector<SliceWork> StripedOp::Slices() {
+  std::vector<SliceWork> out;
+  AppendSlices(out);
   return out;
 }
 

@@ -80,7 +80,9 @@ class StripedOp : public std::enable_shared_from_this<StripedOp> {
             std::shared_ptr<FairQueue> queue, Wanted wanted, Done done);
 
   // The op's slices, for the caller to enqueue on the peer's queue with the rest of its
-  // batch (FairQueue::Enqueue). Call once, on an op held by a shared_ptr.
+  // batch (FairQueue::Enqueue): appended to `out`, or returned. Call once, on an op held by
+  // a shared_ptr.
+  void AppendSlices(std::vector<SliceWork>& out);
   std::vector<SliceWork> Slices();
 
  private:

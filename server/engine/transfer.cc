@@ -68,7 +68,21 @@ void Transfer::SetRails(size_t index, std::vector<std::string> ours,
   OpState& st = states_[index];
   st.ours = Intern(std::move(ours), last_ours_);
   st.theirs = Intern(std::move(theirs), last_theirs_);
-  st.retries = std::move(retries);
+  if (!retries.empty()) {
+    retries_[index] = std::move(retries);
+  } else {
+    retries_.erase(index);
+  }
+}
+
+uint8_t Transfer::ProviderIndexLocked(const std::string& provider) {
+  // A transfer's ops name one provider or two (tcp behind verbs): a linear search.
+  auto it = std::find(providers_.begin(), providers_.end(), provider);
+  if (it == providers_.end()) {
+    if (providers_.size() > UINT8_MAX) return 0;  // cannot happen: providers are few
+    it = providers_.insert(providers_.end(), provider);
+  }
+  return static_cast<uint8_t>(it - providers_.begin());
 }
 
 void Transfer::VisitOps(const std::function<void(const OpView& op)>& visit) const {
@@ -78,15 +92,16 @@ void Transfer::VisitOps(const std::function<void(const OpView& op)>& visit) cons
   for (size_t i = 0; i < states_.size(); ++i) {
     const OpState& st = states_[i];
     const bool planned = st.legs && !st.legs->empty();
+    auto retried = retries_.empty() ? retries_.end() : retries_.find(i);
     visit({.peer = peers_[op_peer_[i]],
            .read = op_read_[i],
            .code = st.code,
-           .bytes = st.bytes,
+           .bytes = BytesLocked(i),
            .duration_us = st.duration_us,
-           .provider = st.provider,
+           .provider = providers_[st.provider],
            .mode = planned ? (*st.legs)[kLocalLeg].mode() : kNone,
            .rails = planned && st.ours ? *st.ours : kNoRails,
-           .retries = st.retries.size()});
+           .retries = retried == retries_.end() ? 0 : retried->second.size()});
   }
 }
 
@@ -94,10 +109,11 @@ ferry::v1::OpResult Transfer::ResultOfLocked(size_t index) const {
   const OpState& st = states_[index];
   ferry::v1::OpResult r;
   r.set_index(index);
+  const uint64_t bytes = BytesLocked(index);
   r.set_code(st.code);
-  r.set_message(st.message);
-  r.set_provider(st.provider);
-  r.set_bytes(st.bytes);
+  if (auto m = messages_.find(index); m != messages_.end()) r.set_message(m->second);
+  r.set_provider(providers_[st.provider]);
+  r.set_bytes(bytes);
   r.set_duration_us(st.duration_us);
   if (st.legs) {
     for (size_t leg = 0; leg < st.legs->size(); ++leg) {
@@ -108,19 +124,21 @@ ferry::v1::OpResult Transfer::ResultOfLocked(size_t index) const {
         for (const auto& rail : *rails) out->add_rails(rail);
       }
       if (st.settled) {
-        out->set_bytes(st.bytes);
+        out->set_bytes(bytes);
         out->set_duration_us(st.duration_us);
       }
     }
   }
-  for (const auto& retry : st.retries) r.add_retries(retry);
+  if (auto retried = retries_.find(index); retried != retries_.end()) {
+    for (const auto& retry : retried->second) r.add_retries(retry);
+  }
   return r;
 }
 
 void Transfer::MarkPosted(size_t first, size_t count) {
-  const absl::Time now = absl::Now();
+  const int64_t now_us = absl::ToInt64Microseconds(absl::Now() - start_);
   absl::MutexLock lock(&mu_);
-  for (size_t i = first; i < first + count; ++i) states_[i].posted = now;
+  for (size_t i = first; i < first + count; ++i) states_[i].posted_us = now_us;
 }
 
 bool Transfer::Settle(size_t index, const absl::Status& status, const std::string& provider) {
@@ -140,7 +158,7 @@ bool Transfer::SettleRun(size_t first, size_t last, const absl::Status& status,
     st.theirs = theirs;
     // A retried slice carried the whole run: said once, on its first op, so that the
     // transfer's retry count is the slices that moved.
-    if (i == first) st.retries = std::move(retries);
+    if (i == first && !retries.empty()) retries_[i] = std::move(retries);
     finished = SettleLocked(i, status, provider, now) || finished;
   }
   return finished;
@@ -151,12 +169,12 @@ bool Transfer::SettleLocked(size_t index, const absl::Status& status, const std:
   OpState& st = states_[index];
   if (st.settled) return false;
   st.settled = true;
-  st.code = static_cast<int>(status.code());
-  if (!status.ok()) st.message = std::string(status.message());
-  st.provider = provider;
-  st.bytes = status.ok() ? lengths_[index] : 0;
-  if (st.posted != absl::Time()) {
-    st.duration_us = static_cast<uint64_t>(absl::ToInt64Microseconds(now - st.posted));
+  st.code = static_cast<int32_t>(status.code());
+  if (!status.ok()) messages_[index] = std::string(status.message());
+  st.provider = ProviderIndexLocked(provider);
+  if (st.posted_us >= 0) {
+    st.duration_us = static_cast<uint64_t>(
+        std::max<int64_t>(0, absl::ToInt64Microseconds(now - start_) - st.posted_us));
   }
   if (status.ok()) {
     bytes_done_ += lengths_[index];
@@ -198,10 +216,9 @@ bool Transfer::checking() const {
 void Transfer::FailSettledLocked(size_t index, const absl::Status& status) {
   OpState& st = states_[index];
   if (!st.settled || st.code != 0) return;
-  st.code = static_cast<int>(status.code());
-  st.message = std::string(status.message());
-  bytes_done_ -= st.bytes;
-  st.bytes = 0;
+  bytes_done_ -= BytesLocked(index);
+  st.code = static_cast<int32_t>(status.code());
+  messages_[index] = std::string(status.message());
   ++failed_;
   NoteErrorLocked(index, status);
 }

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
@@ -133,20 +134,24 @@ class Transfer {
   ferry::v1::TransferProgress Progress(uint64_t* version) const;
 
  private:
-  // What becomes of one op, kept small: the result message is built only when asked for
-  // (Result with include_ops), since most callers never ask for 4096 of them.
+  // What becomes of one op, kept small (72 bytes): the result message is built only when
+  // asked for (Result with include_ops), since most callers never ask for 4096 of them, and
+  // a finished transfer stays in the history. Its bytes are its length once it succeeded;
+  // what few ops have (an error message, retried slices) is kept beside, by index.
   struct OpState {
     bool settled = false;
-    int code = 0;
-    absl::Time posted;
-    uint64_t bytes = 0;
+    uint8_t provider = 0;      // index in providers_
+    int32_t code = 0;
+    int64_t posted_us = -1;    // since start_; -1 until posted
     uint64_t duration_us = 0;
-    std::string message;
-    std::string provider;
-    Legs legs;             // null until planned
-    Names ours, theirs;    // rails of the local and remote leg; null until known
-    std::vector<std::string> retries;
+    Legs legs;                 // null until planned
+    Names ours, theirs;        // rails of the local and remote leg; null until known
   };
+  static_assert(sizeof(OpState) <= 72, "a transfer of 4096 ops keeps 4096 of these");
+  uint64_t BytesLocked(size_t index) const ABSL_SHARED_LOCKS_REQUIRED(mu_) {
+    return states_[index].settled && states_[index].code == 0 ? lengths_[index] : 0;
+  }
+  uint8_t ProviderIndexLocked(const std::string& provider) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   bool SettleLocked(size_t index, const absl::Status& status, const std::string& provider,
                     absl::Time now = absl::Now()) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   ferry::v1::OpResult ResultOfLocked(size_t index) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
@@ -183,6 +188,9 @@ class Transfer {
   uint64_t version_ ABSL_GUARDED_BY(mu_) = 0;
   bool check_pending_ ABSL_GUARDED_BY(mu_) = false;
   Names last_ours_ ABSL_GUARDED_BY(mu_), last_theirs_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> providers_ ABSL_GUARDED_BY(mu_) = {""};  // each once
+  absl::flat_hash_map<size_t, std::string> messages_ ABSL_GUARDED_BY(mu_);  // failed ops'
+  absl::flat_hash_map<size_t, std::vector<std::string>> retries_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace ferry::server

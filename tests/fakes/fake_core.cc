@@ -107,25 +107,26 @@ void Core::BreakLocked(Link& link, absl::Status why) {
 }
 
 absl::Status Core::AcquireRemote(uint32_t key, uint64_t address, uint64_t length, uint32_t access,
-                                 const std::string& what, Pin* pin) {
+                                 absl::FunctionRef<std::string()> what, Pin* pin) {
   absl::MutexLock lock(&mu);
   auto it = regions.find(key);
   // tcp (transport/tcp/region_table.cc) and an HCA check in this order: key, range, access.
   if (it == regions.end() || it->second.removing) {
     ++stats.remote_refusals;
-    return absl::PermissionDeniedError(absl::StrCat("fake: remote key unknown or revoked: ", what));
+    return absl::PermissionDeniedError(
+        absl::StrCat("fake: remote key unknown or revoked: ", what()));
   }
   RegionEntry& e = it->second;
   // Written so that no sum can overflow.
   if (address < e.remote_base || address - e.remote_base > e.length ||
       length > e.length - (address - e.remote_base)) {
     ++stats.remote_refusals;
-    return absl::OutOfRangeError(absl::StrCat("fake: range outside the remote region: ", what));
+    return absl::OutOfRangeError(absl::StrCat("fake: range outside the remote region: ", what()));
   }
   if ((e.access & access) != access) {
     ++stats.remote_refusals;
     return absl::PermissionDeniedError(
-        absl::StrCat("fake: remote region does not allow it: ", what));
+        absl::StrCat("fake: remote region does not allow it: ", what()));
   }
   ++e.users;
   ++stats.remote_accesses;
@@ -133,7 +134,8 @@ absl::Status Core::AcquireRemote(uint32_t key, uint64_t address, uint64_t length
   return absl::OkStatus();
 }
 
-absl::Status Core::AcquireLocal(uint32_t key, uint64_t offset, const std::string& what, Pin* pin) {
+absl::Status Core::AcquireLocal(uint32_t key, uint64_t offset,
+                                absl::FunctionRef<std::string()> what, Pin* pin) {
   {
     absl::MutexLock lock(&mu);
     auto it = regions.find(key);
@@ -146,7 +148,7 @@ absl::Status Core::AcquireLocal(uint32_t key, uint64_t offset, const std::string
   // transport/fabric.h: "src/dst must stay registered until done runs". verbs completes such
   // a WR with IBV_WC_LOC_PROT_ERR (WcStatusToStatus: FAILED_PRECONDITION).
   std::string why =
-      absl::StrCat("fake: the local region of ", what, " was destroyed before the op completed");
+      absl::StrCat("fake: the local region of ", what(), " was destroyed before the op completed");
   RecordViolation(why);
   return absl::FailedPreconditionError(why);
 }
@@ -188,15 +190,18 @@ void Core::PushImmediate(uint32_t imm) {
 }
 
 absl::Status Core::Execute(Op& op) {
-  const std::string what =
-      absl::StrFormat("%s of %d bytes at 0x%x key 0x%x on %s", OpName(op.kind), op.length,
-                      op.remote.address, op.remote.key, op.link->peer);
+  // Only an error says it: built then, not for every op (ferry-engine-bench counts our cost).
+  auto what = [&op] {
+    return absl::StrFormat("%s of %d bytes at 0x%x key 0x%x on %s", OpName(op.kind), op.length,
+                           op.remote.address, op.remote.key, op.link->peer);
+  };
   Pin local;
   absl::Status s = AcquireLocal(op.local_key, op.local_offset, what, &local);
   if (!s.ok()) return s;
   std::shared_ptr<Core> target = op.link->target.lock();
   if (target == nullptr) {
-    absl::Status gone = absl::UnavailableError(absl::StrCat("fake: ", what, ": the peer is gone"));
+    absl::Status gone =
+        absl::UnavailableError(absl::StrCat("fake: ", what(), ": the peer is gone"));
     absl::MutexLock lock(&mu);
     BreakLocked(*op.link, gone);
     return gone;

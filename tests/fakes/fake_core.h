@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/functional/function_ref.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/container/flat_hash_set.h"
 #include "absl/container/node_hash_map.h"
@@ -87,8 +88,10 @@ struct Core {
   // Checks an access as an HCA does before it touches memory; on success `pin` holds the
   // region until it is destroyed.
   absl::Status AcquireRemote(uint32_t key, uint64_t address, uint64_t length, uint32_t access,
-                             const std::string& what, Pin* pin) ABSL_LOCKS_EXCLUDED(mu);
-  absl::Status AcquireLocal(uint32_t key, uint64_t offset, const std::string& what, Pin* pin)
+                             absl::FunctionRef<std::string()> what, Pin* pin)
+      ABSL_LOCKS_EXCLUDED(mu);
+  absl::Status AcquireLocal(uint32_t key, uint64_t offset, absl::FunctionRef<std::string()> what,
+                            Pin* pin)
       ABSL_LOCKS_EXCLUDED(mu);
   void Unpin(uint32_t key) ABSL_LOCKS_EXCLUDED(mu);
   void RemoveRegion(uint32_t key) ABSL_LOCKS_EXCLUDED(mu);
