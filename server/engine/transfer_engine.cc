@@ -34,20 +34,14 @@ absl::Status RangeError(const std::string& field, uint64_t offset, uint64_t leng
 
 TransferEngine::TransferEngine(EngineDeps deps, EngineLimits limits)
     : deps_(std::move(deps)), buffers_(deps_.buffers), peers_(deps_.peers), limits_(limits),
-      life_(std::make_shared<Life>()) {
-  {
-    absl::MutexLock lock(&life_->mu);
-    life_->engine = this;
-  }
+      life_(std::make_shared<Life>(this)) {
   reaper_ = std::thread([this] { ReapExpired(); });
 }
 
 TransferEngine::~TransferEngine() {
-  {
-    // A check's `done` running now finishes first; later ones find no engine.
-    absl::MutexLock lock(&life_->mu);
-    life_->engine = nullptr;
-  }
+  // A completion or check's `done` running now finishes first; later ones find no engine.
+  life_->going.store(true);
+  while (life_->visits.load() > 0) absl::SleepFor(absl::Microseconds(100));
   std::vector<std::shared_ptr<Transfer>> running;
   {
     absl::MutexLock lock(&mu_);
@@ -69,6 +63,18 @@ TransferEngine::~TransferEngine() {
     if (auto sender = w.sender.lock()) sender->Cancel();
   }
   for (auto& w : workers) w.thread.join();
+}
+
+// Sequentially consistent, both sides: a visit that found `going` false was counted before
+// the destructor read the count, so the destructor waits for it.
+TransferEngine::Visit::Visit(Life& life) : life_(life) {
+  life_.visits.fetch_add(1);
+  entered_ = !life_.going.load();
+  if (!entered_) life_.visits.fetch_sub(1);
+}
+
+TransferEngine::Visit::~Visit() {
+  if (entered_) life_.visits.fetch_sub(1);
 }
 
 absl::StatusOr<std::vector<PlannedOp>> TransferEngine::Plan(const ferry::v1::SubmitRequest& request,
@@ -327,10 +333,12 @@ void TransferEngine::Post(const std::shared_ptr<Transfer>& transfer, absl::Time 
     // them, even when the transfer was settled earlier (deadline, cancel). Ops that rode
     // together settle together.
     // (Not the run itself: its plan lives only as long as this Post.)
-    StripedOp::Done done = [this, transfer, planned, first = r.first, last = r.last,
+    StripedOp::Done done = [life = life_, transfer, planned, first = r.first, last = r.last,
                             provider](StripedOutcome outcome) {
+      Visit visit(*life);
+      if (visit.engine() == nullptr) return;  // its destructor settled every op
       const absl::Status status = RemoteOutcome(outcome.status, (*planned)[first]);
-      SettleRun(transfer, first, last, status, provider, outcome);
+      visit.engine()->SettleRun(transfer, first, last, status, provider, outcome);
     };
     transfer->MarkPosted(r.first, r.last - r.first + 1);
     StripedOp::Spec spec{r.read, r.local_offset, r.remote_offset, r.length, limits.slice_bytes,
@@ -338,7 +346,8 @@ void TransferEngine::Post(const std::shared_ptr<Transfer>& transfer, absl::Time 
     auto striped = std::make_shared<StripedOp>(std::move(spec), r.plan->lanes, ledger_,
                                                queue_for(node), wanted, std::move(done));
     std::vector<SliceWork>& to_peer = work[node];
-    for (SliceWork& slice : striped->Slices()) to_peer.push_back(std::move(slice));
+    if (to_peer.empty()) to_peer.reserve(ops.size() - r.first);  // grown once, not doubled
+    striped->AppendSlices(to_peer);
   };
   for (size_t i = 0; i < ops.size(); ++i) {
     const PlannedOp& op = ops[i];
@@ -584,8 +593,8 @@ void TransferEngine::OnFinished(uint64_t id) {
     check(finished, [life = life_, id, transfer = finished](
                         std::vector<Transfer::CheckFailure> failed, absl::Status rest) {
       transfer->EndCheck(failed, rest);
-      absl::MutexLock lock(&life->mu);
-      if (life->engine != nullptr) life->engine->OnFinished(id);
+      Visit visit(*life);
+      if (visit.engine() != nullptr) visit.engine()->OnFinished(id);
     });
     return;
   }

@@ -175,10 +175,28 @@ class TransferEngine {
   // out when it starts.
   absl::flat_hash_map<uint64_t, FinishedHook> finished_hooks_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, CheckHook> check_hooks_ ABSL_GUARDED_BY(mu_);
-  // What a check's `done` reaches the engine through: null once the engine is going.
+  // What completions (a direct op's, a check's `done`) reach the engine through: they may
+  // run after it is gone (a fabric finishing ops at teardown, a peer answering late). A
+  // visit counts itself in and finds out whether the engine is still there; the destructor
+  // says it is going and waits for the visits in progress.
   struct Life {
-    absl::Mutex mu;
-    TransferEngine* engine ABSL_GUARDED_BY(mu);
+    explicit Life(TransferEngine* e) : engine(e) {}
+    TransferEngine* const engine;
+    std::atomic<int> visits{0};
+    std::atomic<bool> going{false};
+  };
+  class Visit {
+   public:
+    explicit Visit(Life& life);
+    ~Visit();
+    Visit(const Visit&) = delete;
+    Visit& operator=(const Visit&) = delete;
+    // The engine, or null once it is going (what the completion settles, it settled).
+    TransferEngine* engine() const { return entered_ ? life_.engine : nullptr; }
+
+   private:
+    Life& life_;
+    bool entered_;
   };
   const std::shared_ptr<Life> life_;
   std::deque<uint64_t> history_ ABSL_GUARDED_BY(mu_);
