@@ -3,6 +3,7 @@
 // use (tests/fakes), which must be as strict as both. Two fabrics in one process play
 // initiator and target.
 
+#include <algorithm>
 #include <atomic>
 #include <cstring>
 #include <functional>
@@ -457,6 +458,108 @@ TEST_P(FabricConformanceTest, RegionScopedToPeersRefusesOtherPeers) {
                                    ok.Callback()).ok());
   EXPECT_TRUE(ok.Wait().ok()) << ok.Wait();
   EXPECT_EQ(std::count(dst.begin(), dst.end(), 'p'), 64);
+}
+
+// Gathered ops (Endpoint::PostWriteList / PostReadList): the scattered blocks of a KV cache.
+// `count` pieces of 1..5000 bytes, in random order, each at its own place on both sides with
+// gaps between them; every byte outside a piece must stay as it was.
+std::vector<Piece> ScatteredPieces(size_t count, uint64_t* span) {
+  std::mt19937_64 rng(count);
+  std::vector<Piece> pieces;
+  uint64_t at = 5;
+  for (size_t i = 0; i < count; ++i) {
+    const uint64_t length = 1 + rng() % 5000;
+    pieces.push_back({at + 3 * (i % 7), at, length});  // local and remote offsets differ
+    at += length + 1 + rng() % 64;
+  }
+  std::shuffle(pieces.begin(), pieces.end(), rng);
+  *span = at + 64;
+  return pieces;
+}
+
+TEST_P(FabricConformanceTest, GatheredWriteAndReadLandEachPieceInPlace) {
+  // 300 pieces: one tcp request; 1500: more than one frame table takes (kMaxWirePieces).
+  for (size_t count : {1ul, 300ul, 1500ul}) {
+    uint64_t span = 0;
+    const std::vector<Piece> pieces = ScatteredPieces(count, &span);
+    std::vector<char> src(span), dst(span, 0), back(span, 0);
+    Fill(src, 7);
+    auto src_mr = Register(src, *initiator_, kLocal);
+    auto back_mr = Register(back, *initiator_, kLocal);
+    auto dst_mr = Register(dst, *target_, kRemoteWrite | kRemoteRead);
+    const RemoteSlice base{dst_mr->remote_address(), dst_mr->key()};
+    Waiter w;
+    ASSERT_TRUE(endpoint_->PostWriteList(src_mr.get(), base, pieces, w.Callback()).ok());
+    ASSERT_TRUE(w.Wait().ok()) << count << " pieces: " << w.Wait();
+    EXPECT_EQ(w.calls(), 1);
+    std::vector<char> expected(span, 0);
+    for (const Piece& p : pieces) {
+      std::memcpy(expected.data() + p.remote_offset, src.data() + p.local_offset, p.length);
+    }
+    ASSERT_TRUE(dst == expected) << count << " pieces: a piece is missing or a gap was written";
+
+    Waiter r;
+    ASSERT_TRUE(endpoint_->PostReadList(back_mr.get(), base, pieces, r.Callback()).ok());
+    ASSERT_TRUE(r.Wait().ok()) << count << " pieces: " << r.Wait();
+    for (const Piece& p : pieces) {
+      ASSERT_EQ(0, std::memcmp(back.data() + p.local_offset, src.data() + p.local_offset, p.length))
+          << "piece at +" << p.local_offset;
+    }
+  }
+}
+
+TEST_P(FabricConformanceTest, GatheredOpsAreRefusedAtPostAsSingleOnesAre) {
+  std::vector<char> src(4096), dst(4096);
+  auto src_mr = Register(src, *initiator_, kLocal);
+  auto dst_mr = Register(dst, *target_, kRemoteWrite | kRemoteRead);
+  const RemoteSlice base{dst_mr->remote_address(), dst_mr->key()};
+  bool ran = false;
+  auto never = [&](absl::Status) { ran = true; };
+  EXPECT_EQ(endpoint_->PostWriteList(src_mr.get(), base, std::vector<Piece>{}, never).code(),
+            absl::StatusCode::kInvalidArgument);
+  const std::vector<Piece> empty_piece = {{0, 0, 16}, {16, 16, 0}};
+  EXPECT_EQ(endpoint_->PostWriteList(src_mr.get(), base, empty_piece, never).code(),
+            absl::StatusCode::kInvalidArgument);
+  const std::vector<Piece> outside = {{0, 0, 16}, {4090, 16, 8}};
+  EXPECT_EQ(endpoint_->PostWriteList(src_mr.get(), base, outside, never).code(),
+            absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(endpoint_->PostReadList(src_mr.get(), base, outside, never).code(),
+            absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(endpoint_->PostWriteList(nullptr, base, outside, never).code(),
+            absl::StatusCode::kOutOfRange);
+  EXPECT_FALSE(ran);
+  EXPECT_EQ(std::count(dst.begin(), dst.end(), 0), 4096);
+}
+
+TEST_P(FabricConformanceTest, GatheredWriteWithAPieceOutsideTheRegionFailsAndWritesNoMore) {
+  // The target region is the first 4 KiB of `dst`; the rest must never be touched.
+  std::vector<char> src(8192, 'x'), dst(8192, 0);
+  auto src_mr = Register(src, *initiator_, kLocal);
+  auto dst_mr = target_->Register(dst.data(), 4096, kRemoteWrite | kRemoteRead);
+  ASSERT_TRUE(dst_mr.ok());
+  const RemoteSlice base{(*dst_mr)->remote_address(), (*dst_mr)->key()};
+  const std::vector<Piece> pieces = {{0, 0, 64}, {64, 4090, 16}};
+  Waiter w;
+  ASSERT_TRUE(endpoint_->PostWriteList(src_mr.get(), base, pieces, w.Callback()).ok());
+  EXPECT_EQ(w.Wait().code(), GetParam().out_of_range_code) << w.Wait();
+  EXPECT_EQ(std::count(dst.begin() + 4096, dst.end(), 0), 4096) << "written past the region";
+  // Before the refused piece, the first may have landed (fabric.h); nothing else did.
+  EXPECT_EQ(std::count(dst.begin() + 64, dst.begin() + 4096, 0), 4096 - 64);
+  ReconnectIfBroken();
+  // A wrong key refuses the whole list.
+  Waiter bad_key;
+  const std::vector<Piece> two = {{0, 1000, 8}, {8, 2000, 8}};
+  ASSERT_TRUE(endpoint_
+                  ->PostWriteList(src_mr.get(), {base.address, base.key ^ 0x5a5a}, two,
+                                  bad_key.Callback())
+                  .ok());
+  EXPECT_EQ(bad_key.Wait().code(), absl::StatusCode::kPermissionDenied) << bad_key.Wait();
+  EXPECT_EQ(std::count(dst.begin() + 64, dst.end(), 0), 8192 - 64);
+  ReconnectIfBroken();
+  Waiter ok;
+  const std::vector<Piece> one = {{0, 100, 8}};
+  ASSERT_TRUE(endpoint_->PostWriteList(src_mr.get(), base, one, ok.Callback()).ok());
+  EXPECT_TRUE(ok.Wait().ok()) << ok.Wait();
 }
 
 INSTANTIATE_TEST_SUITE_P(Providers, FabricConformanceTest, ::testing::ValuesIn(Providers()),

@@ -336,5 +336,64 @@ TEST(SessionSecretsTest, ExpiryAndThePerPeerBound) {
   EXPECT_NE(tickets[1].secret, tickets[2].secret);
 }
 
+// A kWriteList (wire.h) whose frame table cannot be trusted (a count of 0 or over
+// kMaxWirePieces, an empty piece, lengths that do not add up, an address past 2^64) is
+// answered kBadOp; one whose pieces reach outside the region is refused like a WRITE.
+// Either way nothing lands and the connection ends.
+TEST_F(TcpAdmissionTest, AGatheredWriteWithABadTableOrAPieceOutsideTheRegionTouchesNothing) {
+  struct Case {
+    const char* what;
+    uint32_t count;
+    std::vector<WirePiece> table;
+    uint64_t length;
+    Refusal answer;
+  };
+  const std::vector<Case> cases = {
+      {"no pieces", 0, {}, 16, Refusal::kBadOp},
+      {"too many pieces", kMaxWirePieces + 1, {}, 16, Refusal::kBadOp},
+      {"an empty piece", 2, {{0, 16}, {100, 0}}, 16, Refusal::kBadOp},
+      {"lengths over the payload", 2, {{0, 16}, {100, 16}}, 16, Refusal::kBadOp},
+      {"lengths under the payload", 1, {{0, 16}}, 32, Refusal::kBadOp},
+      {"an address past 2^64", 1, {{UINT64_MAX - 8, 16}}, 16, Refusal::kBadOp},
+      {"a piece past the region", 2, {{0, 8}, {4090, 8}}, 16, Refusal::kRefused},
+  };
+  SessionTicket ticket = Ticket(*target_, {"peer-a", 7}, static_cast<uint32_t>(cases.size()));
+  for (const Case& c : cases) {
+    UniqueFd fd = HelloWith(*target_, ticket);
+    RequestHeader list = {kRequestMagic, WireOp::kWriteList, 1, region_->remote_address(),
+                          c.length,      region_->key(),     c.count};
+    std::vector<char> payload(c.length, 0x5a);
+    SendAll(fd.get(), &list, sizeof(list)).IgnoreError();
+    SendAll(fd.get(), c.table.data(), c.table.size() * sizeof(WirePiece)).IgnoreError();
+    SendAll(fd.get(), payload.data(), payload.size()).IgnoreError();
+    auto answer = ReadAnswer(fd.get());
+    ASSERT_TRUE(answer.ok()) << c.what << ": " << answer.status();
+    EXPECT_EQ(answer->refusal, c.answer) << c.what;
+    EXPECT_TRUE(ClosedWithoutAnswer(fd.get())) << c.what;
+    EXPECT_TRUE(Untouched(memory_)) << c.what;
+  }
+  EXPECT_TRUE(WaitFor([&] { return stats().refused_bounds; }, 1));
+}
+
+// A well-formed one lands each piece at its place and is acked once.
+TEST_F(TcpAdmissionTest, AGatheredWriteLandsEachPieceAndIsAckedOnce) {
+  SessionTicket ticket = Ticket(*target_, {"peer-a", 7});
+  UniqueFd fd = HelloWith(*target_, ticket);
+  const std::vector<WirePiece> table = {{4000, 4}, {0, 4}, {2048, 4}};
+  RequestHeader list = {kRequestMagic, WireOp::kWriteList, 9, region_->remote_address(), 12,
+                        region_->key(), 3};
+  ASSERT_TRUE(SendAll(fd.get(), &list, sizeof(list)).ok());
+  ASSERT_TRUE(SendAll(fd.get(), table.data(), table.size() * sizeof(WirePiece)).ok());
+  ASSERT_TRUE(SendAll(fd.get(), "tailheadmidd", 12).ok());
+  auto answer = ReadAnswer(fd.get());
+  ASSERT_TRUE(answer.ok()) << answer.status();
+  EXPECT_EQ(answer->refusal, Refusal::kNone);
+  EXPECT_EQ(answer->id, 9u);
+  EXPECT_EQ(std::string(memory_.data() + 4000, 4), "tail");
+  EXPECT_EQ(std::string(memory_.data(), 4), "head");
+  EXPECT_EQ(std::string(memory_.data() + 2048, 4), "midd");
+  EXPECT_EQ(std::count(memory_.begin(), memory_.end(), 0), 4096 - 12);
+}
+
 }  // namespace
 }  // namespace ferry::tcp

@@ -335,10 +335,11 @@ TEST_F(TransferEngineTest, OpsAreSlicedAndWindowedPerPeer) {
   EXPECT_EQ(Mismatch(landing_.data(), kLength, 5), -1);
 }
 
-// Blocks adjacent on both sides ride as one fabric op up to a slice (a paged KV cache's
-// consecutive blocks); every op still settles by its own index with its own bytes, and
-// blocks that are not adjacent, or change direction, go on their own.
-TEST_F(TransferEngineTest, AdjacentBlocksRideAsOneFabricOpAndSettleByIndex) {
+// The blocks of a batch between the same two buffers ride as one fabric op up to a slice (a
+// paged KV cache's blocks): adjacent ones as one piece, the others as more pieces of the
+// same gathered op. Every op still settles by its own index with its own bytes; a block
+// that changes direction goes on its own.
+TEST_F(TransferEngineTest, BlocksBetweenTheSameBuffersRideAsOneFabricOpAndSettleByIndex) {
   constexpr uint64_t kBlock = 4 << 10;
   constexpr int kRun = static_cast<int>(kSlice / kBlock) + 4;  // a slice's worth, then 4 more
   auto src = Local(2 * kSlice, 8);
@@ -346,15 +347,16 @@ TEST_F(TransferEngineTest, AdjacentBlocksRideAsOneFabricOpAndSettleByIndex) {
   for (int b = 0; b < kRun; ++b) {
     *batch.add_ops() = Op(ferry::v1::WRITE, *src, b * kBlock, kBlock, b * kBlock);
   }
-  // Adjacent locally but not remotely: its own op.
+  // Adjacent locally but not remotely: a piece of its own, in the op of the 4 before it.
   *batch.add_ops() = Op(ferry::v1::WRITE, *src, kRun * kBlock, kBlock, 12 * kSlice);
   // Adjacent on both sides to the one before, but a READ: its own op.
   *batch.add_ops() = Op(ferry::v1::READ, *src, (kRun + 1) * kBlock, kBlock, 12 * kSlice + kBlock);
   ferry::v1::TransferResult r = RunToEnd(batch);
   ASSERT_EQ(r.state(), ferry::v1::SUCCEEDED) << r.message();
   EXPECT_TRUE(local_.AwaitIdle(kPatience));
-  // The first slice's worth in one op, the 4 left over in another, then the two loners.
-  EXPECT_EQ(local_.stats().posts, 4u);
+  // The first slice's worth in one op, the 4 left over and the next block in another, then
+  // the READ.
+  EXPECT_EQ(local_.stats().posts, 3u);
   EXPECT_EQ(local_.stats().bytes_written, (kRun + 1) * kBlock);
   EXPECT_EQ(Mismatch(landing_.data(), kRun * kBlock, 8), -1);
   EXPECT_EQ(Mismatch(landing_.data() + 12 * kSlice, kBlock, 8, kRun * kBlock), -1);
@@ -409,7 +411,8 @@ TEST_F(TransferEngineTest, AFailedRunFailsEachOfItsBlocks) {
   for (int b = 0; b < 3; ++b) {
     *batch.add_ops() = Op(ferry::v1::WRITE, *src, b * kBlock, kBlock, b * kBlock);
   }
-  *batch.add_ops() = Op(ferry::v1::WRITE, *src, 3 * kBlock, kBlock, 8 * kSlice);
+  // A READ: not part of the run.
+  *batch.add_ops() = Op(ferry::v1::READ, *src, 3 * kBlock, kBlock, 8 * kSlice);
   local_.FailNextOps(1, absl::InternalError("injected: the run's op failed"));
   ferry::v1::TransferResult r = RunToEnd(batch);
   EXPECT_EQ(r.state(), ferry::v1::FAILED);
@@ -421,6 +424,36 @@ TEST_F(TransferEngineTest, AFailedRunFailsEachOfItsBlocks) {
   EXPECT_EQ(r.ops(3).code(), 0) << r.ops(3).message();
   EXPECT_EQ(r.ops_failed(), 3u);
   EXPECT_EQ(r.bytes(), kBlock);
+  EXPECT_TRUE(AwaitEngineCounts(0, 1));
+}
+
+// Scattered blocks (a paged KV cache's, in no order) between the same buffers are gathered:
+// at most kMaxPieces (256) pieces per fabric op, each landing at its own place.
+TEST_F(TransferEngineTest, ScatteredBlocksAreGatheredIntoOpsOfAtMost256Pieces) {
+  constexpr uint64_t kBlock = 64;
+  constexpr int kBlocks = 300;
+  auto src = Local(kBlocks * kBlock, 12);
+  auto slot = [](int b) { return static_cast<uint64_t>(kBlocks - 1 - b) * 2 * kBlock; };
+  ferry::v1::SubmitRequest batch;
+  for (int b = 0; b < kBlocks; ++b) {
+    *batch.add_ops() = Op(ferry::v1::WRITE, *src, b * kBlock, kBlock, slot(b));
+  }
+  ferry::v1::TransferResult r = RunToEnd(batch);
+  ASSERT_EQ(r.state(), ferry::v1::SUCCEEDED) << r.message();
+  EXPECT_TRUE(local_.AwaitIdle(kPatience));
+  EXPECT_EQ(local_.stats().posts, 2u) << "256 pieces, then 44";
+  EXPECT_EQ(local_.stats().bytes_written, kBlocks * kBlock);
+  for (int b = 0; b < kBlocks; ++b) {
+    ASSERT_EQ(Mismatch(landing_.data() + slot(b), kBlock, 12, b * kBlock), -1) << "block " << b;
+    // The gap after each slot is never written.
+    const char* gap = landing_.data() + slot(b) + kBlock;
+    ASSERT_EQ(std::count(gap, gap + kBlock, 0), static_cast<int64_t>(kBlock)) << "gap after " << b;
+  }
+  ASSERT_EQ(r.ops_size(), kBlocks);
+  for (int b = 0; b < kBlocks; ++b) {
+    EXPECT_EQ(r.ops(b).code(), 0) << "op " << b << ": " << r.ops(b).message();
+    EXPECT_EQ(r.ops(b).bytes(), kBlock) << "op " << b;
+  }
   EXPECT_TRUE(AwaitEngineCounts(0, 1));
 }
 

@@ -9,12 +9,15 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "absl/functional/any_invocable.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "transport/completion.h"
+#include "transport/parts_completion.h"
 #include "transport/rail_id.h"
 
 namespace ferry::fabric {
@@ -74,14 +77,17 @@ struct RemoteSlice {
   uint32_t key = 0;
 };
 
-// Runs exactly once per accepted op, on the provider's completion thread, never while the
-// provider holds a lock. (One exception: if the connection breaks while a multi-part op is
-// being posted, the completion may run on the posting thread; so never post while holding a
-// lock the completion takes.) OK, or the reason it failed:
-// PERMISSION_DENIED when the peer refused the op (key, range, access or export scope: the
-// peer's memory is untouched; tcp and verbs cannot tell which, and their endpoint is broken
-// afterwards), UNAVAILABLE when the connection broke.
-using Completion = absl::AnyInvocable<void(absl::Status) &&>;
+// One piece of a gathered op (Endpoint::PostWriteList): `length` bytes at `local_offset` of
+// the op's local region and at `remote_offset` past the op's remote base. What the scattered
+// blocks of a paged KV cache become: many pieces between the same two regions.
+struct Piece {
+  uint64_t local_offset = 0;
+  uint64_t remote_offset = 0;
+  uint64_t length = 0;
+};
+
+// Completion: see transport/completion.h.
+
 
 // A connection to one peer's fabric. Thread-safe: any thread may post.
 class Endpoint {
@@ -98,6 +104,23 @@ class Endpoint {
   virtual absl::Status PostRead(const LocalSlice& dst, const RemoteSlice& src,
                                 Completion done) = 0;
 
+  // Gathered ops: every piece between `region` and the peer's region at `base` (its byte 0
+  // and key), as one op with one completion, which is OK when every piece landed. The pieces
+  // may land in any order, and when the op fails some may have landed and others not (verbs:
+  // a chain of WRs stops at the first error): the caller treats all of them as failed. The
+  // span is read during the call only. Refused now, as a single op is: an empty list or an
+  // empty piece -> INVALID_ARGUMENT, a piece outside `region` -> OUT_OF_RANGE.
+  // By default each piece is its own op (joined into one completion); providers that can
+  // move them together (tcp: one request, one frame table, one ack) override it.
+  virtual absl::Status PostWriteList(const MemoryRegion* region, const RemoteSlice& base,
+                                     std::span<const Piece> pieces, Completion done) {
+    return PostPieces(false, region, base, pieces, std::move(done));
+  }
+  virtual absl::Status PostReadList(const MemoryRegion* region, const RemoteSlice& base,
+                                    std::span<const Piece> pieces, Completion done) {
+    return PostPieces(true, region, base, pieces, std::move(done));
+  }
+
   // True once the connection failed; posts then return UNAVAILABLE and the owner should
   // connect again.
   virtual bool broken() const = 0;
@@ -105,6 +128,45 @@ class Endpoint {
   // Fails every outstanding op (UNAVAILABLE) and closes the connection. Idempotent; returns
   // after every completion has run.
   virtual void Close() = 0;
+
+  // The list checks every provider makes before it accepts a gathered op (see PostWriteList):
+  // OK, or the error to refuse it with. `provider` prefixes the message.
+  static absl::Status CheckPieces(const std::string& provider, const MemoryRegion* region,
+                                  std::span<const Piece> pieces) {
+    if (pieces.empty()) return absl::InvalidArgumentError(provider + ": an empty piece list");
+    if (region == nullptr) return absl::OutOfRangeError(provider + ": no local region");
+    for (const Piece& p : pieces) {
+      if (p.length == 0) return absl::InvalidArgumentError(provider + ": an empty piece");
+      if (p.local_offset > region->length() || p.length > region->length() - p.local_offset) {
+        return absl::OutOfRangeError(provider + ": local piece [" + std::to_string(p.local_offset) +
+                                     ", +" + std::to_string(p.length) + ") is outside its region");
+      }
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  // The default gathered op: a single op per piece, their completions joined. A piece
+  // refused after others were accepted fails the op through the joined completion.
+  absl::Status PostPieces(bool read, const MemoryRegion* region, const RemoteSlice& base,
+                          std::span<const Piece> pieces, Completion done) {
+    if (absl::Status ok = CheckPieces("fabric", region, pieces); !ok.ok()) return ok;
+    auto joined =
+        std::make_shared<PartsCompletion>(static_cast<int>(pieces.size()), std::move(done));
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      const Piece& p = pieces[i];
+      const LocalSlice local{region, p.local_offset, p.length};
+      const RemoteSlice remote{base.address + p.remote_offset, base.key};
+      Completion part = [joined](absl::Status s) { joined->PartDone(std::move(s)); };
+      absl::Status s = read ? PostRead(local, remote, std::move(part))
+                            : PostWrite(local, remote, std::move(part));
+      if (s.ok()) continue;
+      if (i == 0) return s;  // nothing accepted: refused now, `done` never runs
+      for (size_t rest = i; rest < pieces.size(); ++rest) joined->PartDone(s);
+      break;
+    }
+    return absl::OkStatus();
+  }
 };
 
 // The initiator's half of a connection handshake. The bytes travel to the peer's agent

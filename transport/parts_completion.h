@@ -8,7 +8,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
-#include "transport/fabric.h"
+#include "transport/completion.h"
 
 namespace ferry::fabric {
 

@@ -102,9 +102,17 @@ void FairQueue::Post(SliceWork work, bool wanted) {
     held->queue->Release(held->bytes);
     std::move(held->done)(std::move(s));
   };
-  absl::Status posted = work.read
-                            ? work.endpoint->PostRead(work.local, work.remote, std::move(on_done))
-                            : work.endpoint->PostWrite(work.local, work.remote, std::move(on_done));
+  fabric::Endpoint& to = *work.endpoint;
+  absl::Status posted;
+  if (work.pieces) {
+    posted = work.read ? to.PostReadList(work.local.region, work.remote, *work.pieces,
+                                         std::move(on_done))
+                       : to.PostWriteList(work.local.region, work.remote, *work.pieces,
+                                          std::move(on_done));
+  } else {
+    posted = work.read ? to.PostRead(work.local, work.remote, std::move(on_done))
+                       : to.PostWrite(work.local, work.remote, std::move(on_done));
+  }
   if (!posted.ok()) {
     Release(bytes);
     std::move(held->done)(std::move(posted));

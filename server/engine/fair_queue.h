@@ -27,9 +27,11 @@ namespace ferry::server {
 struct SliceWork {
   std::shared_ptr<fabric::Endpoint> endpoint;
   bool read = false;  // PostRead into `local`, else PostWrite from it
-  fabric::LocalSlice local;
-  fabric::RemoteSlice remote;
+  fabric::LocalSlice local;  // with `pieces`: the region, and the pieces' bytes as length
+  fabric::RemoteSlice remote;  // with `pieces`: the remote region's byte 0
   fabric::Completion done;  // runs exactly once: the slice's outcome, or CANCELLED unposted
+  // Set: a gathered slice (the scattered blocks of a batch), posted as one list op.
+  std::shared_ptr<const std::vector<fabric::Piece>> pieces;
 };
 
 // Asked before a transfer's slices are posted (once for those a pump takes together):

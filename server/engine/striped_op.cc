@@ -31,8 +31,8 @@ StripedOp::StripedOp(Spec spec, std::shared_ptr<const LaneSet> lanes,
       done_(std::move(done)) {}
 
 void StripedOp::AppendSlices(std::vector<SliceWork>& out) {
-  if (spec_.length <= spec_.slice_bytes) {
-    // One slice, as most ops of a KV batch are: no plan to build.
+  if (spec_.pieces || spec_.length <= spec_.slice_bytes) {
+    // One slice, as most ops of a KV batch are (and a gathered one is): no plan to build.
     {
       absl::MutexLock lock(&mu_);
       open_ = 1;
@@ -59,12 +59,17 @@ std::vector<SliceWork> StripedOp::Slices() {
 
 SliceWork StripedOp::Work(const SliceRange& slice, size_t lane) {
   const Lane& l = lanes_[lane];
+  fabric::Completion done = [self = shared_from_this(), slice, lane](absl::Status s) {
+    self->OnSlice(slice, lane, std::move(s));
+  };
+  if (spec_.pieces) {
+    // The pieces name offsets in the buffers; the lane says where they are on its rails.
+    return {l.endpoint, spec_.read, {l.region, 0, spec_.length}, l.base, std::move(done),
+            spec_.pieces};
+  }
   return {l.endpoint, spec_.read,
           {l.region, spec_.local_offset + slice.offset, slice.length},
-          {l.base.address + spec_.remote_offset + slice.offset, l.base.key},
-          [self = shared_from_this(), slice, lane](absl::Status s) {
-            self->OnSlice(slice, lane, std::move(s));
-          }};
+          {l.base.address + spec_.remote_offset + slice.offset, l.base.key}, std::move(done)};
 }
 
 int StripedOp::OtherLane(size_t failed) const {

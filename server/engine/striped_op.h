@@ -70,6 +70,9 @@ class StripedOp : public std::enable_shared_from_this<StripedOp> {
     // Slice k starts on lane (first_lane + k) % lanes: small ops of a batch take turns on
     // the NICs rather than all starting on the first.
     size_t first_lane = 0;
+    // Set: the op gathers these pieces (offsets in the two buffers; `length` bytes in all, at
+    // most a slice), one list op on one lane; the offsets above are then unused.
+    std::shared_ptr<const std::vector<fabric::Piece>> pieces;
   };
   using Done = absl::AnyInvocable<void(StripedOutcome) &&>;
 

@@ -6,6 +6,7 @@
 #include <tuple>
 #include <utility>
 
+#include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/byte_size.h"
@@ -22,6 +23,10 @@ namespace {
 
 // Ops of a finished transfer whose legs the debug log shows.
 constexpr size_t kLoggedOps = 4;
+// The most pieces one gathered op carries: 1 MiB of 4 KiB blocks, a frame table of 4 KiB on
+// tcp (transport/tcp/wire.h takes up to kMaxWirePieces); verbs posts the pieces as WRs,
+// chained by its initiator QP.
+constexpr size_t kMaxPieces = 256;
 
 
 absl::Status RangeError(const std::string& field, uint64_t offset, uint64_t length,
@@ -316,17 +321,20 @@ void TransferEngine::Post(const std::shared_ptr<Transfer>& transfer, absl::Time 
     }
     return queue;
   };
-  // Direct ops waiting to be posted as one: ops first..last, contiguous on both sides.
+  // Direct ops waiting to be posted as one: ops first..last, between the same two buffers in
+  // the same direction, as pieces (an op adjacent on both sides to the previous one extends
+  // its piece).
   struct Run {
     size_t first = 0, last = 0;
     const SharedPlan* plan = nullptr;
     bool read = false;
-    uint64_t local_offset = 0, remote_offset = 0, length = 0;
+    uint64_t length = 0;  // of all the pieces
+    absl::InlinedVector<fabric::Piece, 1> pieces;  // one, unless the run gathers blocks
   };
   std::optional<Run> run;
   auto flush = [&] {
     if (!run) return;
-    const Run r = *std::exchange(run, std::nullopt);
+    Run r = std::move(*std::exchange(run, std::nullopt));
     const std::string& node = ops[r.first].remote->node;
     const std::string provider = r.plan->provider;
     // The completion holds the ops (and so the buffers) until the fabric is done with
@@ -341,8 +349,13 @@ void TransferEngine::Post(const std::shared_ptr<Transfer>& transfer, absl::Time 
       visit.engine()->SettleRun(transfer, first, last, status, provider, outcome);
     };
     transfer->MarkPosted(r.first, r.last - r.first + 1);
-    StripedOp::Spec spec{r.read, r.local_offset, r.remote_offset, r.length, limits.slice_bytes,
+    const fabric::Piece& one = r.pieces.front();
+    StripedOp::Spec spec{r.read, one.local_offset, one.remote_offset, r.length, limits.slice_bytes,
                          node, transfer->id(), next_lane_.fetch_add(1, std::memory_order_relaxed)};
+    if (r.pieces.size() > 1) {
+      spec.pieces =
+          std::make_shared<const std::vector<fabric::Piece>>(r.pieces.begin(), r.pieces.end());
+    }
     auto striped = std::make_shared<StripedOp>(std::move(spec), r.plan->lanes, ledger_,
                                                queue_for(node), wanted, std::move(done));
     std::vector<SliceWork>& to_peer = work[node];
@@ -493,28 +506,37 @@ void TransferEngine::Post(const std::shared_ptr<Transfer>& transfer, absl::Time 
     }
     size_t& most = routes_to[node];
     most = std::max(most, direct.routes.size());
-    // Adjacent blocks (this op starts where the previous one ended, on both sides, between
-    // the same buffers) ride as one op while the run fits a slice: one fabric op, one
-    // completion, for a run of a paged KV cache's consecutive blocks. Only the op right
-    // after the run joins it: one between that failed or went to staging has an outcome of
-    // its own, which the run's completion must not write over.
+    // The ops of a batch between the same two buffers ride together while they fit a slice
+    // and kMaxPieces: one fabric op, one completion (tcp: one request and one ack) for a run
+    // of a paged KV cache's blocks. An op adjacent on both sides to the previous one (the
+    // cache's consecutive blocks) extends its piece. Only the op right after the run joins
+    // it: one between that failed or went to staging has an outcome of its own, which the
+    // run's completion must not write over.
     if (run && run->last + 1 == i && run->plan == &plan &&
         run->read == (op.type == ferry::v1::READ) &&
-        run->local_offset + run->length == op.local_offset &&
-        run->remote_offset + run->length == op.remote_offset &&
         run->length + op.length <= limits.slice_bytes) {
-      run->length += op.length;
-      run->last = i;
-      continue;
+      fabric::Piece& back = run->pieces.back();
+      if (back.local_offset + back.length == op.local_offset &&
+          back.remote_offset + back.length == op.remote_offset) {
+        back.length += op.length;
+      } else if (run->pieces.size() < kMaxPieces) {
+        run->pieces.push_back({op.local_offset, op.remote_offset, op.length});
+      } else {
+        flush();
+      }
+      if (run) {
+        run->length += op.length;
+        run->last = i;
+        continue;
+      }
     }
     flush();
     run = Run{.first = i,
               .last = i,
               .plan = &plan,
               .read = op.type == ferry::v1::READ,
-              .local_offset = op.local_offset,
-              .remote_offset = op.remote_offset,
-              .length = op.length};
+              .length = op.length,
+              .pieces = {{op.local_offset, op.remote_offset, op.length}}};
   }
   flush();
   // Each peer's slices go to its queue at once, after planning: nothing completes meanwhile.

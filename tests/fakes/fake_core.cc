@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <span>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -192,11 +193,12 @@ void Core::PushImmediate(uint32_t imm) {
 absl::Status Core::Execute(Op& op) {
   // Only an error says it: built then, not for every op (ferry-engine-bench counts our cost).
   auto what = [&op] {
-    return absl::StrFormat("%s of %d bytes at 0x%x key 0x%x on %s", OpName(op.kind), op.length,
-                           op.remote.address, op.remote.key, op.link->peer);
+    return absl::StrFormat("%s%s of %d bytes at 0x%x key 0x%x on %s", OpName(op.kind),
+                           op.pieces.empty() ? "" : " list", op.length, op.remote.address,
+                           op.remote.key, op.link->peer);
   };
   Pin local;
-  absl::Status s = AcquireLocal(op.local_key, op.local_offset, what, &local);
+  absl::Status s = AcquireLocal(op.local_key, 0, what, &local);
   if (!s.ok()) return s;
   std::shared_ptr<Core> target = op.link->target.lock();
   if (target == nullptr) {
@@ -206,27 +208,40 @@ absl::Status Core::Execute(Op& op) {
     BreakLocked(*op.link, gone);
     return gone;
   }
-  Pin remote;
   const uint32_t need = op.kind == OpKind::kRead ? fabric::kRemoteRead : fabric::kRemoteWrite;
-  s = target->AcquireRemote(op.remote.key, op.remote.address, op.length, need, what, &remote);
-  if (!s.ok()) {
-    if (options.refusal_breaks_endpoint) {
-      // verbs: the R_Key violation moved the QP to the error state; what follows flushes.
-      absl::MutexLock lock(&mu);
-      BreakLocked(*op.link, absl::UnavailableError(absl::StrCat("fake: endpoint to ", op.link->peer,
-                                                                " broke: ", s.message())));
+  // A single op is one piece at the remote address itself.
+  const fabric::Piece single{op.local_offset, 0, op.length};
+  const std::span<const fabric::Piece> pieces =
+      op.pieces.empty() ? std::span<const fabric::Piece>(&single, 1) : op.pieces;
+  uint64_t moved = 0;
+  for (const fabric::Piece& piece : pieces) {
+    // Piece by piece, as an HCA runs a chain of WRs: those before a refused one have landed
+    // (fabric.h: a failed gathered op may have moved some of its pieces).
+    Pin remote;
+    s = target->AcquireRemote(op.remote.key, op.remote.address + piece.remote_offset,
+                              piece.length, need, what, &remote);
+    if (!s.ok()) {
+      if (options.refusal_breaks_endpoint) {
+        // verbs: the R_Key violation moved the QP to the error state; what follows flushes.
+        absl::MutexLock lock(&mu);
+        BreakLocked(*op.link, absl::UnavailableError(absl::StrCat(
+                                  "fake: endpoint to ", op.link->peer, " broke: ", s.message())));
+      }
+      break;
     }
-    return s;
-  }
-  if (op.kind == OpKind::kRead) {
-    std::memcpy(local.data(), remote.data(), op.length);
-  } else {
-    std::memcpy(remote.data(), local.data(), op.length);
+    char* mine = local.data() + piece.local_offset;
+    if (op.kind == OpKind::kRead) {
+      std::memcpy(mine, remote.data(), piece.length);
+    } else {
+      std::memcpy(remote.data(), mine, piece.length);
+    }
+    moved += piece.length;
   }
   {
     absl::MutexLock lock(&mu);
-    (op.kind == OpKind::kRead ? stats.bytes_read : stats.bytes_written) += op.length;
+    (op.kind == OpKind::kRead ? stats.bytes_read : stats.bytes_written) += moved;
   }
+  if (!s.ok()) return s;
   // The immediate is seen after its data landed, on the target's thread.
   if (op.kind == OpKind::kWriteImm) target->PushImmediate(op.imm);
   return absl::OkStatus();

@@ -47,6 +47,9 @@ struct Op {
   uint64_t length = 0;
   fabric::RemoteSlice remote;
   uint32_t imm = 0;
+  // A gathered op (PostWriteList / PostReadList): its pieces past `remote` (the base); empty
+  // for a single op of `length` bytes at `local_offset` and `remote`.
+  std::vector<fabric::Piece> pieces;
   fabric::Completion done;
   // Not OK: the op completes with it and touches no memory (injected, or flushed by a break).
   absl::Status fail;

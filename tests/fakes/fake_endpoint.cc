@@ -30,9 +30,42 @@ absl::Status FakeEndpoint::PostRead(const fabric::LocalSlice& dst, const fabric:
   return Post(internal::OpKind::kRead, dst, src, 0, std::move(done));
 }
 
+absl::Status FakeEndpoint::PostWriteList(const fabric::MemoryRegion* region,
+                                         const fabric::RemoteSlice& base,
+                                         std::span<const fabric::Piece> pieces,
+                                         fabric::Completion done) {
+  return PostList(internal::OpKind::kWrite, region, base, pieces, std::move(done));
+}
+
+absl::Status FakeEndpoint::PostReadList(const fabric::MemoryRegion* region,
+                                        const fabric::RemoteSlice& base,
+                                        std::span<const fabric::Piece> pieces,
+                                        fabric::Completion done) {
+  return PostList(internal::OpKind::kRead, region, base, pieces, std::move(done));
+}
+
+absl::Status FakeEndpoint::PostList(internal::OpKind kind, const fabric::MemoryRegion* region,
+                                    const fabric::RemoteSlice& base,
+                                    std::span<const fabric::Piece> pieces,
+                                    fabric::Completion done) {
+  // One op, as tcp sends one request (verbs would post a chain of WRs): the checks every
+  // provider makes first, then those of a single op against the whole region.
+  if (absl::Status ok = CheckPieces(link_->initiator->options.provider, region, pieces);
+      !ok.ok()) {
+    absl::MutexLock lock(&link_->initiator->mu);
+    ++link_->initiator->stats.refused_posts;
+    return ok;
+  }
+  uint64_t total = 0;
+  for (const fabric::Piece& p : pieces) total += p.length;
+  return Post(kind, {region, 0, region->length()}, base, 0, std::move(done),
+              std::vector<fabric::Piece>(pieces.begin(), pieces.end()), total);
+}
+
 absl::Status FakeEndpoint::Post(internal::OpKind kind, const fabric::LocalSlice& local,
                                 const fabric::RemoteSlice& remote, uint32_t imm,
-                                fabric::Completion done) {
+                                fabric::Completion done, std::vector<fabric::Piece> pieces,
+                                uint64_t list_bytes) {
   Core& core = *link_->initiator;
   absl::Status refused;
   // The same checks, in the same order and with the same codes, as TcpEndpoint::Post and
@@ -72,9 +105,10 @@ absl::Status FakeEndpoint::Post(internal::OpKind kind, const fabric::LocalSlice&
   op->kind = kind;
   op->local_key = local.region->key();
   op->local_offset = local.offset;
-  op->length = local.length;
+  op->length = pieces.empty() ? local.length : list_bytes;
   op->remote = remote;
   op->imm = imm;
+  op->pieces = std::move(pieces);
   op->done = std::move(done);
   core.fail_ops.Take(&op->fail);
   core.queue.push_back(std::move(op));

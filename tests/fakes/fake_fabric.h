@@ -32,6 +32,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -158,6 +159,14 @@ class FakeEndpoint : public fabric::Endpoint {
                                       uint32_t imm, fabric::Completion done) override;
   absl::Status PostRead(const fabric::LocalSlice& dst, const fabric::RemoteSlice& src,
                         fabric::Completion done) override;
+  // One op for the whole list (FakeFabricStats counts it once), its pieces landing in order
+  // until one is refused, as an HCA runs a chain of WRs.
+  absl::Status PostWriteList(const fabric::MemoryRegion* region, const fabric::RemoteSlice& base,
+                             std::span<const fabric::Piece> pieces,
+                             fabric::Completion done) override;
+  absl::Status PostReadList(const fabric::MemoryRegion* region, const fabric::RemoteSlice& base,
+                            std::span<const fabric::Piece> pieces,
+                            fabric::Completion done) override;
   bool broken() const override;
   void Close() override;
 
@@ -167,8 +176,13 @@ class FakeEndpoint : public fabric::Endpoint {
   const std::string& peer_address() const;
 
  private:
+  absl::Status PostList(internal::OpKind kind, const fabric::MemoryRegion* region,
+                        const fabric::RemoteSlice& base, std::span<const fabric::Piece> pieces,
+                        fabric::Completion done);
+  // `pieces` (of `list_bytes` in all) make it a gathered op; `local` is then the whole region.
   absl::Status Post(internal::OpKind kind, const fabric::LocalSlice& local,
-                    const fabric::RemoteSlice& remote, uint32_t imm, fabric::Completion done);
+                    const fabric::RemoteSlice& remote, uint32_t imm, fabric::Completion done,
+                    std::vector<fabric::Piece> pieces = {}, uint64_t list_bytes = 0);
 
   std::shared_ptr<internal::Link> link_;
 };

@@ -48,7 +48,8 @@ def write(target, name, data):
 
 # tcp_frames: transport/tcp/wire.h. Keys are the harness's placeholders KEY1 (read-write at
 # 0x10000000) and KEY2 (read-only at 0x20000000), 4 KiB each.
-REQ, WRITE, WRITE_IMM, READ, HELLO = 0x46524551, 1, 2, 3, 4
+REQ, WRITE, WRITE_IMM, READ, HELLO, WRITE_LIST = 0x46524551, 1, 2, 3, 4, 5
+VERSION = 4
 KEY1, KEY2 = 0x3159454B, 0x3259454B
 RW, RO = 0x10000000, 0x20000000
 
@@ -60,7 +61,13 @@ def req(op, id=0, address=0, length=0, key=0, imm=0, magic=REQ):
 # The first header's id "SESSION!" is the harness's placeholder: it puts the session and
 # secret of a ticket it issued there (address and length hold the secret on the wire).
 SESSION = 0x214E4F4953534553
-hello = req(HELLO, id=SESSION, imm=3)
+hello = req(HELLO, id=SESSION, imm=VERSION)
+
+
+def pieces(*table):
+    return b"".join(struct.pack("<QQ", offset, length) for offset, length in table)
+
+
 tcp = {
     "hello": hello,
     "write": hello + req(WRITE, 1, RW, 16, KEY1) + bytes(range(16)),
@@ -73,8 +80,22 @@ tcp = {
     "bad_key": hello + req(WRITE, 9, RW, 4, 12345) + b"drop" + req(READ, 10, RW, 4, 0),
     "bad_op": hello + req(9, 11, RW, 4, KEY1),
     "no_hello": req(WRITE, 1, RW, 4, KEY1) + b"evil",
-    "old_version": req(HELLO, id=SESSION, imm=2) + req(READ, 1, RW, 4, KEY1),
-    "unknown_session": req(HELLO, id=12345, address=1, imm=3) + req(READ, 1, RW, 4, KEY1),
+    "old_version": req(HELLO, id=SESSION, imm=VERSION - 1) + req(READ, 1, RW, 4, KEY1),
+    "unknown_session": req(HELLO, id=12345, address=1, imm=VERSION) + req(READ, 1, RW, 4, KEY1),
+    "write_list": hello + req(WRITE_LIST, 1, RW, 12, KEY1, imm=3) +
+                  pieces((4000, 4), (0, 4), (2048, 4)) + b"tailheadmidd" +
+                  req(READ, 2, RW + 2048, 8, KEY1),
+    "write_list_bad_count": hello + req(WRITE_LIST, 1, RW, 4, KEY1, imm=0) +
+                            req(WRITE_LIST, 2, RW, 4, KEY1, imm=5000),
+    "write_list_framing": hello + req(WRITE_LIST, 1, RW, 8, KEY1, imm=2) +
+                          pieces((0, 4), (8, 0)) + b"abcdefgh",
+    "write_list_overflow": hello + req(WRITE_LIST, 1, RW, 8, KEY1, imm=2) +
+                           pieces(((1 << 64) - 4, 4), (0, 4)) + b"abcdefgh",
+    "write_list_refused": hello + req(WRITE_LIST, 1, RW, 8, KEY1, imm=2) +
+                          pieces((0, 4), (4094, 4)) + b"abcdefgh" +
+                          req(WRITE_LIST, 2, RO, 4, KEY2, imm=1) + pieces((0, 4)) + b"nope",
+    "write_list_truncated": hello + req(WRITE_LIST, 1, RW, 400, KEY1, imm=2) +
+                            pieces((0, 200), (1000, 200)) + b"short",
     "bad_magic": hello + req(READ, 1, RW, 4, KEY1) + req(READ, 2, RW, 4, KEY1, magic=0),
     "truncated_payload": hello + req(WRITE, 1, RW, 100, KEY1) + b"short",
     "zero_length": hello + req(WRITE, 1, RW + 4096, 0, KEY1) + req(READ, 2, RW + 4096, 0, KEY1),

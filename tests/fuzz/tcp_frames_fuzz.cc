@@ -5,12 +5,14 @@
 // comes back is checked against a model of the wire contract in wire.h:
 //  - no byte outside a region is read or written (each region is its own heap block, so ASan
 //    sees any access beyond it; the kernel's copies are checked by its recv/sendmsg hooks);
-//  - a connection whose first frame is not a version 3 hello presenting the live session's
-//    secret answers nothing and touches nothing;
+//  - a connection whose first frame is not a hello of this kWireVersion presenting the live
+//    session's secret answers nothing and touches nothing;
 //  - answers come in request order, carry the request id, and refuse exactly what the region
 //    table must refuse (unknown key, out of bounds, wrong access: one code; unknown op), after
 //    which nothing more is answered or written (the target ends the connection);
 //  - a READ returns the bytes the region holds after the WRITEs before it;
+//  - a kWriteList answers kBadOp for a table that cannot be trusted, is refused when a piece
+//    leaves the region, and otherwise lands its pieces in table order;
 //  - what came back is a prefix of the model's answers: WRITE acks wait to be coalesced, and
 //    a connection that reads the end of the stream (or a bad header) closes without sending
 //    the ones still waiting. ferry's initiator never half-closes, so only a peer that has
@@ -106,6 +108,59 @@ struct Expected {
   std::vector<char> rw, ro;  // the regions' bytes after the stream
 };
 
+void Answer(Expected& e, uint64_t id, Refusal refusal) {
+  const ResponseHeader r = {kResponseMagic, refusal, id, 0};
+  e.answers.append(reinterpret_cast<const char*>(&r), sizeof(r));
+}
+
+// A kWriteList (wire.h) whose header `h` ended at `at`: its table, checks and pieces. False
+// when the connection ends here (a refusal, or the stream ran out).
+bool ModelWriteList(const std::string& stream, size_t& at, const RequestHeader& h, const World& w,
+                    Expected& e) {
+  if (h.imm == 0 || h.imm > kMaxWirePieces) {
+    Answer(e, h.id, Refusal::kBadOp);
+    return false;
+  }
+  std::vector<WirePiece> table(h.imm);
+  const size_t table_bytes = table.size() * sizeof(WirePiece);
+  if (stream.size() - at < table_bytes) return false;  // cut short: nothing answered
+  memcpy(table.data(), stream.data() + at, table_bytes);
+  at += table_bytes;
+  // Framing, in 128-bit arithmetic: no piece empty, none past 2^64, the sum is the length.
+  unsigned __int128 total = 0;
+  uint64_t low = UINT64_MAX, high = 0;
+  for (const WirePiece& p : table) {
+    const unsigned __int128 end = static_cast<unsigned __int128>(h.address) + p.offset + p.length;
+    if (p.length == 0 || end > UINT64_MAX) {
+      Answer(e, h.id, Refusal::kBadOp);
+      return false;
+    }
+    total += p.length;
+    low = std::min(low, p.offset);
+    high = std::max(high, p.offset + p.length);
+  }
+  if (total != h.length) {
+    Answer(e, h.id, Refusal::kBadOp);
+    return false;
+  }
+  const Region* region = h.key == w.rw.key ? &w.rw : h.key == w.ro.key ? &w.ro : nullptr;
+  if (region == nullptr || (region->access & fabric::kRemoteWrite) == 0 ||
+      h.address + low < region->address || h.address + high - region->address > kRegionBytes) {
+    Answer(e, h.id, Refusal::kRefused);
+    return false;
+  }
+  // Pieces land as they arrive, in table order; a stream cut short leaves the rest unwritten.
+  std::vector<char>& bytes = region == &w.rw ? e.rw : e.ro;
+  for (const WirePiece& p : table) {
+    const uint64_t have = std::min<uint64_t>(p.length, stream.size() - at);
+    memcpy(bytes.data() + (h.address + p.offset - region->address), stream.data() + at, have);
+    at += have;
+    if (have < p.length) return false;
+  }
+  Answer(e, h.id, Refusal::kNone);
+  return true;
+}
+
 Expected Model(const std::string& stream, const World& w, const SessionTicket& ticket) {
   Expected e;
   e.rw.resize(kRegionBytes);
@@ -130,6 +185,10 @@ Expected Model(const std::string& stream, const World& w, const SessionTicket& t
   while (next(h)) {
     if (h.magic != kRequestMagic) return e;  // dropped, unanswered
     ResponseHeader r = {kResponseMagic, Refusal::kNone, h.id, 0};
+    if (h.op == WireOp::kWriteList) {
+      if (!ModelWriteList(stream, at, h, w, e)) return e;
+      continue;
+    }
     const bool write = h.op == WireOp::kWrite || h.op == WireOp::kWriteImm;
     if (!write && h.op != WireOp::kRead) {
       r.refusal = Refusal::kBadOp;

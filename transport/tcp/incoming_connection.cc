@@ -134,9 +134,18 @@ void IncomingConnection::ReadRequests() {
     ssize_t n;
     if (phase_ == Phase::kDiscard) {
       n = recv(fd_.get(), sink_.data(), sink_.size(), MSG_DONTWAIT);
+    } else if (phase_ == Phase::kPayload && !write_list_.empty()) {
+      // A kWriteList's pieces, each into its place in the pinned region.
+      msghdr msg = {};
+      msg.msg_iov = write_list_.next();
+      msg.msg_iovlen = write_list_.next_count();
+      n = recvmsg(fd_.get(), &msg, MSG_DONTWAIT);
     } else if (phase_ == Phase::kPayload) {
       // Into the pinned region (a refused WRITE never gets here: it ends the connection).
       n = recv(fd_.get(), write_into_, write_left_, MSG_DONTWAIT);
+    } else if (phase_ == Phase::kTable) {
+      n = recv(fd_.get(), reinterpret_cast<char*>(table_.data()) + table_have_,
+               table_.size() * sizeof(WirePiece) - table_have_, MSG_DONTWAIT);
     } else {
       n = recv(fd_.get(), reinterpret_cast<char*>(&header_) + header_have_,
                sizeof(header_) - header_have_, MSG_DONTWAIT);
@@ -155,9 +164,18 @@ void IncomingConnection::ReadRequests() {
     received += static_cast<uint64_t>(n);
     if (phase_ == Phase::kDiscard) continue;
     if (phase_ == Phase::kPayload) {
-      write_into_ += n;
+      if (write_list_.empty()) {
+        write_into_ += n;
+      } else {
+        write_list_.Consume(static_cast<size_t>(n));
+      }
       write_left_ -= static_cast<uint64_t>(n);
       if (write_left_ == 0) FinishWrite();
+      continue;
+    }
+    if (phase_ == Phase::kTable) {
+      table_have_ += static_cast<size_t>(n);
+      if (table_have_ == table_.size() * sizeof(WirePiece)) OnTable();
       continue;
     }
     header_have_ += static_cast<size_t>(n);
@@ -186,8 +204,8 @@ void IncomingConnection::OnHeader() {
 void IncomingConnection::OnHello() {
   // Nothing but this one header is read before the secret is checked, and nothing is
   // answered to a connection without one: a scanner learns only that the port is open.
-  const char* why = "a first frame that is not a version 3 hello";
-  static_assert(kWireVersion == 3, "update the message above");
+  const char* why = "a first frame that is not a version 4 hello";
+  static_assert(kWireVersion == 4, "update the message above");
   if (header_.magic == kRequestMagic && header_.op == WireOp::kHello &&
       header_.imm == kWireVersion) {
     SessionTicket ticket = TicketOfHello(header_);
@@ -216,6 +234,18 @@ void IncomingConnection::OnRequest() {
     return;
   }
   ResponseHeader resp = {kResponseMagic, Refusal::kNone, req.id, 0};
+  if (req.op == WireOp::kWriteList) {
+    if (req.imm == 0 || req.imm > kMaxWirePieces) {
+      // The table's size cannot be trusted: answer, then end.
+      resp.refusal = Refusal::kBadOp;
+      RefuseAndEnd(resp);
+      return;
+    }
+    table_.resize(req.imm);
+    table_have_ = 0;
+    phase_ = Phase::kTable;
+    return;
+  }
   bool is_write = req.op == WireOp::kWrite || req.op == WireOp::kWriteImm;
   if (!is_write && req.op != WireOp::kRead) {
     // The payload length of an unknown op cannot be trusted: answer, then end.
@@ -227,35 +257,11 @@ void IncomingConnection::OnRequest() {
   RegionCheck check = target_.regions->Acquire(req.key, req.address, req.length,
                                                NeededAccess(req.op), peer_.node, access);
   if (check != RegionCheck::kOk) {
-    std::atomic<uint64_t>& counter =
-        check == RegionCheck::kUnknownKey    ? target_.admission->refused_key
-        : check == RegionCheck::kOutOfBounds ? target_.admission->refused_bounds
-        : check == RegionCheck::kAccess      ? target_.admission->refused_access
-                                             : target_.admission->refused_peer;
-    uint64_t count = counter.fetch_add(1) + 1;
-    if (LogThis(count)) {
-      spdlog::warn("tcp: refused a {} of {} bytes at 0x{:x} key 0x{:x} from {} ({}): {}; closing "
-                   "the connection ({} such so far)",
-                   req.op == WireOp::kRead ? "READ" : "WRITE", req.length, req.address, req.key,
-                   peer_.node, source_, RegionCheckReason(check), count);
-    }
-    // One answer whatever the reason (wire.h). A refused WRITE's payload is not read into
-    // anything: the connection only drains from here on.
-    resp.refusal = Refusal::kRefused;
-    RefuseAndEnd(resp);
+    RefuseChecked(check, req);
     return;
   }
   if (is_write) {
-    write_answer_ = resp;
-    write_left_ = req.length;
-    write_imm_ = req.imm;
-    write_notify_ = req.op == WireOp::kWriteImm;
-    target_.served->written.fetch_add(req.length, std::memory_order_relaxed);
-    target_.served->ops.fetch_add(1, std::memory_order_relaxed);
-    write_into_ = access->data();
-    write_pin_.emplace(std::move(*access));
-    phase_ = Phase::kPayload;
-    if (write_left_ == 0) FinishWrite();
+    StartWrite(req, std::move(*access));
     return;
   }
   // A READ answer goes out at once, behind the acks that were waiting, its payload straight
@@ -267,6 +273,75 @@ void IncomingConnection::OnRequest() {
   char* payload = access->data();
   QueueOutput(payload, resp.length, std::move(access));
   Flush();
+}
+
+void IncomingConnection::OnTable() {
+  const RequestHeader& req = header_;
+  // Every piece non-empty, inside 2^64 from the request's address, the lengths adding up to
+  // the payload: else the payload's framing cannot be trusted (kBadOp). Written so that no
+  // sum can overflow.
+  uint64_t total = 0, low = UINT64_MAX, high = 0;
+  bool framed = true;
+  for (const WirePiece& p : table_) {
+    if (p.length == 0 || p.length > req.length - total || p.offset > UINT64_MAX - p.length ||
+        p.offset + p.length > UINT64_MAX - req.address) {
+      framed = false;
+      break;
+    }
+    total += p.length;
+    low = std::min(low, p.offset);
+    high = std::max(high, p.offset + p.length);
+  }
+  if (!framed || total != req.length) {
+    RefuseAndEnd({kResponseMagic, Refusal::kBadOp, req.id, 0});
+    return;
+  }
+  // The span from the lowest piece to the end of the highest lies in the region exactly when
+  // every piece does: one check, one pin.
+  std::optional<RegionTable::Access> access;
+  RegionCheck check = target_.regions->Acquire(req.key, req.address + low, high - low,
+                                               fabric::kRemoteWrite, peer_.node, access);
+  if (check != RegionCheck::kOk) {
+    RefuseChecked(check, req);
+    return;
+  }
+  write_list_.Clear();
+  for (const WirePiece& p : table_) write_list_.Add(access->data() + (p.offset - low), p.length);
+  StartWrite(req, std::move(*access));
+}
+
+void IncomingConnection::RefuseChecked(RegionCheck check, const RequestHeader& req) {
+  std::atomic<uint64_t>& counter =
+      check == RegionCheck::kUnknownKey    ? target_.admission->refused_key
+      : check == RegionCheck::kOutOfBounds ? target_.admission->refused_bounds
+      : check == RegionCheck::kAccess      ? target_.admission->refused_access
+                                           : target_.admission->refused_peer;
+  uint64_t count = counter.fetch_add(1) + 1;
+  if (LogThis(count)) {
+    spdlog::warn("tcp: refused a {} of {} bytes at 0x{:x} key 0x{:x} from {} ({}): {}; closing "
+                 "the connection ({} such so far)",
+                 req.op == WireOp::kRead        ? "READ"
+                 : req.op == WireOp::kWriteList ? "WRITE list"
+                                                : "WRITE",
+                 req.length, req.address, req.key, peer_.node, source_, RegionCheckReason(check),
+                 count);
+  }
+  // One answer whatever the reason (wire.h). A refused WRITE's payload is not read into
+  // anything: the connection only drains from here on.
+  RefuseAndEnd({kResponseMagic, Refusal::kRefused, req.id, 0});
+}
+
+void IncomingConnection::StartWrite(const RequestHeader& req, RegionTable::Access access) {
+  write_answer_ = {kResponseMagic, Refusal::kNone, req.id, 0};
+  write_left_ = req.length;
+  write_imm_ = req.imm;
+  write_notify_ = req.op == WireOp::kWriteImm;
+  target_.served->written.fetch_add(req.length, std::memory_order_relaxed);
+  target_.served->ops.fetch_add(1, std::memory_order_relaxed);
+  write_into_ = access.data();
+  write_pin_.emplace(std::move(access));
+  phase_ = Phase::kPayload;
+  if (write_left_ == 0) FinishWrite();
 }
 
 void IncomingConnection::RefuseAndEnd(const ResponseHeader& resp) {
@@ -294,6 +369,7 @@ void IncomingConnection::StartDiscard() {
 void IncomingConnection::FinishWrite() {
   write_pin_.reset();
   write_into_ = nullptr;
+  write_list_.Clear();
   phase_ = Phase::kHeader;
   if (write_notify_) target_.notify(write_imm_);
   acks_.push_back(write_answer_);

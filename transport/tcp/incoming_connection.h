@@ -20,6 +20,7 @@
 #include "absl/time/time.h"
 #include "base/unique_fd.h"
 #include "transport/tcp/event_loop.h"
+#include "transport/tcp/iov_cursor.h"
 #include "transport/fabric.h"
 #include "transport/tcp/region_table.h"
 #include "transport/tcp/session_secrets.h"
@@ -83,7 +84,8 @@ class IncomingConnection : public EventLoop::Handler,
   // kDiscard: a refusal went out; nothing more is read into memory or answered, only drained
   // until the peer closes (or a timer does), so that the kernel does not reset the connection
   // before the refusal reached the peer.
-  enum class Phase { kHello, kHeader, kPayload, kDiscard, kClosed };
+  // kTable: a kWriteList's frame table is coming (wire.h).
+  enum class Phase { kHello, kHeader, kTable, kPayload, kDiscard, kClosed };
 
   // Reads requests until the socket is empty, an answer must go out first, or this round's
   // share is spent.
@@ -91,6 +93,12 @@ class IncomingConnection : public EventLoop::Handler,
   // A whole header is in: hello check, or validation and the start of the request.
   void OnHeader();
   void OnRequest();
+  // A kWriteList's frame table is in: checked, then its pieces are received in place.
+  void OnTable();
+  // Counts and logs a request the region table refused, answers it and ends the connection.
+  void RefuseChecked(RegionCheck check, const RequestHeader& req);
+  // Starts receiving an accepted WRITE's payload into `access` (pinned until it is in).
+  void StartWrite(const RequestHeader& req, RegionTable::Access access);
   // Admits the connection to the hello's session, or closes it without an answer.
   void OnHello();
   // Answers `resp` (a refusal) after the waiting acks, then ends the connection.
@@ -126,6 +134,11 @@ class IncomingConnection : public EventLoop::Handler,
   uint32_t write_imm_ = 0;
   bool write_notify_ = false;
   std::vector<char> sink_;
+  // A kWriteList: its frame table (being received, then checked) and where its pieces land,
+  // consumed as recvmsg fills them.
+  std::vector<WirePiece> table_;
+  size_t table_have_ = 0;  // bytes of table_ received
+  IovCursor write_list_;
 
   // Acks of writes wait here while more requests are readable and leave in one send: a KV
   // batch of thousands of small writes then costs a fraction of the syscalls.

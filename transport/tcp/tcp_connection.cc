@@ -22,6 +22,9 @@ constexpr uint64_t kMaxBatchBytes = 1 << 20;
 // Bytes one connection moves per wakeup in each direction before the loop's other
 // connections get their turn (level-triggered epoll calls it again at once).
 constexpr uint64_t kRoundBytes = 4 << 20;
+// The largest request a posting thread sends itself when the connection is idle
+// (SendNowLocked): a small op's latency without the hop to the loop.
+constexpr uint64_t kSendNowBytes = 64 << 10;
 
 bool WouldBlock(int err) { return err == EAGAIN || err == EWOULDBLOCK; }
 
@@ -84,7 +87,13 @@ absl::Status TcpConnection::Enqueue(Request request) {
   queue_.push_back(std::move(request));
   if (sending_) return absl::OkStatus();
   sending_ = true;
+  // Nothing is being sent: this thread sends now, without waking the loop (a lone op's
+  // latency). What the socket does not take, or an error, is left to the loop.
+  if (SendNowLocked()) return absl::OkStatus();
   if (!loop_->Post([self = shared_from_this()] { self->OnEvents(EPOLLOUT); })) {
+    // Sent in part already (outstanding, not queued): it fails when the endpoint closes,
+    // as every outstanding op does.
+    if (queue_.empty()) return absl::OkStatus();
     queue_.pop_back();
     sending_ = false;
     return absl::UnavailableError("tcp: the fabric's event loops have stopped");
@@ -142,8 +151,7 @@ void TcpConnection::FailLocked(const absl::Status& why, Finished& finished) {
   queue_.clear();
   outstanding_.clear();
   headers_.clear();
-  wire_.clear();
-  wire_pos_ = 0;
+  wire_.Clear();
   have_ = 0;
   read_into_ = nullptr;
   read_left_ = 0;
@@ -185,22 +193,50 @@ void TcpConnection::SetWantOutLocked(bool want) {
 }
 
 void TcpConnection::TakeBatchLocked() {
+  // wire_ is done: no iovec points into headers_ any more.
   headers_.clear();
-  wire_.clear();
-  wire_pos_ = 0;
+  wire_.Clear();
   uint64_t bytes = 0;
   while (!queue_.empty() && headers_.size() < kMaxBatch && bytes < kMaxBatchBytes) {
     Request request = std::move(queue_.front());
     queue_.pop_front();
     request.header.id = next_id_++;
     headers_.push_back(request.header);
-    wire_.push_back({&headers_.back(), sizeof(RequestHeader)});
-    if (request.header.op != WireOp::kRead && request.header.length > 0) {
-      wire_.push_back({request.local, request.header.length});
+    wire_.Add(&headers_.back(), sizeof(RequestHeader));
+    if (request.pieces) {
+      PieceList& list = *request.pieces;
+      wire_.Add(list.table.data(), list.table.size() * sizeof(WirePiece));
+      for (size_t i = 0; i < list.table.size(); ++i) wire_.Add(list.from[i], list.table[i].length);
+      bytes += request.header.length;
+    } else if (request.header.op != WireOp::kRead && request.header.length > 0) {
+      wire_.Add(request.local, request.header.length);
       bytes += request.header.length;
     }
     // Outstanding before the bytes leave, so the answer always finds it.
     outstanding_.push_back(std::move(request));
+  }
+}
+
+bool TcpConnection::SendNowLocked() {
+  // Only a lone small request: large ones are copied into the socket by the loops, several
+  // connections in parallel, not by the posting thread one after the other.
+  if (!wire_.done() || !fd_.valid() || queue_.size() != 1 ||
+      queue_.front().header.length > kSendNowBytes) {
+    return false;
+  }
+  TakeBatchLocked();
+  while (true) {
+    msghdr msg = {};
+    msg.msg_iov = wire_.next();
+    msg.msg_iovlen = wire_.next_count();
+    ssize_t n = sendmsg(fd_.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) return false;  // full, or broken: the loop sends the rest or fails the ops
+    wire_.Consume(static_cast<size_t>(n));
+    if (!wire_.done()) return false;
+    if (!queue_.empty()) return false;  // more than one batch: the loop's turn
+    sending_ = false;
+    return true;
   }
 }
 
@@ -211,7 +247,7 @@ void TcpConnection::SendLocked(Finished& finished) {
       SetWantOutLocked(true);
       return;
     }
-    if (wire_pos_ == wire_.size()) {
+    if (wire_.done()) {
       TakeBatchLocked();
       if (wire_.empty()) {
         sending_ = false;
@@ -220,8 +256,8 @@ void TcpConnection::SendLocked(Finished& finished) {
       }
     }
     msghdr msg = {};
-    msg.msg_iov = &wire_[wire_pos_];
-    msg.msg_iovlen = std::min<size_t>(wire_.size() - wire_pos_, IOV_MAX);
+    msg.msg_iov = wire_.next();
+    msg.msg_iovlen = wire_.next_count();
     ssize_t n = sendmsg(fd_.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (n < 0) {
       if (errno == EINTR) continue;
@@ -235,15 +271,7 @@ void TcpConnection::SendLocked(Finished& finished) {
       return;
     }
     sent += static_cast<uint64_t>(n);
-    size_t left = static_cast<size_t>(n);
-    while (wire_pos_ < wire_.size() && left >= wire_[wire_pos_].iov_len) {
-      left -= wire_[wire_pos_].iov_len;
-      ++wire_pos_;
-    }
-    if (wire_pos_ < wire_.size()) {
-      wire_[wire_pos_].iov_base = static_cast<char*>(wire_[wire_pos_].iov_base) + left;
-      wire_[wire_pos_].iov_len -= left;
-    }
+    wire_.Consume(static_cast<size_t>(n));
   }
 }
 

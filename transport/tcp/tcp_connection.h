@@ -18,6 +18,7 @@
 #include "base/unique_fd.h"
 #include "transport/fabric.h"
 #include "transport/tcp/event_loop.h"
+#include "transport/tcp/iov_cursor.h"
 #include "transport/tcp/wire.h"
 
 namespace ferry::tcp {
@@ -25,10 +26,17 @@ namespace ferry::tcp {
 class TcpConnection : public EventLoop::Handler,
                       public std::enable_shared_from_this<TcpConnection> {
  public:
+  // A kWriteList's frame table and where each piece's bytes are; held by its request until
+  // the answer, so the iovecs of a send in progress stay valid.
+  struct PieceList {
+    std::vector<WirePiece> table;
+    std::vector<char*> from;  // by piece
+  };
   struct Request {
     RequestHeader header;
-    char* local;  // source (WRITE) or destination (READ) bytes
+    char* local;  // source (WRITE) or destination (READ) bytes; unused by a kWriteList
     fabric::Completion done;
+    std::unique_ptr<PieceList> pieces;  // a kWriteList's
   };
 
   // Takes a connected socket that has sent its hello and serves it on `loop`.
@@ -62,7 +70,11 @@ class TcpConnection : public EventLoop::Handler,
   // Loop thread: sends queued requests until the socket is full, the queue is empty or this
   // round's share is spent.
   void SendLocked(Finished& finished) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Loop thread: takes the next batch of queued requests into wire_.
+  // Any thread, when nothing is being sent and one small request waits: sends it now,
+  // without a hop to the loop. True when all of it went (sending_ is false again); false
+  // leaves it (or the rest of it) to the loop, which must then be woken.
+  bool SendNowLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Takes the next batch of queued requests into wire_ (the loop, or SendNowLocked).
   void TakeBatchLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Loop thread: reads answers (and READ payloads) until the socket is empty or this round's
   // share is spent.
@@ -93,10 +105,9 @@ class TcpConnection : public EventLoop::Handler,
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
 
   // The batch being sent: headers, and iovecs of header i then payload i (straight from the
-  // region), consumed from wire_pos_ as sendmsg takes them.
+  // region; a kWriteList's frame table, then its pieces), consumed as sendmsg takes them.
   std::vector<RequestHeader> headers_ ABSL_GUARDED_BY(mu_);
-  std::vector<iovec> wire_ ABSL_GUARDED_BY(mu_);
-  size_t wire_pos_ ABSL_GUARDED_BY(mu_) = 0;
+  IovCursor wire_ ABSL_GUARDED_BY(mu_);
 
   // Answers being received: a run of WRITE acks in one recv; a READ answer's payload goes
   // straight into outstanding_.front()'s destination (never through this buffer).

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "base/status_macros.h"
 #include "transport/parts_completion.h"
 #include "transport/tcp/event_loop.h"
 #include "transport/tcp/socket.h"
@@ -84,6 +85,45 @@ absl::Status TcpEndpoint::PostRead(const fabric::LocalSlice& dst, const fabric::
   return Post(static_cast<uint32_t>(WireOp::kRead), dst, src, 0, std::move(done));
 }
 
+absl::StatusOr<const TcpRegion*> TcpEndpoint::Usable(const fabric::MemoryRegion* region) const {
+  if (broken())
+    return absl::UnavailableError(absl::StrCat("tcp: endpoint to ", address_, " is broken"));
+  // The bytes move through the region's CPU mapping, never its (possibly device) address.
+  const auto* tcp = dynamic_cast<const TcpRegion*>(region);
+  if (tcp == nullptr) {
+    return absl::InvalidArgumentError("tcp: the local slice's region is not a tcp registration");
+  }
+  return tcp;
+}
+
+absl::Status TcpEndpoint::PostWriteList(const fabric::MemoryRegion* region,
+                                        const fabric::RemoteSlice& base,
+                                        std::span<const fabric::Piece> pieces,
+                                        fabric::Completion done) {
+  if (pieces.size() > kMaxWirePieces) {
+    return fabric::Endpoint::PostWriteList(region, base, pieces, std::move(done));
+  }
+  RETURN_IF_ERROR(CheckPieces("tcp", region, pieces));
+  ASSIGN_OR_RETURN(const TcpRegion* tcp, Usable(region));
+  auto list = std::make_unique<TcpConnection::PieceList>();
+  list->table.reserve(pieces.size());
+  list->from.reserve(pieces.size());
+  uint64_t total = 0;
+  for (const fabric::Piece& p : pieces) {
+    list->table.push_back({p.remote_offset, p.length});
+    list->from.push_back(tcp->memory() + p.local_offset);
+    total += p.length;  // each piece lies in the region: no overflow
+  }
+  TcpConnection::Request request;
+  request.header = {kRequestMagic, WireOp::kWriteList,         0, base.address, total,
+                    base.key,      static_cast<uint32_t>(pieces.size())};
+  request.local = nullptr;
+  request.done = std::move(done);
+  request.pieces = std::move(list);
+  TcpConnection& conn = *connections_[next_connection_.fetch_add(1) % connections_.size()];
+  return conn.Enqueue(std::move(request));
+}
+
 absl::Status TcpEndpoint::Post(uint32_t op_code, const fabric::LocalSlice& local,
                                const fabric::RemoteSlice& remote, uint32_t imm,
                                fabric::Completion done) {
@@ -93,13 +133,7 @@ absl::Status TcpEndpoint::Post(uint32_t op_code, const fabric::LocalSlice& local
     return absl::OutOfRangeError(absl::StrCat("tcp: local slice [", local.offset, ", +",
                                               local.length, ") is outside its region"));
   }
-  if (broken())
-    return absl::UnavailableError(absl::StrCat("tcp: endpoint to ", address_, " is broken"));
-  // The bytes move through the region's CPU mapping, never its (possibly device) address.
-  const auto* region = dynamic_cast<const TcpRegion*>(local.region);
-  if (region == nullptr) {
-    return absl::InvalidArgumentError("tcp: the local slice's region is not a tcp registration");
-  }
+  ASSIGN_OR_RETURN(const TcpRegion* region, Usable(local.region));
   auto op = static_cast<WireOp>(op_code);
   char* base = region->memory() + local.offset;
 

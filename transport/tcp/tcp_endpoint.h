@@ -16,6 +16,7 @@ namespace ferry::tcp {
 
 class EventLoopPool;
 class TcpConnection;
+class TcpRegion;
 
 class TcpEndpoint : public fabric::Endpoint {
  public:
@@ -37,6 +38,11 @@ class TcpEndpoint : public fabric::Endpoint {
                                       fabric::Completion done) override;
   absl::Status PostRead(const fabric::LocalSlice& dst, const fabric::RemoteSlice& src,
                         fabric::Completion done) override;
+  // One kWriteList request on one connection (wire.h): one frame table, one ack. A list
+  // longer than kMaxWirePieces goes piece by piece (Endpoint's default).
+  absl::Status PostWriteList(const fabric::MemoryRegion* region, const fabric::RemoteSlice& base,
+                             std::span<const fabric::Piece> pieces,
+                             fabric::Completion done) override;
   bool broken() const override;
   void Close() override;
 
@@ -45,6 +51,8 @@ class TcpEndpoint : public fabric::Endpoint {
               uint64_t stripe_min_bytes);
   absl::Status Post(uint32_t op, const fabric::LocalSlice& local, const fabric::RemoteSlice& remote,
                     uint32_t imm, fabric::Completion done);
+  // The tcp registration behind `region`, or why an op on it is refused now.
+  absl::StatusOr<const TcpRegion*> Usable(const fabric::MemoryRegion* region) const;
 
   const std::string address_;
   const std::vector<std::shared_ptr<TcpConnection>> connections_;

@@ -18,10 +18,30 @@ inline constexpr uint32_t kResponseMagic = 0x46525350;  // "FRSP"
 // A connection that sends anything else first, a hello without a live session and its
 // secret, or nothing within the listener's handshake timeout, is closed without an answer
 // before anything more is read from it or any memory is touched.
-enum class WireOp : uint32_t { kWrite = 1, kWriteImm = 2, kRead = 3, kHello = 4 };
+//
+// kWriteList gathers pieces into one request (Endpoint::PostWriteList: the scattered blocks
+// of a KV cache), answered by one ack:
+//   address = the region's byte 0 (its remote address), key as for kWrite
+//   imm     = the number of pieces, 1..kMaxWirePieces
+//   length  = the payload bytes, the sum of the pieces' lengths
+// then imm WirePieces (the frame table), then the pieces' bytes in table order. The target
+// checks the table (each piece non-empty, no sum or address past 2^64, the lengths adding up
+// to `length`: else kBadOp) and the range from the lowest piece to the end of the highest
+// (inside the region: else kRefused) before any byte lands.
+enum class WireOp : uint32_t { kWrite = 1, kWriteImm = 2, kRead = 3, kHello = 4, kWriteList = 5 };
 
 // 3: the hello carries a session secret; one refusal code for key, bounds and access.
-inline constexpr uint32_t kWireVersion = 3;
+// 4: kWriteList.
+inline constexpr uint32_t kWireVersion = 4;
+
+// At most this many pieces in one kWriteList (IOV_MAX, so one recvmsg can take them all).
+inline constexpr uint32_t kMaxWirePieces = 1024;
+
+struct WirePiece {
+  uint64_t offset;  // from the request's address
+  uint64_t length;
+};
+static_assert(sizeof(WirePiece) == 16);
 
 // What a target answers to a request it does not serve; its memory is untouched. One code
 // for an unknown or revoked key, a range outside the region, access the region does not
