@@ -28,6 +28,7 @@
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "server/peers/protocol.h"
 #include "tests/agent_pair.h"
 #include "tests/peer_channel.h"
 #include "tests/text_file.h"
@@ -248,7 +249,7 @@ TEST(AgentLifecycleTest, IdleConnectionsUnderALowFdLimitDoNotStopTransfers) {
   grpc::ClientContext ctx;
   ferry::v1::HelloRequest hello;
   hello.set_node("probe");
-  hello.set_protocol_version(2);
+  hello.set_protocol_version(server::kPeerProtocolVersion);
   ferry::v1::HelloResponse welcome;
   ASSERT_TRUE(peer->Hello(&ctx, hello, &welcome).ok());
   std::string data_address;
@@ -479,7 +480,8 @@ TEST(AgentLifecycleTest, HelloRefusesAnotherProtocolVersionNamingBoth) {
   grpc::Status s = peer->Hello(&ctx, hello, &welcome);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
   EXPECT_THAT(s.error_message(), HasSubstr("'old-node' speaks peer protocol 99"));
-  EXPECT_THAT(s.error_message(), HasSubstr("node-a speaks 2"));
+  EXPECT_THAT(s.error_message(),
+              HasSubstr(absl::StrCat("node-a speaks ", server::kPeerProtocolVersion)));
 }
 
 TEST(AgentLifecycleTest, SighupAppliesWhatItCanAndNamesWhatNeedsARestart) {

@@ -6,5 +6,6 @@
 
 namespace ferry::server {
 // 2: tcp connections open with a hello frame (transport/tcp/wire.h).
-inline constexpr uint32_t kPeerProtocolVersion = 2;
+// 3: tcp carries gathered writes (kWriteList, tcp wire version 4).
+inline constexpr uint32_t kPeerProtocolVersion = 3;
 }  // namespace ferry::server
