@@ -86,8 +86,7 @@ struct Piece {
   uint64_t length = 0;
 };
 
-// Completion: see transport/completion.h.
-
+// Completion (what runs when a posted op is done): transport/completion.h.
 
 // A connection to one peer's fabric. Thread-safe: any thread may post.
 class Endpoint {

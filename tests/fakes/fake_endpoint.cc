@@ -56,16 +56,13 @@ absl::Status FakeEndpoint::PostList(internal::OpKind kind, const fabric::MemoryR
     ++link_->initiator->stats.refused_posts;
     return ok;
   }
-  uint64_t total = 0;
-  for (const fabric::Piece& p : pieces) total += p.length;
   return Post(kind, {region, 0, region->length()}, base, 0, std::move(done),
-              std::vector<fabric::Piece>(pieces.begin(), pieces.end()), total);
+              std::vector<fabric::Piece>(pieces.begin(), pieces.end()));
 }
 
 absl::Status FakeEndpoint::Post(internal::OpKind kind, const fabric::LocalSlice& local,
                                 const fabric::RemoteSlice& remote, uint32_t imm,
-                                fabric::Completion done, std::vector<fabric::Piece> pieces,
-                                uint64_t list_bytes) {
+                                fabric::Completion done, std::vector<fabric::Piece> pieces) {
   Core& core = *link_->initiator;
   absl::Status refused;
   // The same checks, in the same order and with the same codes, as TcpEndpoint::Post and
@@ -105,7 +102,11 @@ absl::Status FakeEndpoint::Post(internal::OpKind kind, const fabric::LocalSlice&
   op->kind = kind;
   op->local_key = local.region->key();
   op->local_offset = local.offset;
-  op->length = pieces.empty() ? local.length : list_bytes;
+  op->length = local.length;
+  if (!pieces.empty()) {
+    op->length = 0;
+    for (const fabric::Piece& p : pieces) op->length += p.length;
+  }
   op->remote = remote;
   op->imm = imm;
   op->pieces = std::move(pieces);

@@ -179,10 +179,10 @@ class FakeEndpoint : public fabric::Endpoint {
   absl::Status PostList(internal::OpKind kind, const fabric::MemoryRegion* region,
                         const fabric::RemoteSlice& base, std::span<const fabric::Piece> pieces,
                         fabric::Completion done);
-  // `pieces` (of `list_bytes` in all) make it a gathered op; `local` is then the whole region.
+  // `pieces` make it a gathered op; `local` is then the whole region.
   absl::Status Post(internal::OpKind kind, const fabric::LocalSlice& local,
                     const fabric::RemoteSlice& remote, uint32_t imm, fabric::Completion done,
-                    std::vector<fabric::Piece> pieces = {}, uint64_t list_bytes = 0);
+                    std::vector<fabric::Piece> pieces = {});
 
   std::shared_ptr<internal::Link> link_;
 };

@@ -134,15 +134,13 @@ void IncomingConnection::ReadRequests() {
     ssize_t n;
     if (phase_ == Phase::kDiscard) {
       n = recv(fd_.get(), sink_.data(), sink_.size(), MSG_DONTWAIT);
-    } else if (phase_ == Phase::kPayload && !write_list_.empty()) {
-      // A kWriteList's pieces, each into its place in the pinned region.
-      msghdr msg = {};
-      msg.msg_iov = write_list_.next();
-      msg.msg_iovlen = write_list_.next_count();
-      n = recvmsg(fd_.get(), &msg, MSG_DONTWAIT);
     } else if (phase_ == Phase::kPayload) {
-      // Into the pinned region (a refused WRITE never gets here: it ends the connection).
-      n = recv(fd_.get(), write_into_, write_left_, MSG_DONTWAIT);
+      // Into the pinned region, each piece at its place (a WRITE is one piece; a refused one
+      // never gets here: it ends the connection).
+      msghdr msg = {};
+      msg.msg_iov = write_into_.next();
+      msg.msg_iovlen = write_into_.next_count();
+      n = recvmsg(fd_.get(), &msg, MSG_DONTWAIT);
     } else if (phase_ == Phase::kTable) {
       n = recv(fd_.get(), reinterpret_cast<char*>(table_.data()) + table_have_,
                table_.size() * sizeof(WirePiece) - table_have_, MSG_DONTWAIT);
@@ -164,11 +162,7 @@ void IncomingConnection::ReadRequests() {
     received += static_cast<uint64_t>(n);
     if (phase_ == Phase::kDiscard) continue;
     if (phase_ == Phase::kPayload) {
-      if (write_list_.empty()) {
-        write_into_ += n;
-      } else {
-        write_list_.Consume(static_cast<size_t>(n));
-      }
+      write_into_.Consume(static_cast<size_t>(n));
       write_left_ -= static_cast<uint64_t>(n);
       if (write_left_ == 0) FinishWrite();
       continue;
@@ -261,6 +255,8 @@ void IncomingConnection::OnRequest() {
     return;
   }
   if (is_write) {
+    write_into_.Clear();
+    write_into_.Add(access->data(), req.length);
     StartWrite(req, std::move(*access));
     return;
   }
@@ -305,8 +301,8 @@ void IncomingConnection::OnTable() {
     RefuseChecked(check, req);
     return;
   }
-  write_list_.Clear();
-  for (const WirePiece& p : table_) write_list_.Add(access->data() + (p.offset - low), p.length);
+  write_into_.Clear();
+  for (const WirePiece& p : table_) write_into_.Add(access->data() + (p.offset - low), p.length);
   StartWrite(req, std::move(*access));
 }
 
@@ -338,7 +334,6 @@ void IncomingConnection::StartWrite(const RequestHeader& req, RegionTable::Acces
   write_notify_ = req.op == WireOp::kWriteImm;
   target_.served->written.fetch_add(req.length, std::memory_order_relaxed);
   target_.served->ops.fetch_add(1, std::memory_order_relaxed);
-  write_into_ = access.data();
   write_pin_.emplace(std::move(access));
   phase_ = Phase::kPayload;
   if (write_left_ == 0) FinishWrite();
@@ -368,8 +363,7 @@ void IncomingConnection::StartDiscard() {
 
 void IncomingConnection::FinishWrite() {
   write_pin_.reset();
-  write_into_ = nullptr;
-  write_list_.Clear();
+  write_into_.Clear();
   phase_ = Phase::kHeader;
   if (write_notify_) target_.notify(write_imm_);
   acks_.push_back(write_answer_);

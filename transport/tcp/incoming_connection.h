@@ -97,7 +97,8 @@ class IncomingConnection : public EventLoop::Handler,
   void OnTable();
   // Counts and logs a request the region table refused, answers it and ends the connection.
   void RefuseChecked(RegionCheck check, const RequestHeader& req);
-  // Starts receiving an accepted WRITE's payload into `access` (pinned until it is in).
+  // Starts receiving an accepted WRITE's payload into write_into_, which lies in `access`
+  // (pinned until it is in).
   void StartWrite(const RequestHeader& req, RegionTable::Access access);
   // Admits the connection to the hello's session, or closes it without an answer.
   void OnHello();
@@ -126,19 +127,18 @@ class IncomingConnection : public EventLoop::Handler,
   RequestHeader header_ = {};
   size_t header_have_ = 0;
 
-  // The WRITE payload being received: into the pinned region, or (refused) into sink_.
+  // The WRITE payload being received into the pinned region: where its bytes land (one
+  // piece, or a kWriteList's pieces), consumed as recvmsg fills them.
   ResponseHeader write_answer_ = {};
   std::optional<RegionTable::Access> write_pin_;
-  char* write_into_ = nullptr;
+  IovCursor write_into_;
   uint64_t write_left_ = 0;
   uint32_t write_imm_ = 0;
   bool write_notify_ = false;
-  std::vector<char> sink_;
-  // A kWriteList: its frame table (being received, then checked) and where its pieces land,
-  // consumed as recvmsg fills them.
+  std::vector<char> sink_;  // kDiscard: the bytes drained after a refusal
+  // A kWriteList's frame table, being received, then checked.
   std::vector<WirePiece> table_;
   size_t table_have_ = 0;  // bytes of table_ received
-  IovCursor write_list_;
 
   // Acks of writes wait here while more requests are readable and leave in one send: a KV
   // batch of thousands of small writes then costs a fraction of the syscalls.

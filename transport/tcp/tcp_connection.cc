@@ -225,19 +225,22 @@ bool TcpConnection::SendNowLocked() {
     return false;
   }
   TakeBatchLocked();
-  while (true) {
-    msghdr msg = {};
-    msg.msg_iov = wire_.next();
-    msg.msg_iovlen = wire_.next_count();
-    ssize_t n = sendmsg(fd_.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) return false;  // full, or broken: the loop sends the rest or fails the ops
-    wire_.Consume(static_cast<size_t>(n));
-    if (!wire_.done()) return false;
-    if (!queue_.empty()) return false;  // more than one batch: the loop's turn
-    sending_ = false;
-    return true;
-  }
+  // Full, or broken: the loop sends the rest, or fails the ops.
+  if (SendWireLocked() < 0 || !wire_.done()) return false;
+  sending_ = false;
+  return true;
+}
+
+ssize_t TcpConnection::SendWireLocked() {
+  msghdr msg = {};
+  msg.msg_iov = wire_.next();
+  msg.msg_iovlen = wire_.next_count();
+  ssize_t n;
+  do {
+    n = sendmsg(fd_.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+  } while (n < 0 && errno == EINTR);
+  if (n > 0) wire_.Consume(static_cast<size_t>(n));
+  return n;
 }
 
 void TcpConnection::SendLocked(Finished& finished) {
@@ -255,12 +258,8 @@ void TcpConnection::SendLocked(Finished& finished) {
         return;
       }
     }
-    msghdr msg = {};
-    msg.msg_iov = wire_.next();
-    msg.msg_iovlen = wire_.next_count();
-    ssize_t n = sendmsg(fd_.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    const ssize_t n = SendWireLocked();
     if (n < 0) {
-      if (errno == EINTR) continue;
       if (WouldBlock(errno)) {
         SetWantOutLocked(true);  // the rest when the socket has room
         return;
@@ -271,7 +270,6 @@ void TcpConnection::SendLocked(Finished& finished) {
       return;
     }
     sent += static_cast<uint64_t>(n);
-    wire_.Consume(static_cast<size_t>(n));
   }
 }
 

@@ -74,6 +74,9 @@ class TcpConnection : public EventLoop::Handler,
   // without a hop to the loop. True when all of it went (sending_ is false again); false
   // leaves it (or the rest of it) to the loop, which must then be woken.
   bool SendNowLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // One sendmsg of what wire_ holds (retried on EINTR), consumed from wire_: the bytes sent,
+  // or -1 with errno set.
+  ssize_t SendWireLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Takes the next batch of queued requests into wire_ (the loop, or SendNowLocked).
   void TakeBatchLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Loop thread: reads answers (and READ payloads) until the socket is empty or this round's
