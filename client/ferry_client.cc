@@ -11,6 +11,7 @@
 #include "base/unique_fd.h"
 #include "client/agent_channel.h"
 #include "client/gpu_mapping.h"
+#include "client/transfer_stream.h"
 #include "grpcpp/grpcpp.h"
 #include "base/grpc_status.h"
 
@@ -141,8 +142,7 @@ absl::StatusOr<uint64_t> Client::StatRemoteBuffer(const std::string& node,
   return resp.size();
 }
 
-ferry::v1::SubmitRequest Client::SubmitRequestOf(const std::vector<OpSpec>& ops,
-                                                 absl::Duration timeout) {
+ferry::v1::SubmitRequest SubmitRequestOf(const std::vector<OpSpec>& ops, absl::Duration timeout) {
   ferry::v1::SubmitRequest req;
   req.mutable_ops()->Reserve(static_cast<int>(ops.size()));
   for (const OpSpec& o : ops) {
@@ -234,6 +234,13 @@ absl::StatusOr<ferry::v1::TransferResult> Client::Run(const std::vector<OpSpec>&
   if (!s.ok()) return FromGrpcStatus(s);
   if (include_ops) RETURN_IF_ERROR(FetchRemainingOps(resp));  // later pages come by Wait
   return resp;
+}
+
+absl::StatusOr<std::unique_ptr<TransferStream>> Client::OpenTransferStream() {
+  // No deadline: the stream lives as long as its user wants; each transfer has its own.
+  auto ctx = std::make_unique<grpc::ClientContext>();
+  session_->Attach(ctx.get());
+  return TransferStream::Open(*stub_, std::move(ctx));
 }
 
 absl::Status Client::Write(const Buffer& local, uint64_t local_offset, const std::string& peer,

@@ -66,6 +66,11 @@ struct OpSpec {
   uint64_t length = 0;
 };
 
+// The request that starts `ops` (timeout 0: the agent's default).
+ferry::v1::SubmitRequest SubmitRequestOf(const std::vector<OpSpec>& ops, absl::Duration timeout);
+
+class TransferStream;
+
 class Client {
  public:
   // `target`: a Unix socket path, or "unix:PATH" / "HOST:PORT" (the opt-in TCP listener).
@@ -109,6 +114,10 @@ class Client {
   absl::StatusOr<ferry::v1::TransferResult> Run(const std::vector<OpSpec>& ops,
                                                 absl::Duration timeout = absl::Seconds(60),
                                                 bool include_ops = false);
+
+  // Many transfers over one call, answered as they end (client/transfer_stream.h): for a
+  // caller that issues many small ones, without a call per transfer.
+  absl::StatusOr<std::unique_ptr<TransferStream>> OpenTransferStream();
 
   // One WRITE (local -> peer) or READ (peer -> local), waited for.
   absl::Status Write(const Buffer& local, uint64_t local_offset, const std::string& peer,
@@ -156,8 +165,6 @@ class Client {
   std::unique_ptr<grpc::ClientContext> Context(absl::Duration timeout = absl::Seconds(30)) const;
   // Appends the per-op results after `result`'s page (from its ops_next), by Wait.
   absl::Status FetchRemainingOps(ferry::v1::TransferResult& result);
-  static ferry::v1::SubmitRequest SubmitRequestOf(const std::vector<OpSpec>& ops,
-                                                  absl::Duration timeout);
 
   // RegisterMemory with the request's memory fields set.
   absl::StatusOr<ferry::v1::RegisterMemoryResponse> Register(ferry::v1::RegisterMemoryRequest req);

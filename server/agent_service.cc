@@ -15,6 +15,7 @@
 #include "server/views.h"
 #include "server/runtime_peers.h"
 #include "server/local/session_call.h"
+#include "server/transfer_stream.h"
 #include "base/grpc_status.h"
 #include "base/status_macros.h"
 #include "server/version.h"
@@ -60,10 +61,18 @@ ResultPage PageOf(const ferry::v1::WaitRequest& req) {
   return page;
 }
 
+ResultPage PageOf(const ferry::v1::TransferRequest& req) {
+  ResultPage page;
+  page.include_ops = req.include_ops();
+  page.limit = req.ops_limit();
+  page.failed_only = req.failed_only();
+  return page;
+}
+
 }  // namespace
 
 absl::Status AgentService::MayUseLocalBuffers(
-    const grpc::ServerContext& ctx, const google::protobuf::RepeatedPtrField<ferry::v1::Op>& ops) {
+    const grpc::ServerContextBase& ctx, const google::protobuf::RepeatedPtrField<ferry::v1::Op>& ops) {
   const LocalCallers& callers = core_->local_callers();
   std::optional<LocalCaller> caller = callers.Of(ctx);
   if (!caller || callers.Privileged(*caller)) return absl::OkStatus();
@@ -282,11 +291,25 @@ grpc::Status AgentService::Transfer(grpc::ServerContext* ctx, const ferry::v1::T
   if (!id.ok()) return ToGrpcStatus(id.status());
   auto transfer = core_->engine().Find(*id);
   if (!transfer.ok()) return ToGrpcStatus(transfer.status());
-  ResultPage page;
-  page.include_ops = req->include_ops();
-  page.limit = req->ops_limit();
-  page.failed_only = req->failed_only();
-  return AwaitResult(ctx, **transfer, page, resp);
+  return AwaitResult(ctx, **transfer, PageOf(*req), resp);
+}
+
+grpc::ServerBidiReactor<ferry::v1::StreamedTransfer, ferry::v1::StreamedResult>*
+AgentService::TransferStream(grpc::CallbackServerContext* ctx) {
+  // `ctx` lives until the reactor's OnDone, and requests start only before it.
+  return StartTransferStream(
+      [this, ctx](const ferry::v1::TransferRequest& req,
+                  std::function<void(ferry::v1::TransferResult)> answer) -> absl::Status {
+        RETURN_IF_ERROR(MayUseLocalBuffers(*ctx, req.submit().ops()));
+        // No thread waits for it: the engine's finished hook answers, on the thread that
+        // settled the last op.
+        return core_->engine()
+            .Submit(req.submit(),
+                    [page = PageOf(req), answer = std::move(answer)](const server::Transfer& t) {
+                      answer(t.Result(page));
+                    })
+            .status();
+      });
 }
 
 grpc::Status AgentService::AwaitResult(grpc::ServerContext* ctx, const server::Transfer& transfer,

@@ -15,7 +15,8 @@ namespace ferry::server {
 class AgentCore;
 
 class AgentService final
-    : public ferry::v1::Agent::WithCallbackMethod_OpenSession<ferry::v1::Agent::Service> {
+    : public ferry::v1::Agent::WithCallbackMethod_OpenSession<
+          ferry::v1::Agent::WithCallbackMethod_TransferStream<ferry::v1::Agent::Service>> {
  public:
   explicit AgentService(AgentCore* core) : core_(core) {}
 
@@ -45,6 +46,8 @@ class AgentService final
                     ferry::v1::TransferResult*) override;
   grpc::Status Transfer(grpc::ServerContext*, const ferry::v1::TransferRequest*,
                         ferry::v1::TransferResult*) override;
+  grpc::ServerBidiReactor<ferry::v1::StreamedTransfer, ferry::v1::StreamedResult>*
+  TransferStream(grpc::CallbackServerContext*) override;
   grpc::Status Cancel(grpc::ServerContext*, const ferry::v1::CancelTransferRequest*,
                       ferry::v1::TransferResult*) override;
   grpc::Status Watch(grpc::ServerContext*, const ferry::v1::WatchRequest*,
@@ -69,12 +72,12 @@ class AgentService final
   // FreeBuffer (an agent buffer) and DeregisterMemory (`registered` memory): the caller's
   // session and uid may end it; FAILED_PRECONDITION naming the other call for the other kind.
   grpc::Status EndBuffer(const grpc::ServerContext& ctx, uint64_t id, bool registered);
-  // Blocks (this is the sync API) until `transfer` ends, the call's deadline passes or the
-  // client hangs up; then its result, `page` of its per-op results.
   // PERMISSION_DENIED naming the op when a local caller names another uid's buffer (root
   // and the admin group may); the engine validates the rest.
-  absl::Status MayUseLocalBuffers(const grpc::ServerContext& ctx,
+  absl::Status MayUseLocalBuffers(const grpc::ServerContextBase& ctx,
                                   const google::protobuf::RepeatedPtrField<ferry::v1::Op>& ops);
+  // Blocks (this is the sync API) until `transfer` ends, the call's deadline passes or the
+  // client hangs up; then its result, `page` of its per-op results.
   // `until`: answer at that time with the result as it stands (RUNNING) instead of failing.
   grpc::Status AwaitResult(grpc::ServerContext* ctx, const server::Transfer& transfer,
                            const ResultPage& page, ferry::v1::TransferResult* resp,

@@ -1,0 +1,82 @@
+#include "client/transfer_stream.h"
+
+#include <string>
+#include <utility>
+
+#include "base/grpc_status.h"
+
+namespace ferry {
+
+absl::StatusOr<std::unique_ptr<TransferStream>> TransferStream::Open(
+    ferry::v1::Agent::Stub& stub, std::unique_ptr<grpc::ClientContext> ctx) {
+  auto call = stub.TransferStream(ctx.get());
+  if (call == nullptr) return absl::InternalError("TransferStream: gRPC gave no call");
+  return std::unique_ptr<TransferStream>(new TransferStream(std::move(ctx), std::move(call)));
+}
+
+TransferStream::TransferStream(
+    std::unique_ptr<grpc::ClientContext> ctx,
+    std::unique_ptr<grpc::ClientReaderWriter<ferry::v1::StreamedTransfer,
+                                             ferry::v1::StreamedResult>> call)
+    : ctx_(std::move(ctx)), call_(std::move(call)) {}
+
+TransferStream::~TransferStream() { Finish().IgnoreError(); }
+
+absl::Status TransferStream::Send(uint64_t tag, const std::vector<OpSpec>& ops,
+                                  absl::Duration timeout, bool include_ops) {
+  ferry::v1::StreamedTransfer request;
+  request.set_tag(tag);
+  *request.mutable_transfer()->mutable_submit() = SubmitRequestOf(ops, timeout);
+  request.mutable_transfer()->set_include_ops(include_ops);
+  absl::MutexLock lock(&send_mu_);
+  if (send_closed_) return absl::FailedPreconditionError("Send after CloseSend");
+  if (!call_->Write(request)) {
+    return absl::UnavailableError("the transfer stream ended (Finish says why)");
+  }
+  return absl::OkStatus();
+}
+
+absl::Status TransferStream::CloseSend() {
+  absl::MutexLock lock(&send_mu_);
+  if (send_closed_) return absl::OkStatus();
+  send_closed_ = true;
+  if (!call_->WritesDone()) {
+    return absl::UnavailableError("the transfer stream ended (Finish says why)");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<TransferStream::Answer> TransferStream::Next() {
+  ferry::v1::StreamedResult message;
+  if (!call_->Read(&message)) {
+    absl::MutexLock lock(&end_mu_);
+    read_ended_ = true;
+    return absl::OutOfRangeError("the transfer stream ended (Finish says how)");
+  }
+  Answer answer;
+  answer.tag = message.tag();
+  if (message.code() != 0) {
+    answer.result = absl::Status(static_cast<absl::StatusCode>(message.code()), message.message());
+  } else {
+    answer.result = std::move(*message.mutable_result());
+  }
+  return answer;
+}
+
+absl::Status TransferStream::Finish() {
+  absl::MutexLock lock(&end_mu_);
+  if (finished_) return *finished_;
+  if (!read_ended_) {
+    // Giving up: the agent ends the call, and what it had still to say is read and dropped
+    // (gRPC's Finish wants every message read first).
+    ctx_->TryCancel();
+    ferry::v1::StreamedResult dropped;
+    while (call_->Read(&dropped)) {
+    }
+    read_ended_ = true;
+  }
+  finished_ = FromGrpcStatus(call_->Finish());
+  return *finished_;
+}
+
+}  // namespace ferry

@@ -1,0 +1,157 @@
+#include "server/transfer_stream.h"
+
+#include <deque>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+
+namespace ferry::server {
+namespace {
+
+using Request = ferry::v1::StreamedTransfer;
+using Answer = ferry::v1::StreamedResult;
+
+// One read and one write outstanding at most, as gRPC's callback API requires; both, and
+// Finish, are started under `mu_`: gRPC runs the reactions (OnReadDone, OnWriteDone) on its
+// own threads, never inside StartRead/StartWrite, so holding the lock there cannot deadlock.
+// The reactor owns itself (`self_`) until OnDone, and every running transfer's answer holds
+// it too: a transfer that ends after the call finds it finished and answers nobody.
+class TransferStreamReactor : public grpc::ServerBidiReactor<Request, Answer>,
+                              public std::enable_shared_from_this<TransferStreamReactor> {
+ public:
+  explicit TransferStreamReactor(StartTransfer start) : start_(std::move(start)) {}
+
+  // Not in the constructor: answers take shared_from_this(), which needs the owner first.
+  void Begin(std::shared_ptr<TransferStreamReactor> self) {
+    absl::MutexLock lock(&mu_);
+    self_ = std::move(self);
+    reading_ = true;
+    StartRead(&request_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {  // the client closed its side, or went away (then OnCancel follows)
+      absl::MutexLock lock(&mu_);
+      reading_ = false;
+      reads_done_ = true;
+      FinishIfAnsweredLocked();
+      return;
+    }
+    const uint64_t tag = request_.tag();
+    {
+      // Counted before it starts: its answer may come before start_ returns.
+      absl::MutexLock lock(&mu_);
+      ++open_;
+    }
+    std::shared_ptr<TransferStreamReactor> self = shared_from_this();
+    absl::Status started =
+        start_(request_.transfer(), [self, tag](ferry::v1::TransferResult result) {
+          Answer answer;
+          answer.set_tag(tag);
+          *answer.mutable_result() = std::move(result);
+          self->Send(std::move(answer));
+        });
+    if (!started.ok()) {
+      Answer answer;
+      answer.set_tag(tag);
+      answer.set_code(static_cast<int>(started.code()));
+      answer.set_message(std::string(started.message()));
+      Send(std::move(answer));
+    }
+    absl::MutexLock lock(&mu_);
+    reading_ = false;
+    ReadIfRoomLocked();
+  }
+
+  void OnWriteDone(bool ok) override {
+    absl::MutexLock lock(&mu_);
+    writing_ = false;
+    if (!ok) {
+      FinishLocked(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the client went away"));
+      return;
+    }
+    --open_;  // answered: room for another request
+    WriteNextLocked();
+    ReadIfRoomLocked();
+    FinishIfAnsweredLocked();
+  }
+
+  void OnCancel() override {
+    absl::MutexLock lock(&mu_);
+    FinishLocked(grpc::Status::CANCELLED);
+  }
+
+  void OnDone() override {
+    std::shared_ptr<TransferStreamReactor> last;
+    {
+      absl::MutexLock lock(&mu_);
+      finished_ = true;
+      queue_.clear();
+      last = std::move(self_);
+    }
+    // `last` may be the final owner: this goes with it, after the lock.
+  }
+
+ private:
+  // Queues an answer, and writes it if no write is outstanding.
+  void Send(Answer answer) {
+    absl::MutexLock lock(&mu_);
+    if (finished_) return;  // nobody to tell: the call ended
+    queue_.push_back(std::move(answer));
+    if (!writing_) WriteNextLocked();
+  }
+
+  void WriteNextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (queue_.empty() || finished_) return;
+    writing_answer_ = std::move(queue_.front());
+    queue_.pop_front();
+    writing_ = true;
+    StartWrite(&writing_answer_);
+  }
+
+  void ReadIfRoomLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (reading_ || reads_done_ || finished_ || open_ >= kStreamWindow) return;
+    reading_ = true;
+    StartRead(&request_);
+  }
+
+  void FinishIfAnsweredLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (reads_done_ && open_ == 0 && !writing_) FinishLocked(grpc::Status::OK);
+  }
+
+  void FinishLocked(const grpc::Status& status) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (finished_) return;
+    finished_ = true;
+    queue_.clear();
+    Finish(status);
+  }
+
+  const StartTransfer start_;
+  Request request_;  // the read in progress; read again only after start_ took it
+
+  absl::Mutex mu_;
+  std::shared_ptr<TransferStreamReactor> self_ ABSL_GUARDED_BY(mu_);
+  bool reading_ ABSL_GUARDED_BY(mu_) = false;
+  bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  // Requests read and not yet answered (running, or their answer queued or being written).
+  size_t open_ ABSL_GUARDED_BY(mu_) = 0;
+  std::deque<Answer> queue_ ABSL_GUARDED_BY(mu_);
+  Answer writing_answer_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace
+
+grpc::ServerBidiReactor<ferry::v1::StreamedTransfer, ferry::v1::StreamedResult>*
+StartTransferStream(StartTransfer start) {
+  auto reactor = std::make_shared<TransferStreamReactor>(std::move(start));
+  TransferStreamReactor* raw = reactor.get();
+  raw->Begin(std::move(reactor));
+  return raw;
+}
+
+}  // namespace ferry::server
