@@ -72,7 +72,8 @@ ResultPage PageOf(const ferry::v1::TransferRequest& req) {
 }  // namespace
 
 absl::Status AgentService::MayUseLocalBuffers(
-    const grpc::ServerContextBase& ctx, const google::protobuf::RepeatedPtrField<ferry::v1::Op>& ops) {
+    const grpc::ServerContextBase& ctx,
+    const google::protobuf::RepeatedPtrField<ferry::v1::Op>& ops) {
   const LocalCallers& callers = core_->local_callers();
   std::optional<LocalCaller> caller = callers.Of(ctx);
   if (!caller || callers.Privileged(*caller)) return absl::OkStatus();

@@ -99,7 +99,8 @@ TEST_F(AgentStreamTest, ARefusedRequestIsAnsweredWithTheFieldNamedAndTheStreamGo
   auto stream = A().OpenTransferStream();
   ASSERT_TRUE(stream.ok());
   const uint64_t id = (*src)->id();
-  ASSERT_TRUE((*stream)->Send(1, {{ferry::v1::WRITE, id, 0, "node-b", "refusals", 0, kBlock}}).ok());
+  ASSERT_TRUE(
+      (*stream)->Send(1, {{ferry::v1::WRITE, id, 0, "node-b", "refusals", 0, kBlock}}).ok());
   // Past the end of the target: refused before anything moves.
   ASSERT_TRUE(
       (*stream)
