@@ -1,7 +1,8 @@
 // ferry-engine-bench: the agent's own cost per op, without a wire. The real TransferEngine,
 // BufferRegistry and PeerDirectory drive an in-process fabric that moves bytes with memcpy
 // (tests/fakes/fake_fabric.h) to a peer reached through a local gRPC Peer service; each batch
-// of blocks is one Submit, so one ResolveBuffer per batch, as a KV-cache writer pays it.
+// of blocks is one Submit. The peer's ResolveBuffer answer is revocable, as a real agent's
+// is, so it is asked once and kept (server/peers/resolve_cache.h), as in the agent.
 //
 //   ferry-engine-bench [--blocks 4096] [--sizes 64,4096,16384] [--seconds 2]
 //                      [--layout scattered|adjacent]
@@ -103,6 +104,8 @@ int Run(const Options& o) {
   ferry::v1::ResolveBufferResponse exported;
   exported.set_size(bytes);
   exported.set_device("host");
+  // As a real peer answers a caller it can revoke (peer_service.cc).
+  exported.set_revocable(true);
   auto* key = exported.add_keys();
   key->set_provider("fake");
   key->set_address((*region)->remote_address());

@@ -11,6 +11,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "bench/stats.h"
+#include "base/status_macros.h"
+#include "client/transfer_stream.h"
 
 namespace ferry::bench {
 
@@ -53,22 +55,112 @@ absl::StatusOr<Measurement> FerryRunner::RunSize(uint64_t size, const RunOptions
              options);
 }
 
-absl::StatusOr<Measurement> FerryRunner::RunKv(uint32_t blocks, uint64_t block,
-                                               const RunOptions& options, bool adjacent) {
-  uint64_t slots = capacity_ / block;
-  if (slots < blocks) return absl::InvalidArgumentError("capacity too small for the KV batch");
-  // Distinct target slots in random order: scattered, as a paged KV cache is.
+std::vector<OpSpec> FerryRunner::KvBatch(uint32_t blocks, uint64_t block, bool adjacent,
+                                         uint64_t first, uint64_t slots,
+                                         ferry::v1::OpType op) const {
+  // Distinct slots in random order: scattered, as a paged KV cache is.
   std::vector<uint64_t> order(slots);
-  std::iota(order.begin(), order.end(), 0);
+  std::iota(order.begin(), order.end(), first);
   if (!adjacent) std::shuffle(order.begin(), order.end(), std::mt19937_64(11));
   std::vector<OpSpec> batch;
   for (uint32_t i = 0; i < blocks; ++i) {
     const uint64_t from = adjacent ? order[i] : order[slots - 1 - i];
     batch.push_back(
-        {options.op, src_->id(), from * block, agents_.node_b, dst_name_, order[i] * block, block});
+        {op, src_->id(), from * block, agents_.node_b, dst_name_, order[i] * block, block});
   }
-  RunOptions once = options;
-  return Run("ferry kv", block, batch, once);
+  return batch;
+}
+
+absl::StatusOr<Measurement> FerryRunner::RunKv(uint32_t blocks, uint64_t block,
+                                               const RunOptions& options, bool adjacent) {
+  const uint64_t slots = capacity_ / block;
+  if (slots < blocks) return absl::InvalidArgumentError("capacity too small for the KV batch");
+  return Run("ferry kv", block, KvBatch(blocks, block, adjacent, 0, slots, options.op), options);
+}
+
+absl::StatusOr<Measurement> FerryRunner::RunStreamedOps(uint64_t size, uint32_t outstanding,
+                                                        const RunOptions& options) {
+  if (capacity_ / size < outstanding) return absl::InvalidArgumentError("capacity too small");
+  // Each op in flight has a slot of its own: no two in flight touch the same bytes.
+  std::vector<std::vector<OpSpec>> batches;
+  for (uint64_t slot = 0; slot < outstanding; ++slot) {
+    batches.push_back({{ferry::v1::WRITE, src_->id(), slot * size, agents_.node_b, dst_name_,
+                        slot * size, size}});
+  }
+  auto m = RunStreamed(outstanding == 1 ? "ferry stream lat" : "ferry stream", size, batches,
+                       options);
+  if (m.ok()) m->note = absl::StrCat("one TransferStream, ", outstanding, " ops in flight");
+  return m;
+}
+
+absl::StatusOr<Measurement> FerryRunner::RunStreamedBatches(uint32_t blocks, uint64_t block,
+                                                            const RunOptions& options) {
+  // Each batch scatters over its own half of the buffers.
+  const uint64_t half = capacity_ / block / 2;
+  if (half < blocks) return absl::InvalidArgumentError("capacity too small for two batches");
+  std::vector<std::vector<OpSpec>> batches;
+  for (uint64_t k = 0; k < 2; ++k) {
+    batches.push_back(KvBatch(blocks, block, /*adjacent=*/false, k * half, half, ferry::v1::WRITE));
+  }
+  auto m = RunStreamed(blocks == 1 ? "ferry write stream" : "ferry kv stream", block, batches,
+                       options);
+  if (m.ok()) m->note = "one TransferStream, 2 batches in flight";
+  return m;
+}
+
+absl::StatusOr<Measurement> FerryRunner::RunStreamed(
+    const std::string& series, uint64_t size, const std::vector<std::vector<OpSpec>>& batches,
+    const RunOptions& options) {
+  auto stream = a_->OpenTransferStream();
+  if (!stream.ok()) return stream.status();
+  // Tag k is batches[k]'s, sent again as soon as its answer is in.
+  std::vector<absl::Time> sent(batches.size());
+  auto send = [&](uint64_t k) {
+    sent[k] = absl::Now();
+    return (*stream)->Send(k, batches[k]);
+  };
+  const absl::Time start = absl::Now();
+  const absl::Time until = start + absl::Seconds(options.min_seconds);
+  for (uint64_t k = 0; k < batches.size(); ++k) RETURN_IF_ERROR(send(k));
+  std::vector<double> latencies;
+  uint64_t ops = 0, bytes = 0;
+  size_t in_flight = batches.size();
+  while (in_flight > 0) {
+    auto answer = (*stream)->Next();
+    if (!answer.ok()) return answer.status();
+    const uint64_t k = answer->tag;
+    if (k >= batches.size()) return absl::InternalError("an answer to an unknown tag");
+    latencies.push_back(absl::ToDoubleMicroseconds(absl::Now() - sent[k]));
+    RETURN_IF_ERROR(answer->result.status());
+    RETURN_IF_ERROR(TransferStatus(*answer->result));
+    ops += batches[k].size();
+    bytes += answer->result->bytes();
+    const bool more = absl::Now() < until ||
+                      latencies.size() < static_cast<size_t>(options.min_iterations);
+    const bool room = latencies.size() + in_flight <
+                      static_cast<size_t>(options.max_iterations) * batches.size();
+    if (more && room) {
+      RETURN_IF_ERROR(send(k));
+    } else {
+      --in_flight;
+    }
+  }
+  const double seconds = absl::ToDoubleSeconds(absl::Now() - start);
+  RETURN_IF_ERROR((*stream)->CloseSend());
+  if (auto extra = (*stream)->Next(); extra.ok()) return absl::InternalError("an extra answer");
+  RETURN_IF_ERROR((*stream)->Finish());
+  Measurement m;
+  m.series = series;
+  m.size = size;
+  m.batch = batches[0].size();
+  m.ops = ops;
+  m.bytes = bytes;
+  m.seconds = seconds;
+  m.gbps = GBps(m.bytes, seconds);
+  m.ops_per_sec = static_cast<double>(m.ops) / seconds;
+  m.p50_us = Percentile(latencies, 0.5);
+  m.p99_us = Percentile(latencies, 0.99);
+  return m;
 }
 
 absl::StatusOr<Measurement> FerryRunner::Run(const std::string& series, uint64_t size,

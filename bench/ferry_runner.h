@@ -42,6 +42,16 @@ class FerryRunner {
   // `adjacent`: block i from slot i to slot i (consecutive blocks, which the engine coalesces).
   absl::StatusOr<Measurement> RunKv(uint32_t blocks, uint64_t block, const RunOptions& options,
                                     bool adjacent = false);
+  // Over one TransferStream: one-op WRITEs of `size`, `outstanding` of them in flight (1: the
+  // latency of one op without a call per op), each timed from Send to its answer.
+  absl::StatusOr<Measurement> RunStreamedOps(uint64_t size, uint32_t outstanding,
+                                             const RunOptions& options);
+  // Over one TransferStream, two batches in flight, so that the agent takes in and plans one
+  // while the wire carries the other (what a client with many batches does): `blocks` KV
+  // blocks of `block` bytes as RunKv ("ferry kv stream"), or with blocks = 1 one op of
+  // `block` bytes ("ferry write stream").
+  absl::StatusOr<Measurement> RunStreamedBatches(uint32_t blocks, uint64_t block,
+                                                 const RunOptions& options);
   // Moves `total` bytes in 64 MiB ops; calls `sample` after the first GiB and at the end.
   absl::Status RunLong(uint64_t total, const std::function<void(bool early)>& sample);
 
@@ -49,6 +59,15 @@ class FerryRunner {
   FerryRunner(Agents agents, uint64_t capacity) : agents_(std::move(agents)), capacity_(capacity) {}
   absl::StatusOr<Measurement> Run(const std::string& series, uint64_t size,
                                   const std::vector<OpSpec>& batch, const RunOptions& options);
+  // `blocks` ops of `block` bytes between scattered slots (or, `adjacent`, consecutive ones)
+  // of the source and the target, among the `slots` from slot `first` on.
+  std::vector<OpSpec> KvBatch(uint32_t blocks, uint64_t block, bool adjacent, uint64_t first,
+                              uint64_t slots, ferry::v1::OpType op) const;
+  // Every batch in flight at once on one TransferStream, each sent again when answered,
+  // until time is up; each timed from Send to its answer.
+  absl::StatusOr<Measurement> RunStreamed(const std::string& series, uint64_t size,
+                                          const std::vector<std::vector<OpSpec>>& batches,
+                                          const RunOptions& options);
 
   const Agents agents_;
   const uint64_t capacity_;

@@ -98,7 +98,8 @@ namespace {
 
 // Rows plotted as latency (p50 of one op against size) rather than bandwidth.
 bool IsLatencySeries(const std::string& series) {
-  return series == "ferry lat" || series == "grpc unary" || series == "ucx put_lat";
+  return series == "ferry lat" || series == "ferry stream lat" || series == "grpc unary" ||
+         series == "ucx put_lat";
 }
 
 }  // namespace

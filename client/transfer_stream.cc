@@ -17,7 +17,7 @@ absl::StatusOr<std::unique_ptr<TransferStream>> TransferStream::Open(
 TransferStream::TransferStream(
     std::unique_ptr<grpc::ClientContext> ctx,
     std::unique_ptr<grpc::ClientReaderWriter<ferry::v1::StreamedTransfer,
-                                             ferry::v1::StreamedResult>> call)
+                                             ferry::v1::StreamedResults>> call)
     : ctx_(std::move(ctx)), call_(std::move(call)) {}
 
 TransferStream::~TransferStream() { Finish().IgnoreError(); }
@@ -47,12 +47,18 @@ absl::Status TransferStream::CloseSend() {
 }
 
 absl::StatusOr<TransferStream::Answer> TransferStream::Next() {
-  ferry::v1::StreamedResult message;
-  if (!call_->Read(&message)) {
-    absl::MutexLock lock(&end_mu_);
-    read_ended_ = true;
-    return absl::OutOfRangeError("the transfer stream ended (Finish says how)");
+  // Several answers may come in one message: read one when those are used up (a message
+  // with none is not sent, but would only mean reading on).
+  while (next_received_ >= received_.results_size()) {
+    next_received_ = 0;
+    if (!call_->Read(&received_)) {
+      received_.Clear();
+      absl::MutexLock lock(&end_mu_);
+      read_ended_ = true;
+      return absl::OutOfRangeError("the transfer stream ended (Finish says how)");
+    }
   }
+  ferry::v1::StreamedResult& message = *received_.mutable_results(next_received_++);
   Answer answer;
   answer.tag = message.tag();
   if (message.code() != 0) {
@@ -70,7 +76,7 @@ absl::Status TransferStream::Finish() {
     // Giving up: the agent ends the call, and what it had still to say is read and dropped
     // (gRPC's Finish wants every message read first).
     ctx_->TryCancel();
-    ferry::v1::StreamedResult dropped;
+    ferry::v1::StreamedResults dropped;
     while (call_->Read(&dropped)) {
     }
     read_ended_ = true;

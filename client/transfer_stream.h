@@ -50,16 +50,19 @@ class TransferStream {
  private:
   TransferStream(std::unique_ptr<grpc::ClientContext> ctx,
                  std::unique_ptr<grpc::ClientReaderWriter<ferry::v1::StreamedTransfer,
-                                                          ferry::v1::StreamedResult>> call);
+                                                          ferry::v1::StreamedResults>> call);
 
   std::unique_ptr<grpc::ClientContext> ctx_;
   std::unique_ptr<
-      grpc::ClientReaderWriter<ferry::v1::StreamedTransfer, ferry::v1::StreamedResult>>
+      grpc::ClientReaderWriter<ferry::v1::StreamedTransfer, ferry::v1::StreamedResults>>
       call_;
   // One sender and one receiver may work at once (gRPC allows a Write beside a Read); the
   // end of the call is decided once.
   absl::Mutex send_mu_;
   bool send_closed_ ABSL_GUARDED_BY(send_mu_) = false;
+  // Answers of the last message read that Next has not returned yet (the receiver's own).
+  ferry::v1::StreamedResults received_;
+  int next_received_ = 0;
   absl::Mutex end_mu_;
   bool read_ended_ ABSL_GUARDED_BY(end_mu_) = false;
   std::optional<absl::Status> finished_ ABSL_GUARDED_BY(end_mu_);

@@ -295,7 +295,7 @@ grpc::Status AgentService::Transfer(grpc::ServerContext* ctx, const ferry::v1::T
   return AwaitResult(ctx, **transfer, PageOf(*req), resp);
 }
 
-grpc::ServerBidiReactor<ferry::v1::StreamedTransfer, ferry::v1::StreamedResult>*
+grpc::ServerBidiReactor<ferry::v1::StreamedTransfer, ferry::v1::StreamedResults>*
 AgentService::TransferStream(grpc::CallbackServerContext* ctx) {
   // `ctx` lives until the reactor's OnDone, and requests start only before it.
   return StartTransferStream(

@@ -46,7 +46,7 @@ class AgentService final
                     ferry::v1::TransferResult*) override;
   grpc::Status Transfer(grpc::ServerContext*, const ferry::v1::TransferRequest*,
                         ferry::v1::TransferResult*) override;
-  grpc::ServerBidiReactor<ferry::v1::StreamedTransfer, ferry::v1::StreamedResult>*
+  grpc::ServerBidiReactor<ferry::v1::StreamedTransfer, ferry::v1::StreamedResults>*
   TransferStream(grpc::CallbackServerContext*) override;
   grpc::Status Cancel(grpc::ServerContext*, const ferry::v1::CancelTransferRequest*,
                       ferry::v1::TransferResult*) override;

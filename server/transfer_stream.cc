@@ -13,13 +13,18 @@ namespace {
 
 using Request = ferry::v1::StreamedTransfer;
 using Answer = ferry::v1::StreamedResult;
+using Answers = ferry::v1::StreamedResults;
 
-// One read and one write outstanding at most, as gRPC's callback API requires; both, and
-// Finish, are started under `mu_`: gRPC runs the reactions (OnReadDone, OnWriteDone) on its
+// Answers ready together go in one message up to this size (a default client takes 4 MiB).
+constexpr size_t kAnswerBytes = 2 << 20;
+
+// One read and one write outstanding at most, as gRPC's callback API requires, so answers
+// that end while a write is out wait and then go together in the next. Reads, writes and
+// Finish are started under `mu_`: gRPC runs the reactions (OnReadDone, OnWriteDone) on its
 // own threads, never inside StartRead/StartWrite, so holding the lock there cannot deadlock.
 // The reactor owns itself (`self_`) until OnDone, and every running transfer's answer holds
 // it too: a transfer that ends after the call finds it finished and answers nobody.
-class TransferStreamReactor : public grpc::ServerBidiReactor<Request, Answer>,
+class TransferStreamReactor : public grpc::ServerBidiReactor<Request, Answers>,
                               public std::enable_shared_from_this<TransferStreamReactor> {
  public:
   explicit TransferStreamReactor(StartTransfer start) : start_(std::move(start)) {}
@@ -73,7 +78,8 @@ class TransferStreamReactor : public grpc::ServerBidiReactor<Request, Answer>,
       FinishLocked(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the client went away"));
       return;
     }
-    --open_;  // answered: room for another request
+    open_ -= written_;  // answered: room for as many more requests
+    written_ = 0;
     WriteNextLocked();
     ReadIfRoomLocked();
     FinishIfAnsweredLocked();
@@ -104,12 +110,21 @@ class TransferStreamReactor : public grpc::ServerBidiReactor<Request, Answer>,
     if (!writing_) WriteNextLocked();
   }
 
+  // Every queued answer that fits kAnswerBytes (at least one) in one message.
   void WriteNextLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (queue_.empty() || finished_) return;
-    writing_answer_ = std::move(queue_.front());
-    queue_.pop_front();
+    writing_answers_.Clear();
+    size_t bytes = 0;
+    while (!queue_.empty()) {
+      const size_t size = queue_.front().ByteSizeLong();
+      if (writing_answers_.results_size() > 0 && bytes + size > kAnswerBytes) break;
+      bytes += size;
+      *writing_answers_.add_results() = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    written_ = static_cast<size_t>(writing_answers_.results_size());
     writing_ = true;
-    StartWrite(&writing_answer_);
+    StartWrite(&writing_answers_);
   }
 
   void ReadIfRoomLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -141,12 +156,13 @@ class TransferStreamReactor : public grpc::ServerBidiReactor<Request, Answer>,
   // Requests read and not yet answered (running, or their answer queued or being written).
   size_t open_ ABSL_GUARDED_BY(mu_) = 0;
   std::deque<Answer> queue_ ABSL_GUARDED_BY(mu_);
-  Answer writing_answer_ ABSL_GUARDED_BY(mu_);
+  Answers writing_answers_ ABSL_GUARDED_BY(mu_);
+  size_t written_ ABSL_GUARDED_BY(mu_) = 0;  // answers in writing_answers_
 };
 
 }  // namespace
 
-grpc::ServerBidiReactor<ferry::v1::StreamedTransfer, ferry::v1::StreamedResult>*
+grpc::ServerBidiReactor<ferry::v1::StreamedTransfer, ferry::v1::StreamedResults>*
 StartTransferStream(StartTransfer start) {
   auto reactor = std::make_shared<TransferStreamReactor>(std::move(start));
   TransferStreamReactor* raw = reactor.get();

@@ -25,7 +25,7 @@ inline constexpr size_t kStreamWindow = 1024;
 
 // The call's reactor: gRPC owns it until OnDone; transfers still running then keep what
 // they answer into alive and answer nobody.
-grpc::ServerBidiReactor<ferry::v1::StreamedTransfer, ferry::v1::StreamedResult>*
+grpc::ServerBidiReactor<ferry::v1::StreamedTransfer, ferry::v1::StreamedResults>*
 StartTransferStream(StartTransfer start);
 
 }  // namespace ferry::server
