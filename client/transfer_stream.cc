@@ -20,7 +20,11 @@ TransferStream::TransferStream(
                                              ferry::v1::StreamedResults>> call)
     : ctx_(std::move(ctx)), call_(std::move(call)) {}
 
-TransferStream::~TransferStream() { Finish().IgnoreError(); }
+TransferStream::~TransferStream() {
+  Finish().IgnoreError();
+  // A Send blocked in Write returned when Finish cancelled the call: wait until it is out.
+  absl::MutexLock lock(&send_mu_);
+}
 
 absl::Status TransferStream::Send(uint64_t tag, const std::vector<OpSpec>& ops,
                                   absl::Duration timeout, bool include_ops) {
@@ -47,6 +51,10 @@ absl::Status TransferStream::CloseSend() {
 }
 
 absl::StatusOr<TransferStream::Answer> TransferStream::Next() {
+  {
+    absl::MutexLock lock(&end_mu_);
+    if (read_ended_) return absl::OutOfRangeError("the transfer stream ended (Finish says how)");
+  }
   // Several answers may come in one message: read one when those are used up (a message
   // with none is not sent, but would only mean reading on).
   while (next_received_ >= received_.results_size()) {
@@ -80,6 +88,8 @@ absl::Status TransferStream::Finish() {
     while (call_->Read(&dropped)) {
     }
     read_ended_ = true;
+    received_.Clear();
+    next_received_ = 0;
   }
   finished_ = FromGrpcStatus(call_->Finish());
   return *finished_;

@@ -28,7 +28,8 @@ class TransferStream {
 
   static absl::StatusOr<std::unique_ptr<TransferStream>> Open(
       ferry::v1::Agent::Stub& stub, std::unique_ptr<grpc::ClientContext> ctx);
-  // Cancels the call if it still runs: transfers already sent run on in the agent.
+  // Cancels the call if it still runs: transfers already sent run on in the agent. A Send
+  // blocked on another thread returns first; none may start after.
   ~TransferStream();
 
   // Sends transfer `tag` (the caller's: its answer carries it). The agent reads at most

@@ -72,17 +72,16 @@ ResultPage PageOf(const ferry::v1::TransferRequest& req) {
 }  // namespace
 
 absl::Status AgentService::MayUseLocalBuffers(
-    const grpc::ServerContextBase& ctx,
+    const std::optional<LocalCaller>& caller,
     const google::protobuf::RepeatedPtrField<ferry::v1::Op>& ops) {
   const LocalCallers& callers = core_->local_callers();
-  std::optional<LocalCaller> caller = callers.Of(ctx);
   if (!caller || callers.Privileged(*caller)) return absl::OkStatus();
   // A batch names a few buffers thousands of times: each is looked up once.
   absl::flat_hash_set<uint64_t> checked;
   for (int i = 0; i < ops.size(); ++i) {
     const uint64_t id = ops[i].local_buffer();
     if (!checked.insert(id).second) continue;
-    RETURN_IF_ERROR(MayUseBuffer(callers, ctx, core_->buffers(), id,
+    RETURN_IF_ERROR(MayUseBuffer(callers, caller, core_->buffers(), id,
                                  absl::StrCat("ops[", i, "].local_buffer")));
   }
   return absl::OkStatus();
@@ -262,7 +261,8 @@ grpc::Status AgentService::StatRemoteBuffer(grpc::ServerContext* ctx,
 
 grpc::Status AgentService::Submit(grpc::ServerContext* ctx, const ferry::v1::SubmitRequest* req,
                                   ferry::v1::SubmitResponse* resp) {
-  if (absl::Status mine = MayUseLocalBuffers(*ctx, req->ops()); !mine.ok()) {
+  if (absl::Status mine = MayUseLocalBuffers(core_->local_callers().Of(*ctx), req->ops());
+      !mine.ok()) {
     return ToGrpcStatus(mine);
   }
   auto id = core_->engine().Submit(*req);
@@ -285,7 +285,8 @@ grpc::Status AgentService::Wait(grpc::ServerContext* ctx, const ferry::v1::WaitR
 
 grpc::Status AgentService::Transfer(grpc::ServerContext* ctx, const ferry::v1::TransferRequest* req,
                                     ferry::v1::TransferResult* resp) {
-  if (absl::Status mine = MayUseLocalBuffers(*ctx, req->submit().ops()); !mine.ok()) {
+  if (absl::Status mine = MayUseLocalBuffers(core_->local_callers().Of(*ctx), req->submit().ops());
+      !mine.ok()) {
     return ToGrpcStatus(mine);
   }
   auto id = core_->engine().Submit(req->submit());
@@ -297,11 +298,14 @@ grpc::Status AgentService::Transfer(grpc::ServerContext* ctx, const ferry::v1::T
 
 grpc::ServerBidiReactor<ferry::v1::StreamedTransfer, ferry::v1::StreamedResults>*
 AgentService::TransferStream(grpc::CallbackServerContext* ctx) {
-  // `ctx` lives until the reactor's OnDone, and requests start only before it.
+  // Requests start on stream_starters_, which may outlive the call: they use the caller as it
+  // was when the stream opened, never `ctx`.
   return StartTransferStream(
-      [this, ctx](const ferry::v1::TransferRequest& req,
-                  std::function<void(ferry::v1::TransferResult)> answer) -> absl::Status {
-        RETURN_IF_ERROR(MayUseLocalBuffers(*ctx, req.submit().ops()));
+      &stream_starters_,
+      [this, caller = core_->local_callers().Of(*ctx)](
+          const ferry::v1::TransferRequest& req,
+          std::function<void(ferry::v1::TransferResult)> answer) -> absl::Status {
+        RETURN_IF_ERROR(MayUseLocalBuffers(caller, req.submit().ops()));
         // No thread waits for it: the engine's finished hook answers, on the thread that
         // settled the last op.
         return core_->engine()

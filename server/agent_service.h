@@ -2,13 +2,17 @@
 // The Agent gRPC service (local clients). Thin: checks request fields, calls the agent's
 // parts, converts absl::Status to grpc::Status. Sync API: Wait and Watch block a server
 // thread by design (they wait for a transfer); everything else returns at once.
-// OpenSession is a callback method: a session is an idle call that holds no thread.
+// OpenSession and TransferStream are callback methods: a session is an idle call that holds
+// no thread, and a stream's transfers are answered by the engine as they end.
 
 #include <optional>
 
 #include "absl/time/time.h"
+#include "base/worker_pool.h"
 #include "ferry/v1/agent.grpc.pb.h"
 #include "server/engine/transfer.h"
+#include "server/local/local_callers.h"
+#include "server/transfer_stream.h"
 
 namespace ferry::server {
 
@@ -74,7 +78,7 @@ class AgentService final
   grpc::Status EndBuffer(const grpc::ServerContext& ctx, uint64_t id, bool registered);
   // PERMISSION_DENIED naming the op when a local caller names another uid's buffer (root
   // and the admin group may); the engine validates the rest.
-  absl::Status MayUseLocalBuffers(const grpc::ServerContextBase& ctx,
+  absl::Status MayUseLocalBuffers(const std::optional<LocalCaller>& caller,
                                   const google::protobuf::RepeatedPtrField<ferry::v1::Op>& ops);
   // Blocks (this is the sync API) until `transfer` ends, the call's deadline passes or the
   // client hangs up; then its result, `page` of its per-op results.
@@ -84,6 +88,10 @@ class AgentService final
                            std::optional<absl::Time> until = std::nullopt);
 
   AgentCore* const core_;
+  // Where TransferStream requests are validated and started: Submit may ask a peer to
+  // resolve a buffer (a blocking call), which gRPC's callback threads must not do. Declared
+  // last, so it stops (running what is queued) before the rest of the service goes.
+  WorkerPool stream_starters_{kStreamStarters, "ferry-stream"};
 };
 
 }  // namespace ferry::server

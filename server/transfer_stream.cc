@@ -27,7 +27,8 @@ constexpr size_t kAnswerBytes = 2 << 20;
 class TransferStreamReactor : public grpc::ServerBidiReactor<Request, Answers>,
                               public std::enable_shared_from_this<TransferStreamReactor> {
  public:
-  explicit TransferStreamReactor(StartTransfer start) : start_(std::move(start)) {}
+  TransferStreamReactor(WorkerPool* starters, StartTransfer start)
+      : starters_(starters), start_(std::move(start)) {}
 
   // Not in the constructor: answers take shared_from_this(), which needs the owner first.
   void Begin(std::shared_ptr<TransferStreamReactor> self) {
@@ -45,30 +46,19 @@ class TransferStreamReactor : public grpc::ServerBidiReactor<Request, Answers>,
       FinishIfAnsweredLocked();
       return;
     }
-    const uint64_t tag = request_.tag();
     {
-      // Counted before it starts: its answer may come before start_ returns.
       absl::MutexLock lock(&mu_);
+      if (finished_) {  // cancelled meanwhile: start nothing for nobody
+        reading_ = false;
+        return;
+      }
+      // Counted before it starts: its answer may come before start_ returns.
       ++open_;
     }
-    std::shared_ptr<TransferStreamReactor> self = shared_from_this();
-    absl::Status started =
-        start_(request_.transfer(), [self, tag](ferry::v1::TransferResult result) {
-          Answer answer;
-          answer.set_tag(tag);
-          *answer.mutable_result() = std::move(result);
-          self->Send(std::move(answer));
-        });
-    if (!started.ok()) {
-      Answer answer;
-      answer.set_tag(tag);
-      answer.set_code(static_cast<int>(started.code()));
-      answer.set_message(std::string(started.message()));
-      Send(std::move(answer));
-    }
-    absl::MutexLock lock(&mu_);
-    reading_ = false;
-    ReadIfRoomLocked();
+    // Submit may block (a peer resolving a buffer): on a starter, not on this gRPC thread.
+    // The next read starts once this one started (reading_ stays true until then), so a
+    // stream's requests start in the order sent and request_ is not overwritten meanwhile.
+    starters_->Run([self = shared_from_this()] { self->StartRequest(); });
   }
 
   void OnWriteDone(bool ok) override {
@@ -102,6 +92,35 @@ class TransferStreamReactor : public grpc::ServerBidiReactor<Request, Answers>,
   }
 
  private:
+  void StartRequest() {
+    {
+      absl::MutexLock lock(&mu_);
+      if (finished_) {  // the call ended while this waited for a starter
+        reading_ = false;
+        return;
+      }
+    }
+    const uint64_t tag = request_.tag();
+    std::shared_ptr<TransferStreamReactor> self = shared_from_this();
+    absl::Status started =
+        start_(request_.transfer(), [self, tag](ferry::v1::TransferResult result) {
+          Answer answer;
+          answer.set_tag(tag);
+          *answer.mutable_result() = std::move(result);
+          self->Send(std::move(answer));
+        });
+    if (!started.ok()) {
+      Answer answer;
+      answer.set_tag(tag);
+      answer.set_code(static_cast<int>(started.code()));
+      answer.set_message(std::string(started.message()));
+      Send(std::move(answer));
+    }
+    absl::MutexLock lock(&mu_);
+    reading_ = false;
+    ReadIfRoomLocked();
+  }
+
   // Queues an answer, and writes it if no write is outstanding.
   void Send(Answer answer) {
     absl::MutexLock lock(&mu_);
@@ -144,6 +163,7 @@ class TransferStreamReactor : public grpc::ServerBidiReactor<Request, Answers>,
     Finish(status);
   }
 
+  WorkerPool* const starters_;
   const StartTransfer start_;
   Request request_;  // the read in progress; read again only after start_ took it
 
@@ -163,8 +183,8 @@ class TransferStreamReactor : public grpc::ServerBidiReactor<Request, Answers>,
 }  // namespace
 
 grpc::ServerBidiReactor<ferry::v1::StreamedTransfer, ferry::v1::StreamedResults>*
-StartTransferStream(StartTransfer start) {
-  auto reactor = std::make_shared<TransferStreamReactor>(std::move(start));
+StartTransferStream(WorkerPool* starters, StartTransfer start) {
+  auto reactor = std::make_shared<TransferStreamReactor>(starters, std::move(start));
   TransferStreamReactor* raw = reactor.get();
   raw->Begin(std::move(reactor));
   return raw;

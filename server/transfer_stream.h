@@ -6,6 +6,7 @@
 #include <grpcpp/grpcpp.h>
 
 #include "absl/status/status.h"
+#include "base/worker_pool.h"
 #include "ferry/v1/agent.grpc.pb.h"
 
 namespace ferry::server {
@@ -23,9 +24,15 @@ using StartTransfer = std::function<absl::Status(
 // holds this much of the agent, not more).
 inline constexpr size_t kStreamWindow = 1024;
 
+// Threads a service keeps to start its streams' requests on (`starters` below): a stream's
+// requests start one at a time, in order, so this many streams at once may wait on a peer.
+inline constexpr size_t kStreamStarters = 4;
+
 // The call's reactor: gRPC owns it until OnDone; transfers still running then keep what
-// they answer into alive and answer nobody.
+// they answer into alive and answer nobody. `start` runs on `starters`, never on gRPC's
+// callback threads (it may block), and never after the call ended; `starters` must outlive
+// the work queued on it (its destructor runs that work).
 grpc::ServerBidiReactor<ferry::v1::StreamedTransfer, ferry::v1::StreamedResults>*
-StartTransferStream(StartTransfer start);
+StartTransferStream(WorkerPool* starters, StartTransfer start);
 
 }  // namespace ferry::server

@@ -81,7 +81,11 @@ absl::Status LocalCallers::MayUse(const std::optional<LocalCaller>& caller, int6
 
 absl::Status MayUseBuffer(const LocalCallers& callers, const grpc::ServerContextBase& ctx,
                           const BufferRegistry& buffers, uint64_t id, const std::string& what) {
-  std::optional<LocalCaller> caller = callers.Of(ctx);
+  return MayUseBuffer(callers, callers.Of(ctx), buffers, id, what);
+}
+
+absl::Status MayUseBuffer(const LocalCallers& callers, const std::optional<LocalCaller>& caller,
+                          const BufferRegistry& buffers, uint64_t id, const std::string& what) {
   if (!caller) return absl::OkStatus();
   auto buffer = buffers.Get(id, "buffer");
   if (!buffer.ok()) return absl::OkStatus();

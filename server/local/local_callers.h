@@ -59,5 +59,8 @@ class LocalCallers {
 // unknown id passes (what the caller does next refuses it, with its own message).
 absl::Status MayUseBuffer(const LocalCallers& callers, const grpc::ServerContextBase& ctx,
                           const BufferRegistry& buffers, uint64_t id, const std::string& what);
+// The same for a caller known already (LocalCallers::Of, taken when a stream opened).
+absl::Status MayUseBuffer(const LocalCallers& callers, const std::optional<LocalCaller>& caller,
+                          const BufferRegistry& buffers, uint64_t id, const std::string& what);
 
 }  // namespace ferry::server
