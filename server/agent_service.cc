@@ -298,23 +298,36 @@ grpc::Status AgentService::Transfer(grpc::ServerContext* ctx, const ferry::v1::T
 
 grpc::ServerBidiReactor<ferry::v1::StreamedTransfer, ferry::v1::StreamedResults>*
 AgentService::TransferStream(grpc::CallbackServerContext* ctx) {
-  // Requests start on stream_starters_, which may outlive the call: they use the caller as it
-  // was when the stream opened, never `ctx`.
-  return StartTransferStream(
-      &stream_starters_,
-      [this, caller = core_->local_callers().Of(*ctx)](
-          const ferry::v1::TransferRequest& req,
-          std::function<void(ferry::v1::TransferResult)> answer) -> absl::Status {
-        RETURN_IF_ERROR(MayUseLocalBuffers(caller, req.submit().ops()));
-        // No thread waits for it: the engine's finished hook answers, on the thread that
-        // settled the last op.
-        return core_->engine()
-            .Submit(req.submit(),
-                    [page = PageOf(req), answer = std::move(answer)](const server::Transfer& t) {
-                      answer(t.Result(page));
-                    })
-            .status();
-      });
+  StreamCalls calls;
+  // A start may run on stream_starters_ after the call ended: it uses the caller as it was
+  // when the stream opened, never `ctx`.
+  calls.start = [this, caller = core_->local_callers().Of(*ctx)](
+                    const ferry::v1::TransferRequest& req,
+                    std::function<void(ferry::v1::TransferResult)> answer) -> absl::Status {
+    RETURN_IF_ERROR(MayUseLocalBuffers(caller, req.submit().ops()));
+    // No thread waits for it: the engine's finished hook answers, on the thread that settled
+    // the last op.
+    return core_->engine()
+        .Submit(req.submit(),
+                [page = PageOf(req), answer = std::move(answer)](const server::Transfer& t) {
+                  answer(t.Result(page));
+                })
+        .status();
+  };
+  // Submit blocks only to resolve a remote buffer that is not kept (the engine's Plan), once
+  // per buffer; an unknown peer is refused without a call.
+  calls.may_block = [this](const ferry::v1::TransferRequest& req) {
+    const std::string* peer = nullptr;
+    const std::string* name = nullptr;
+    for (const ferry::v1::Op& op : req.submit().ops()) {
+      if (peer && *peer == op.peer() && *name == op.remote_buffer()) continue;
+      peer = &op.peer();
+      name = &op.remote_buffer();
+      if (core_->peers().Known(*peer) && !core_->peers().Kept(*peer, *name)) return true;
+    }
+    return false;
+  };
+  return StartTransferStream(&stream_starters_, std::move(calls));
 }
 
 grpc::Status AgentService::AwaitResult(grpc::ServerContext* ctx, const server::Transfer& transfer,

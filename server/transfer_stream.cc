@@ -27,8 +27,8 @@ constexpr size_t kAnswerBytes = 2 << 20;
 class TransferStreamReactor : public grpc::ServerBidiReactor<Request, Answers>,
                               public std::enable_shared_from_this<TransferStreamReactor> {
  public:
-  TransferStreamReactor(WorkerPool* starters, StartTransfer start)
-      : starters_(starters), start_(std::move(start)) {}
+  TransferStreamReactor(WorkerPool* starters, StreamCalls calls)
+      : starters_(starters), calls_(std::move(calls)) {}
 
   // Not in the constructor: answers take shared_from_this(), which needs the owner first.
   void Begin(std::shared_ptr<TransferStreamReactor> self) {
@@ -52,12 +52,16 @@ class TransferStreamReactor : public grpc::ServerBidiReactor<Request, Answers>,
         reading_ = false;
         return;
       }
-      // Counted before it starts: its answer may come before start_ returns.
+      // Counted before it starts: its answer may come before the start returns.
       ++open_;
     }
-    // Submit may block (a peer resolving a buffer): on a starter, not on this gRPC thread.
     // The next read starts once this one started (reading_ stays true until then), so a
     // stream's requests start in the order sent and request_ is not overwritten meanwhile.
+    if (!calls_.may_block(request_.transfer())) {
+      StartRequest();
+      return;
+    }
+    // A peer must resolve a buffer (a blocking call): on a starter, not on this gRPC thread.
     starters_->Run([self = shared_from_this()] { self->StartRequest(); });
   }
 
@@ -103,7 +107,7 @@ class TransferStreamReactor : public grpc::ServerBidiReactor<Request, Answers>,
     const uint64_t tag = request_.tag();
     std::shared_ptr<TransferStreamReactor> self = shared_from_this();
     absl::Status started =
-        start_(request_.transfer(), [self, tag](ferry::v1::TransferResult result) {
+        calls_.start(request_.transfer(), [self, tag](ferry::v1::TransferResult result) {
           Answer answer;
           answer.set_tag(tag);
           *answer.mutable_result() = std::move(result);
@@ -164,8 +168,8 @@ class TransferStreamReactor : public grpc::ServerBidiReactor<Request, Answers>,
   }
 
   WorkerPool* const starters_;
-  const StartTransfer start_;
-  Request request_;  // the read in progress; read again only after start_ took it
+  const StreamCalls calls_;
+  Request request_;  // the read in progress; read again only once it started
 
   absl::Mutex mu_;
   std::shared_ptr<TransferStreamReactor> self_ ABSL_GUARDED_BY(mu_);
@@ -183,8 +187,8 @@ class TransferStreamReactor : public grpc::ServerBidiReactor<Request, Answers>,
 }  // namespace
 
 grpc::ServerBidiReactor<ferry::v1::StreamedTransfer, ferry::v1::StreamedResults>*
-StartTransferStream(WorkerPool* starters, StartTransfer start) {
-  auto reactor = std::make_shared<TransferStreamReactor>(starters, std::move(start));
+StartTransferStream(WorkerPool* starters, StreamCalls calls) {
+  auto reactor = std::make_shared<TransferStreamReactor>(starters, std::move(calls));
   TransferStreamReactor* raw = reactor.get();
   raw->Begin(std::move(reactor));
   return raw;

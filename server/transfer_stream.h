@@ -11,13 +11,19 @@
 
 namespace ferry::server {
 
-// What the stream asks of the agent for each request: validate it as Submit and start it
-// (a refusal is returned, and nothing moved), then call `answer` once with its result when
-// it ended, on the thread that ended it (it must not block). `answer` may run before
-// StartTransfer returns.
-using StartTransfer = std::function<absl::Status(
-    const ferry::v1::TransferRequest& request,
-    std::function<void(ferry::v1::TransferResult result)> answer)>;
+// What the stream asks of the agent for each request.
+struct StreamCalls {
+  // Validates it as Submit and starts it (a refusal is returned, and nothing moved), then
+  // calls `answer` once with its result when it ended, on the thread that ended it (it must
+  // not block). `answer` may run before `start` returns.
+  std::function<absl::Status(const ferry::v1::TransferRequest& request,
+                             std::function<void(ferry::v1::TransferResult result)> answer)>
+      start;
+  // Whether `start` may block (it would ask a peer to resolve a buffer): then it runs on a
+  // starter thread, else on gRPC's thread at once (no hand-off). A hint: a revocation just
+  // after the answer costs one blocking resolve where it runs.
+  std::function<bool(const ferry::v1::TransferRequest& request)> may_block;
+};
 
 // At most this many of a stream's transfers run or wait to be answered at once; the next
 // request is read when one is answered (so a client that sends without reading answers
@@ -29,10 +35,10 @@ inline constexpr size_t kStreamWindow = 1024;
 inline constexpr size_t kStreamStarters = 4;
 
 // The call's reactor: gRPC owns it until OnDone; transfers still running then keep what
-// they answer into alive and answer nobody. `start` runs on `starters`, never on gRPC's
-// callback threads (it may block), and never after the call ended; `starters` must outlive
+// they answer into alive and answer nobody. A request that may block starts on `starters`,
+// not on gRPC's callback threads; none starts once the call ended. `starters` must outlive
 // the work queued on it (its destructor runs that work).
 grpc::ServerBidiReactor<ferry::v1::StreamedTransfer, ferry::v1::StreamedResults>*
-StartTransferStream(WorkerPool* starters, StartTransfer start);
+StartTransferStream(WorkerPool* starters, StreamCalls calls);
 
 }  // namespace ferry::server

@@ -125,13 +125,7 @@ absl::StatusOr<std::shared_ptr<const RemoteBuffer>> PeerDirectory::ResolveKept(
       // A connection to the peer that broke says it may have restarted (a process that
       // exits resets its sockets): then ask again, which finds out, rather than fail on old
       // keys.
-      absl::MutexLock lock(&mu_);
-      auto it = links_.find(node);
-      const bool broken =
-          it == links_.end() ||
-          std::any_of(it->second.endpoints.begin(), it->second.endpoints.end(),
-                      [](const auto& e) { return e.second == nullptr || e.second->broken(); });
-      if (!broken) return kept;
+      if (!LinkBroken(node)) return kept;
       kept_.Revoke(node, {}, true);
     }
     const uint64_t epoch = kept_.Epoch(node);
@@ -156,6 +150,18 @@ absl::StatusOr<std::shared_ptr<const RemoteBuffer>> PeerDirectory::ResolveKept(
   return absl::UnavailableError(absl::StrCat("ResolveBuffer(", name, ") on ", node,
                                              ": revoked ", kResolveAttempts,
                                              " times while the answer was on its way"));
+}
+
+bool PeerDirectory::Kept(const std::string& node, const std::string& name) {
+  return kept_.Find(node, name) != nullptr && !LinkBroken(node);
+}
+
+bool PeerDirectory::LinkBroken(const std::string& node) {
+  absl::MutexLock lock(&mu_);
+  auto it = links_.find(node);
+  return it == links_.end() ||
+         std::any_of(it->second.endpoints.begin(), it->second.endpoints.end(),
+                     [](const auto& e) { return e.second == nullptr || e.second->broken(); });
 }
 
 absl::StatusOr<std::shared_ptr<ferry::v1::Peer::Stub>> PeerDirectory::Stub(

@@ -86,6 +86,10 @@ class PeerDirectory {
   absl::StatusOr<std::shared_ptr<const RemoteBuffer>> ResolveKept(const std::string& node,
                                                                   const std::string& name,
                                                                   absl::Time deadline);
+  // Whether ResolveKept(node, name) would answer from what is kept, without a call: the
+  // answer is kept and no connection to the peer broke. A hint (a revocation may come just
+  // after), for callers that must not block to choose where to resolve.
+  bool Kept(const std::string& node, const std::string& name);
   ResolveCache& kept_answers() { return kept_; }
   // The rails to `node` (a Hello when there is no answer yet, the last is older than
   // kHelloTtl (rails come back after maintenance), the peer restarted since `incarnation`
@@ -173,6 +177,8 @@ class PeerDirectory {
     std::shared_ptr<absl::Mutex> connect_mu = std::make_shared<absl::Mutex>();
   };
   absl::StatusOr<Link*> FindLink(const std::string& node) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // No link to `node`, or one of its endpoints is gone or broken.
+  bool LinkBroken(const std::string& node) ABSL_LOCKS_EXCLUDED(mu_);
   // Sets (or with nullopt drops) `source`'s address for `node` and applies what that means
   // for the link: added, moved (endpoints to `closing`), removed. Returns the change or "".
   std::string SetSourceLocked(const std::string& node, PeerSource source,
