@@ -258,6 +258,32 @@ TEST_F(PeerDirectoryTest, ResolveMapsEveryField) {
   EXPECT_EQ(p->size, 64u);
 }
 
+// Kept says whether ResolveKept would answer without asking the peer (a TransferStream
+// starts such requests on gRPC's thread): only for a revocable answer kept, until revoked.
+TEST_F(PeerDirectoryTest, KeptSaysWhetherAResolveWouldAskThePeer) {
+  ferry::v1::ResolveBufferResponse revocable;
+  revocable.set_size(4096);
+  revocable.set_revocable(true);
+  b_->service().AddBuffer("kept", revocable);
+  ferry::v1::ResolveBufferResponse once;
+  once.set_size(4096);
+  b_->service().AddBuffer("once", once);
+
+  EXPECT_FALSE(dir_->Kept("node-b", "kept"));
+  ASSERT_TRUE(dir_->ResolveKept("node-b", "kept", Soon()).ok());
+  EXPECT_TRUE(dir_->Kept("node-b", "kept"));
+  const int asked = b_->service().resolves();
+  ASSERT_TRUE(dir_->ResolveKept("node-b", "kept", Soon()).ok());
+  EXPECT_EQ(b_->service().resolves(), asked) << "Kept said true, yet the peer was asked";
+
+  ASSERT_TRUE(dir_->ResolveKept("node-b", "once", Soon()).ok());
+  EXPECT_FALSE(dir_->Kept("node-b", "once")) << "an answer the peer does not revoke is not kept";
+  EXPECT_FALSE(dir_->Kept("node-z", "kept"));
+
+  dir_->kept_answers().Revoke("node-b", {"kept"}, /*all=*/false);
+  EXPECT_FALSE(dir_->Kept("node-b", "kept"));
+}
+
 TEST_F(PeerDirectoryTest, PeerErrorsPassThrough) {
   auto missing = dir_->Resolve("node-b", "missing", Soon());
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
