@@ -25,23 +25,10 @@ namespace {
 
 using ::testing::HasSubstr;
 
-class AgentIntegrationTest : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    pair_ = new Pair();
-    absl::Status s = pair_->Start("limits:\n  max_op_bytes: 64MiB\n");
-    ASSERT_TRUE(s.ok()) << s;
-  }
-  static void TearDownTestSuite() {
-    delete pair_;
-    pair_ = nullptr;
-  }
-  Client& A() { return *pair_->ca; }
-  Client& B() { return *pair_->cb; }
-
-  static Pair* pair_;
+class AgentIntegrationTest : public SharedPairTest<AgentIntegrationTest> {
+ public:
+  static constexpr char kYaml[] = "limits:\n  max_op_bytes: 64MiB\n";
 };
-Pair* AgentIntegrationTest::pair_ = nullptr;
 
 TEST_F(AgentIntegrationTest, WriteThenReadBack64MiB) {
   auto src = A().Alloc(64 << 20);

@@ -81,4 +81,24 @@ struct Pair {
   }
 };
 
+// A suite whose tests share one Pair, started once with `Suite::kYaml` (both agents' extra
+// YAML): `class MyTest : public SharedPairTest<MyTest> { static constexpr char kYaml[] = ...`.
+template <typename Suite>
+class SharedPairTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    pair_ = new Pair();
+    absl::Status s = pair_->Start(Suite::kYaml);
+    ASSERT_TRUE(s.ok()) << s;
+  }
+  static void TearDownTestSuite() {
+    delete pair_;  // checks both agents' accounting
+    pair_ = nullptr;
+  }
+  Client& A() { return *pair_->ca; }
+  Client& B() { return *pair_->cb; }
+
+  static inline Pair* pair_ = nullptr;
+};
+
 }  // namespace ferry

@@ -20,23 +20,10 @@ using ::testing::HasSubstr;
 
 constexpr uint64_t kBlock = 4096;
 
-class AgentStreamTest : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    pair_ = new Pair();
-    absl::Status s = pair_->Start("host_pool:\n  size: 256MiB\n");
-    ASSERT_TRUE(s.ok()) << s;
-  }
-  static void TearDownTestSuite() {
-    delete pair_;
-    pair_ = nullptr;
-  }
-  Client& A() { return *pair_->ca; }
-  Client& B() { return *pair_->cb; }
-
-  static Pair* pair_;
+class AgentStreamTest : public SharedPairTest<AgentStreamTest> {
+ public:
+  static constexpr char kYaml[] = "host_pool:\n  size: 256MiB\n";
 };
-Pair* AgentStreamTest::pair_ = nullptr;
 
 // 3000 one-block WRITEs, sent by one thread while another reads answers (more than the
 // agent's window of 1024, so reading pauses and resumes): each tag is answered once, every
