@@ -26,8 +26,8 @@ class AgentStreamTest : public SharedPairTest<AgentStreamTest> {
 };
 
 // 3000 one-block WRITEs, sent by one thread while another reads answers (more than the
-// agent's window of 1024, so reading pauses and resumes): each tag is answered once, every
-// transfer succeeded, and every block is where its op put it.
+// agent's window of 1024, which the agent's reading may reach and wait at): each tag is
+// answered once, every transfer succeeded, and every block is where its op put it.
 TEST_F(AgentStreamTest, ManyTransfersOverOneCallAreEachAnsweredOnceWithTheirTag) {
   constexpr int kTransfers = 3000;
   auto src = A().Alloc(kTransfers * kBlock);
