@@ -88,9 +88,9 @@ class AgentService final
                            std::optional<absl::Time> until = std::nullopt);
 
   AgentCore* const core_;
-  // Where TransferStream requests are validated and started: Submit may ask a peer to
-  // resolve a buffer (a blocking call), which gRPC's callback threads must not do. Declared
-  // last, so it stops (running what is queued) before the rest of the service goes.
+  // Where the TransferStream requests that may block start: Submit asks a peer to resolve a
+  // buffer not kept yet (a blocking call), which gRPC's callback threads must not make.
+  // Declared last, so it stops (running what is queued) before the rest of the service goes.
   WorkerPool stream_starters_{kStreamStarters, "ferry-stream"};
 };
 
