@@ -246,9 +246,8 @@ void Judge(Report& r, const Options& o) {
         streamed->p50_us, streamed->p50_us / unary->p50_us));
   }
   if (const Measurement* many = Find(r, "ferry stream", 4096); many) {
-    r.findings.push_back(absl::StrFormat(
-        "4 KiB WRITEs over a TransferStream, %s: %.0f ops/s, p50 %.0f us", many->note,
-        many->ops_per_sec, many->p50_us));
+    r.findings.push_back(absl::StrFormat("4 KiB WRITEs, %s: %.0f ops/s, p50 %.0f us", many->note,
+                                         many->ops_per_sec, many->p50_us));
   }
   if (lat && ucx_lat) {
     r.findings.push_back(
