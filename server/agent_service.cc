@@ -10,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
 #include "server/agent_core.h"
+#include "server/await_transfer.h"
 #include "server/info_protos.h"
 #include "server/nic_info.h"
 #include "server/views.h"
@@ -278,9 +279,9 @@ grpc::Status AgentService::Wait(grpc::ServerContext* ctx, const ferry::v1::WaitR
   // poll: answer now; wait_ms: at most that long; either answers RUNNING rather than failing.
   if (req->poll() || req->wait_ms() > 0) {
     absl::Time until = req->poll() ? absl::Now() : absl::Now() + absl::Milliseconds(req->wait_ms());
-    return AwaitResult(ctx, **transfer, PageOf(*req), resp, until);
+    return AwaitTransferResult(ctx, **transfer, PageOf(*req), resp, until);
   }
-  return AwaitResult(ctx, **transfer, PageOf(*req), resp);
+  return AwaitTransferResult(ctx, **transfer, PageOf(*req), resp);
 }
 
 grpc::Status AgentService::Transfer(grpc::ServerContext* ctx, const ferry::v1::TransferRequest* req,
@@ -293,7 +294,7 @@ grpc::Status AgentService::Transfer(grpc::ServerContext* ctx, const ferry::v1::T
   if (!id.ok()) return ToGrpcStatus(id.status());
   auto transfer = core_->engine().Find(*id);
   if (!transfer.ok()) return ToGrpcStatus(transfer.status());
-  return AwaitResult(ctx, **transfer, PageOf(*req), resp);
+  return AwaitTransferResult(ctx, **transfer, PageOf(*req), resp);
 }
 
 grpc::ServerBidiReactor<ferry::v1::StreamedTransfer, ferry::v1::StreamedResults>*
@@ -328,24 +329,6 @@ AgentService::TransferStream(grpc::CallbackServerContext* ctx) {
     return false;
   };
   return StartTransferStream(&stream_starters_, std::move(calls));
-}
-
-grpc::Status AgentService::AwaitResult(grpc::ServerContext* ctx, const server::Transfer& transfer,
-                                       const ResultPage& page, ferry::v1::TransferResult* resp,
-                                       std::optional<absl::Time> until) {
-  const absl::Time deadline = std::min(absl::FromChrono(ctx->deadline()),
-                                       until.value_or(absl::InfiniteFuture()));
-  // Wake up now and then to notice a client that hung up.
-  while (!transfer.AwaitFinished(std::min(deadline, absl::Now() + absl::Milliseconds(500)))) {
-    if (ctx->IsCancelled()) return grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
-    if (absl::Now() >= deadline) {
-      if (until) break;  // the caller's own limit: the result as it stands (RUNNING)
-      return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
-                          absl::StrCat("transfer ", transfer.id(), " is still running"));
-    }
-  }
-  *resp = transfer.Result(page);
-  return grpc::Status::OK;
 }
 
 grpc::Status AgentService::Cancel(grpc::ServerContext*, const ferry::v1::CancelTransferRequest* req,

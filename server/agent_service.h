@@ -80,12 +80,6 @@ class AgentService final
   // and the admin group may); the engine validates the rest.
   absl::Status MayUseLocalBuffers(const std::optional<LocalCaller>& caller,
                                   const google::protobuf::RepeatedPtrField<ferry::v1::Op>& ops);
-  // Blocks (this is the sync API) until `transfer` ends, the call's deadline passes or the
-  // client hangs up; then its result, `page` of its per-op results.
-  // `until`: answer at that time with the result as it stands (RUNNING) instead of failing.
-  grpc::Status AwaitResult(grpc::ServerContext* ctx, const server::Transfer& transfer,
-                           const ResultPage& page, ferry::v1::TransferResult* resp,
-                           std::optional<absl::Time> until = std::nullopt);
 
   AgentCore* const core_;
   // Where the TransferStream requests that may block start: Submit asks a peer to resolve a
