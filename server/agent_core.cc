@@ -119,6 +119,10 @@ absl::StatusOr<std::unique_ptr<AgentCore>> AgentCore::Create(const config::Confi
   core->sessions_->OnClose([blocks = core->tensors_->shared_blocks()](uint64_t session) {
     blocks->ReleaseOwnedBy(session);
   });
+  core->tensors_->blocks().OnUnexport(
+      [leases = core->leases_.get()](const std::vector<std::string>& lists) {
+        leases->RevokeLists(lists, "released");
+      });
   spdlog::info("node {}: host pool {} MiB at {} ({})", config.node, config.host_pool_bytes >> 20,
                core->pool_->path(), core->pool_->placement());
   return core;
@@ -182,8 +186,11 @@ AgentCore::~AgentCore() {
   //    calls use the peers' stubs: the peers go after it.
   // 4. Sessions, then buffers (revoking their keys; memory back to its pool), bounce pools
   //    (their chunks' keys), GPU pools, the fabrics that made every key, the host pool last.
-  // 0. Nobody is told of the buffers freed below: peers learn of a restart by our incarnation.
+  // 0. Nobody is told of the buffers freed or lists released below (a session's sweep may
+  //    still release lists after the tensors went): peers learn of a restart by our
+  //    incarnation.
   if (buffers_) buffers_->OnUnexport(nullptr);
+  if (tensors_) tensors_->blocks().OnUnexport(nullptr);
   for (const auto& f : fabrics_) f->StopServing();
   tensors_.reset();
   peer_health_.reset();  // its Health calls use the peers' stubs

@@ -140,8 +140,11 @@ grpc::Status PeerService::Revoke(grpc::ServerContext* ctx, const ferry::v1::Revo
   // nothing here to revoke (and leaves nothing behind).
   if (!core_->peers().Known(*caller)) return grpc::Status::OK;
   std::vector<std::string> names(req->names().begin(), req->names().end());
-  auto dropped = core_->peers().kept_answers().Revoke(*caller, names, req->all());
-  resp->set_dropped(static_cast<uint32_t>(dropped.size()));
+  std::vector<std::string> lists(req->lists().begin(), req->lists().end());
+  size_t lists_dropped = 0;
+  auto dropped =
+      core_->peers().kept_answers().Revoke(*caller, names, req->all(), lists, &lists_dropped);
+  resp->set_dropped(static_cast<uint32_t>(dropped.size() + lists_dropped));
   // The exporter frees the memory once we answer: our transfers on these answers finish
   // first. Answered before the caller's deadline, so that it learns either way.
   const absl::Time deadline = absl::FromChrono(ctx->deadline()) - absl::Milliseconds(200);
@@ -150,9 +153,9 @@ grpc::Status PeerService::Revoke(grpc::ServerContext* ctx, const ferry::v1::Revo
                         absl::StrCat("dropped ", dropped.size(), " answer(s), but a transfer on ",
                                      "one of them is still running"));
   }
-  if (!dropped.empty()) {
-    spdlog::debug("revoke from {} ({}): dropped {} kept answer(s)", *caller, req->reason(),
-                  dropped.size());
+  if (!dropped.empty() || lists_dropped != 0) {
+    spdlog::debug("revoke from {} ({}): dropped {} kept answer(s) and {} list answer(s)",
+                  *caller, req->reason(), dropped.size(), lists_dropped);
   }
   return grpc::Status::OK;
 }

@@ -20,9 +20,12 @@ void DescribePeers(AgentCore& core, ferry::v1::ListPeersResponse* out) {
       p->set_endpoints(static_cast<uint32_t>(view->endpoints));
       p->set_incarnation(view->incarnation);
       p->set_kept_answers(static_cast<uint32_t>(view->kept_answers));
+      p->set_kept_lists(static_cast<uint32_t>(view->kept_lists));
     }
     p->set_answers_held(static_cast<uint32_t>(core.leases().HeldBy(node)));
     p->set_answers_granted(core.leases().GrantedTo(node));
+    p->set_lists_held(static_cast<uint32_t>(core.leases().ListsHeldBy(node)));
+    p->set_lists_granted(core.leases().ListsGrantedTo(node));
     p->set_health(!check.checked ? "unchecked" : check.healthy ? "ok" : "unreachable");
     p->set_rtt_us(static_cast<uint64_t>(absl::ToInt64Microseconds(check.rtt)));
     if (check.incarnation != 0) p->set_incarnation(check.incarnation);

@@ -3,7 +3,9 @@
 // accounting returns to zero. Nothing but buffers that persist is left, the host pool's
 // used bytes are exactly those buffers', GPU pools hold only persisting GPU buffers, no
 // bounce chunk is in use, and no client memory is registered, no block list or passed
-// descriptor is left. Polls briefly: sessions end asynchronously when clients leave.
+// descriptor is left; with no buffer left, no peer keeps an answer for one of its names or
+// lists (ListPeers: answers_held, lists_held). Polls briefly: sessions end asynchronously
+// when clients leave.
 
 #include <cstdint>
 #include <string>
@@ -24,6 +26,11 @@ inline void ExpectAccountingAtZero(const std::string& socket, const std::string&
     auto info = (*probe)->GetInfo();
     auto buffers = (*probe)->ListBuffers();
     ASSERT_TRUE(info.ok() && buffers.ok()) << who;
+    ferry::v1::ListPeersResponse peers;
+    grpc::ClientContext peers_ctx;
+    ASSERT_TRUE((*probe)->stub().ListPeers(&peers_ctx, {}, &peers).ok()) << who;
+    uint64_t held = 0;
+    for (const auto& p : peers.peers()) held += p.answers_held() + p.lists_held();
     uint64_t persisting_gpu = 0;
     bool only_persisting = true;
     for (const auto& b : *buffers) {
@@ -38,7 +45,7 @@ inline void ExpectAccountingAtZero(const std::string& socket, const std::string&
               (persisting_gpu > 0 || gpu_used == 0) && bounce_in_use == 0 &&
               (!buffers->empty() || info->host_pool_used_bytes() == 0) &&
               info->registered_bytes() == 0 && info->block_lists() == 0 &&
-              info->fds_waiting() == 0;
+              info->fds_waiting() == 0 && (!buffers->empty() || held == 0);
     if (ok) return;
     last = absl::StrCat(who, ": sessions ", info->sessions(), ", buffers ", buffers->size(),
                         only_persisting ? " (all persist)" : " (some owned by a session)",
@@ -47,7 +54,7 @@ inline void ExpectAccountingAtZero(const std::string& socket, const std::string&
                         ", bounce chunks in use ", bounce_in_use, ", transfers running ",
                         info->transfers_active(), ", registered bytes ", info->registered_bytes(),
                         ", block lists ", info->block_lists(), ", descriptors waiting ",
-                        info->fds_waiting());
+                        info->fds_waiting(), ", answers peers keep ", held);
     if (absl::Now() > deadline) break;
     absl::SleepFor(absl::Milliseconds(50));
   }

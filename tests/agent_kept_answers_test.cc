@@ -4,13 +4,15 @@
 // memory: when node-b frees the buffer (Free returns after the transfer on it finished; the
 // name reused then reaches the new buffer, with the new size), when the owning session
 // ends, when node-b changes its policy or restarts. A node-b that does not know node-a
-// answers without letting it keep anything, and nobody but node-b revokes its answers.
+// answers without letting it keep anything (a buffer's answer or a list's), and nobody but
+// node-b revokes its answers.
 
 #include <cstring>
 #include <string>
 #include <vector>
 
 #include "absl/time/clock.h"
+#include "client/block_client.h"
 #include "client/ferry_client.h"
 #include "ferry/v1/peer.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
@@ -22,19 +24,6 @@ namespace ferry {
 namespace {
 
 constexpr uint64_t kSize = 1 << 20;
-
-// node-a's view of `node` (kept_answers: node's answers node-a keeps; answers_held: how
-// many of node-a's names node keeps).
-ferry::v1::PeerInfo PeerOf(Client& client, const std::string& node) {
-  ferry::v1::ListPeersResponse peers;
-  grpc::ClientContext ctx;
-  EXPECT_TRUE(client.stub().ListPeers(&ctx, {}, &peers).ok());
-  for (const auto& p : peers.peers()) {
-    if (p.node() == node) return p;
-  }
-  ADD_FAILURE() << "no peer " << node;
-  return {};
-}
 
 class AgentKeptAnswersTest : public ::testing::Test {
  protected:
@@ -220,6 +209,23 @@ TEST(AgentKeptAnswersOneWayTest, AnExporterThatCannotCallBackLetsNothingBeKept) 
     ASSERT_TRUE(pair.ca->Write(**src, 0, "node-b", "unkept", 0, kSize).ok());
   }
   EXPECT_EQ(PeerOf(*pair.ca, "node-b").kept_answers(), 0u);
+  {
+    // Nor is a list's answer kept: each move asks again.
+    BlockClient a_blocks(pair.ca->shared_session()), b_blocks(pair.cb->shared_session());
+    auto exported = b_blocks.Prepare({Extent((*dst)->id(), 0, 4096, 4)}, "unkept-list");
+    auto local = a_blocks.Prepare({Extent((*src)->id(), 0, 4096, 4)});
+    ASSERT_TRUE(exported.ok() && local.ok());
+    for (uint64_t block = 0; block < 2; ++block) {
+      auto moved = a_blocks.Move(ferry::v1::WRITE, local->list(), {block}, "node-b",
+                                 "unkept-list", {block});
+      ASSERT_TRUE(moved.ok()) << moved.status();
+      auto done = pair.ca->Wait(moved->transfer_id(), absl::Seconds(30));
+      ASSERT_TRUE(done.ok() && done->state() == ferry::v1::SUCCEEDED);
+    }
+    EXPECT_EQ(PeerOf(*pair.ca, "node-b").kept_lists(), 0u);
+    ASSERT_TRUE(b_blocks.Release(exported->list()).ok());
+    ASSERT_TRUE(a_blocks.Release(local->list()).ok());
+  }
   ASSERT_TRUE(pair.cb->Free((*dst)->id()).ok());
   absl::Status gone = pair.ca->Write(**src, 0, "node-b", "unkept", 0, kSize);
   EXPECT_EQ(gone.code(), absl::StatusCode::kNotFound) << gone;

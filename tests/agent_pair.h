@@ -81,6 +81,19 @@ struct Pair {
   }
 };
 
+// What `client`'s agent says of peer `node` (ListPeers), e.g. kept_answers: node's answers
+// this agent keeps; answers_held: how many of this agent's names node keeps.
+inline ferry::v1::PeerInfo PeerOf(Client& client, const std::string& node) {
+  ferry::v1::ListPeersResponse peers;
+  grpc::ClientContext ctx;
+  EXPECT_TRUE(client.stub().ListPeers(&ctx, {}, &peers).ok());
+  for (const auto& p : peers.peers()) {
+    if (p.node() == node) return p;
+  }
+  ADD_FAILURE() << "no peer " << node;
+  return {};
+}
+
 // A suite whose tests share one Pair, started once with `Suite::kYaml` (both agents' extra
 // YAML): `class MyTest : public SharedPairTest<MyTest> { static constexpr char kYaml[] = ...`.
 template <typename Suite>

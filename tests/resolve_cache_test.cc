@@ -1,7 +1,8 @@
 // The asker's cache of ResolveBuffer answers: answers for one buffer are shared, an answer
 // that was on its way while the peer revoked is refused (neither kept nor used), Forget
 // drops only the answer a failed transfer used, and Drained waits for the transfers still
-// holding one.
+// holding one. ResolveBlocks answers (lists) go with their name, with any buffer they lie
+// in, and with everything, and obey the same epoch.
 
 #include "server/peers/resolve_cache.h"
 
@@ -19,6 +20,22 @@ std::shared_ptr<const RemoteBuffer> Answer(const std::string& node, const std::s
   a->name = name;
   a->size = 4096;
   a->revocable = true;
+  return a;
+}
+
+// node's list `name` over buffers `buffers`, one extent each.
+std::shared_ptr<const RemoteList> ListAnswer(const std::string& node, const std::string& name,
+                                             const std::vector<std::string>& buffers) {
+  auto a = std::make_shared<RemoteList>();
+  a->node = node;
+  a->name = name;
+  for (const std::string& b : buffers) {
+    ferry::v1::RemoteExtent* e = a->answer.add_extents();
+    e->set_buffer(b);
+    e->set_block_bytes(4096);
+    e->set_count(4);
+  }
+  a->answer.set_revocable(true);
   return a;
 }
 
@@ -86,6 +103,56 @@ TEST(ResolveCacheTest, DrainedWaitsForTheTransfersThatHoldAnAnswer) {
   });
   EXPECT_TRUE(ResolveCache::Drained(dropped, absl::Now() + absl::Seconds(10)));
   finishes.join();
+}
+
+
+TEST(ResolveCacheTest, AListGoesWithItsNameWithABufferItLiesInAndWithEverything) {
+  ResolveCache cache;
+  auto keep = [&](const std::string& name, const std::vector<std::string>& buffers) {
+    return cache.KeepList(cache.Epoch("b"), ListAnswer("b", name, buffers));
+  };
+  ASSERT_NE(keep("kv", {"k0", "v0"}), nullptr);
+  ASSERT_NE(keep("other", {"x"}), nullptr);
+  ASSERT_NE(cache.KeepList(cache.Epoch("c"), ListAnswer("c", "kv", {"k0"})), nullptr);
+  EXPECT_EQ(cache.ListsKeptFrom("b"), 2u);
+
+  // Released: the list by name; no buffer answer goes with it.
+  size_t dropped = 0;
+  EXPECT_TRUE(cache.Revoke("b", {}, false, {"kv"}, &dropped).empty());
+  EXPECT_EQ(dropped, 1u);
+  EXPECT_EQ(cache.FindList("b", "kv"), nullptr);
+  EXPECT_NE(cache.FindList("b", "other"), nullptr);
+
+  // A buffer it lies in freed: the list says where nothing is any more.
+  ASSERT_NE(keep("kv", {"k0", "v0"}), nullptr);
+  cache.Revoke("b", {"v0"}, false, {}, &dropped);
+  EXPECT_EQ(dropped, 1u);
+  EXPECT_EQ(cache.FindList("b", "kv"), nullptr);
+  EXPECT_NE(cache.FindList("b", "other"), nullptr);
+
+  // Everything (the peer restarted or drains); the other peer's stays.
+  cache.Revoke("b", {}, true, {}, &dropped);
+  EXPECT_EQ(dropped, 1u);
+  EXPECT_EQ(cache.ListsKeptFrom("b"), 0u);
+  EXPECT_NE(cache.FindList("c", "kv"), nullptr);
+}
+
+TEST(ResolveCacheTest, AListAnswerInFlightDuringARevocationIsNotKept) {
+  ResolveCache cache;
+  const uint64_t asked = cache.Epoch("b");
+  cache.Revoke("b", {}, false, {"kv"});
+  EXPECT_EQ(cache.KeepList(asked, ListAnswer("b", "kv", {"k0"})), nullptr);
+  EXPECT_EQ(cache.ListsKeptFrom("b"), 0u);
+  // Two moves that asked at once share the first answer kept.
+  const uint64_t now = cache.Epoch("b");
+  auto first = cache.KeepList(now, ListAnswer("b", "kv", {"k0"}));
+  auto second = cache.KeepList(now, ListAnswer("b", "kv", {"k0"}));
+  EXPECT_EQ(first, second);
+  // ForgetList drops only the answer a failed move used.
+  cache.ForgetList(ListAnswer("b", "kv", {"k0"}));
+  EXPECT_EQ(cache.FindList("b", "kv"), first);
+  cache.ForgetList(first);
+  EXPECT_EQ(cache.FindList("b", "kv"), nullptr);
 }
 
 }  // namespace

@@ -6,6 +6,10 @@
 // timeout passed; only then does the caller let the buffer's memory and keys go, so a key
 // a peer kept never reaches memory that was given to something else.
 //
+// The same for kept ResolveBlocks answers, by exported list name (GrantList, RevokeLists):
+// a list released. A list's answer holds no key (its moves resolve each buffer as any
+// transfer does), so its revocation guards against moving the wrong blocks, not memory.
+//
 // Not covered: a peer this agent no longer knows (removed from config, etcd or RemovePeer)
 // cannot be called back; it keeps its answers until it restarts or we do.
 
@@ -44,16 +48,39 @@ class ExportLeases {
   size_t HeldBy(const std::string& node) const;
   uint64_t GrantedTo(const std::string& node) const;
 
+  // The same for exported list names: a ResolveBlocks answer grants the list's name here
+  // and each of its buffers' names with Grant (a buffer freed takes the list's answer too).
+  void GrantList(const std::string& list, const std::string& node);
+  void RevokeLists(const std::vector<std::string>& lists, const std::string& reason);
+  size_t ListsHeldBy(const std::string& node) const;
+  uint64_t ListsGrantedTo(const std::string& node) const;
+
  private:
+  // Who keeps answers for which names, of one kind (buffers or lists).
+  struct Holders {
+    std::map<std::string, std::set<std::string>> by_name;  // name -> nodes
+    std::map<std::string, uint64_t> granted;               // node -> grants so far
+  };
+  // What one node is told to drop.
+  struct Dropped {
+    std::vector<std::string> names;
+    std::vector<std::string> lists;
+  };
+  static void GrantIn(Holders& holders, const std::string& name, const std::string& node);
+  // Takes the holders of `names` out of `holders`, into `by_node` (`field` picks the list).
+  static void TakeHolders(Holders& holders, const std::vector<std::string>& names,
+                          std::vector<std::string> Dropped::*field,
+                          std::map<std::string, Dropped>& by_node);
+  static size_t HeldIn(const Holders& holders, const std::string& node);
+  static uint64_t GrantedIn(const Holders& holders, const std::string& node);
   // One Revoke per node, all at once; waits for them.
-  void Call(const std::map<std::string, std::vector<std::string>>& by_node, bool all,
-            const std::string& reason);
+  void Call(const std::map<std::string, Dropped>& by_node, bool all, const std::string& reason);
 
   const std::string self_;
   PeerDirectory* const peers_;
   mutable absl::Mutex mu_;
-  std::map<std::string, std::set<std::string>> holders_ ABSL_GUARDED_BY(mu_);  // name -> nodes
-  std::map<std::string, uint64_t> granted_ ABSL_GUARDED_BY(mu_);  // node -> grants so far
+  Holders buffers_ ABSL_GUARDED_BY(mu_);
+  Holders lists_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace ferry::server

@@ -464,6 +464,7 @@ std::optional<PeerDirectory::View> PeerDirectory::ViewOf(const std::string& node
   }
   for (const auto& [key, e] : l.endpoints) v.endpoints += e && !e->broken();
   v.kept_answers = kept_.KeptFrom(node);
+  v.kept_lists = kept_.ListsKeptFrom(node);
   return v;
 }
 

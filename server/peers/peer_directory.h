@@ -91,6 +91,10 @@ class PeerDirectory {
   // after), for callers that must not block to choose where to resolve.
   bool Kept(const std::string& node, const std::string& name);
   ResolveCache& kept_answers() { return kept_; }
+  // No link to `node`, or one of its endpoints is gone or broken: it may have restarted
+  // (a process that exits resets its sockets), so what is kept from it should be asked
+  // again rather than used.
+  bool LinkBroken(const std::string& node) ABSL_LOCKS_EXCLUDED(mu_);
   // The rails to `node` (a Hello when there is no answer yet, the last is older than
   // kHelloTtl (rails come back after maintenance), the peer restarted since `incarnation`
   // (0: any), or Refresh asked for one). FAILED_PRECONDITION when the two
@@ -121,6 +125,7 @@ class PeerDirectory {
     uint64_t incarnation = 0;
     size_t endpoints = 0;
     size_t kept_answers = 0;  // its ResolveBuffer answers this agent keeps
+    size_t kept_lists = 0;    // its ResolveBlocks answers this agent keeps
   };
   std::optional<View> ViewOf(const std::string& node) const;
   // The Peer stub for `node` (Stage calls); NOT_FOUND for an unknown node. Shared: a peer
@@ -177,8 +182,6 @@ class PeerDirectory {
     std::shared_ptr<absl::Mutex> connect_mu = std::make_shared<absl::Mutex>();
   };
   absl::StatusOr<Link*> FindLink(const std::string& node) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // No link to `node`, or one of its endpoints is gone or broken.
-  bool LinkBroken(const std::string& node) ABSL_LOCKS_EXCLUDED(mu_);
   // Sets (or with nullopt drops) `source`'s address for `node` and applies what that means
   // for the link: added, moved (endpoints to `closing`), removed. Returns the change or "".
   std::string SetSourceLocked(const std::string& node, PeerSource source,

@@ -5,9 +5,13 @@
 // policy changed, it drains), and a peer that restarted (new incarnation) or moved loses all
 // of its answers here. A transfer that fails on a kept answer drops it too (Forget).
 //
+// The peer's ResolveBlocks answers for the block lists it exports are kept the same way
+// (KeepList): a list's answer goes when the peer revokes the list, or any buffer the list
+// lies in, or everything.
+//
 // The race a cache must not lose: an answer in flight while the peer revokes it. Each peer
 // has an epoch, bumped by every revocation; an answer is kept, or used, only if no
-// revocation of that peer came between asking (Epoch) and keeping (Keep).
+// revocation of that peer came between asking (Epoch) and keeping (Keep, KeepList).
 
 #include <cstdint>
 #include <map>
@@ -19,6 +23,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "server/peers/remote_buffer.h"
+#include "server/peers/remote_list.h"
 
 namespace ferry::server {
 
@@ -35,26 +40,53 @@ class ResolveCache {
   // so it must not be used at all (ask again).
   std::shared_ptr<const RemoteBuffer> Keep(uint64_t epoch,
                                            std::shared_ptr<const RemoteBuffer> answer);
-  // Drops `node`'s answers for `names` (every one when `all`) and bumps its epoch. Returns
-  // the dropped answers, still referenced where a transfer holds them: Drained() says when
-  // none is.
+  // Drops `node`'s answers for buffers `names` and lists `lists`, and those of its lists
+  // that lie in one of `names` (every answer when `all`), and bumps its epoch. Returns the
+  // dropped buffer answers, still referenced where a transfer holds them: Drained() says
+  // when none is. `lists_dropped`, when given, is told how many list answers went.
   std::vector<std::weak_ptr<const RemoteBuffer>> Revoke(const std::string& node,
                                                         const std::vector<std::string>& names,
-                                                        bool all);
+                                                        bool all,
+                                                        const std::vector<std::string>& lists = {},
+                                                        size_t* lists_dropped = nullptr);
   // Drops `answer` if it is still the kept one for its buffer (a transfer on it failed).
   void Forget(const std::shared_ptr<const RemoteBuffer>& answer);
   // How many answers from `node` are kept.
   size_t KeptFrom(const std::string& node) const;
+
+  // The same for list answers: the kept answer for list `name` on `node`, or nullptr;
+  // keeping one (the one already kept for that list if there is one; nullptr when revoked
+  // since `epoch`: ask again); dropping it after a move on it failed.
+  std::shared_ptr<const RemoteList> FindList(const std::string& node, const std::string& name);
+  std::shared_ptr<const RemoteList> KeepList(uint64_t epoch,
+                                             std::shared_ptr<const RemoteList> answer);
+  void ForgetList(const std::shared_ptr<const RemoteList>& answer);
+  size_t ListsKeptFrom(const std::string& node) const;
 
   // Waits until no one holds any of `answers` or `deadline` passes; true when none is held.
   static bool Drained(const std::vector<std::weak_ptr<const RemoteBuffer>>& answers,
                       absl::Time deadline);
 
  private:
+  template <typename Answer>
+  using Kept = std::map<std::string, std::shared_ptr<const Answer>>;  // by buffer or list name
   struct Peer {
     uint64_t epoch = 0;
-    std::map<std::string, std::shared_ptr<const RemoteBuffer>> answers;  // by buffer name
+    Kept<RemoteBuffer> answers;
+    Kept<RemoteList> lists;
   };
+  // Find, Keep, Forget and KeptFrom for one kind of answer (`kind`: answers or lists).
+  template <typename Answer>
+  std::shared_ptr<const Answer> FindIn(Kept<Answer> Peer::*kind, const std::string& node,
+                                       const std::string& name);
+  template <typename Answer>
+  std::shared_ptr<const Answer> KeepIn(Kept<Answer> Peer::*kind, uint64_t epoch,
+                                       std::shared_ptr<const Answer> answer);
+  template <typename Answer>
+  void ForgetIn(Kept<Answer> Peer::*kind, const std::shared_ptr<const Answer>& answer);
+  template <typename Answer>
+  size_t CountIn(Kept<Answer> Peer::*kind, const std::string& node) const;
+
   mutable absl::Mutex mu_;
   std::map<std::string, Peer> peers_ ABSL_GUARDED_BY(mu_);
 };

@@ -75,7 +75,7 @@ grpc::Status TensorPeerService::ResolveBlocks(grpc::ServerContext* ctx,
                                               ferry::v1::ResolveBlocksResponse* resp) {
   absl::StatusOr<std::string> from = CallerNode(*ctx, req->from_node());
   if (!from.ok()) return ToGrpcStatus(from.status());
-  auto resolved = core_->tensors().mover().Resolve(req->list(), *from);
+  auto resolved = core_->tensors().mover().Resolve(req->list(), *from, &core_->leases());
   if (!resolved.ok()) return ToGrpcStatus(resolved.status());
   *resp = *std::move(resolved);
   return grpc::Status::OK;

@@ -71,16 +71,35 @@ absl::StatusOr<std::shared_ptr<const BlockList>> BlockLists::Prepare(
 }
 
 absl::Status BlockLists::Release(uint64_t id, uint64_t session) {
-  absl::MutexLock lock(&mu_);
-  auto it = by_id_.find(id);
-  if (it == by_id_.end()) return absl::NotFoundError(absl::StrCat("list: ", id, " does not exist"));
-  if (it->second->session() != session) {
-    return absl::PermissionDeniedError(
-        absl::StrCat("list: ", id, " belongs to session ", it->second->session()));
+  std::vector<std::string> unexported;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = by_id_.find(id);
+    if (it == by_id_.end()) {
+      return absl::NotFoundError(absl::StrCat("list: ", id, " does not exist"));
+    }
+    if (it->second->session() != session) {
+      return absl::PermissionDeniedError(
+          absl::StrCat("list: ", id, " belongs to session ", it->second->session()));
+    }
+    if (!it->second->name().empty()) {
+      by_name_.erase(it->second->name());
+      unexported.push_back(it->second->name());
+    }
+    by_id_.erase(it);
   }
-  if (!it->second->name().empty()) by_name_.erase(it->second->name());
-  by_id_.erase(it);
+  TellUnexported(unexported);
   return absl::OkStatus();
+}
+
+void BlockLists::TellUnexported(const std::vector<std::string>& names) {
+  if (names.empty()) return;
+  Unexported hook;
+  {
+    absl::MutexLock lock(&mu_);
+    hook = on_unexport_;
+  }
+  if (hook) hook(names);
 }
 
 absl::StatusOr<std::shared_ptr<const BlockList>> BlockLists::Get(uint64_t id, uint64_t session,
@@ -106,17 +125,24 @@ absl::StatusOr<std::shared_ptr<const BlockList>> BlockLists::Exported(
 }
 
 size_t BlockLists::ReleaseOwnedBy(uint64_t session) {
-  absl::MutexLock lock(&mu_);
+  std::vector<std::string> unexported;
   size_t n = 0;
-  for (auto it = by_id_.begin(); it != by_id_.end();) {
-    if (it->second->session() != session) {
-      ++it;
-      continue;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto it = by_id_.begin(); it != by_id_.end();) {
+      if (it->second->session() != session) {
+        ++it;
+        continue;
+      }
+      if (!it->second->name().empty()) {
+        by_name_.erase(it->second->name());
+        unexported.push_back(it->second->name());
+      }
+      by_id_.erase(it++);
+      ++n;
     }
-    if (!it->second->name().empty()) by_name_.erase(it->second->name());
-    by_id_.erase(it++);
-    ++n;
   }
+  TellUnexported(unexported);
   return n;
 }
 

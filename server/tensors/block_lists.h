@@ -6,6 +6,7 @@
 // keeps no memory alive, and a block of a buffer since freed fails the op that names it.
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -93,13 +94,25 @@ class BlockLists {
   // The session ended: its lists go.
   size_t ReleaseOwnedBy(uint64_t session);
   size_t count() const;
+  // Called with the names of exported lists that went (Release, ReleaseOwnedBy), after
+  // they went and before those calls return, so that peers keeping their answers are told
+  // first (ExportLeases::RevokeLists). Set once, before lists are made.
+  using Unexported = std::function<void(const std::vector<std::string>& names)>;
+  void OnUnexport(Unexported hook) {
+    absl::MutexLock lock(&mu_);
+    on_unexport_ = std::move(hook);
+  }
 
  private:
+  // Runs on_unexport_ (copied under the lock) for `names`, if any.
+  void TellUnexported(const std::vector<std::string>& names) ABSL_LOCKS_EXCLUDED(mu_);
+
   BufferRegistry* const buffers_;
   mutable absl::Mutex mu_;
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   absl::flat_hash_map<uint64_t, std::shared_ptr<const BlockList>> by_id_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, uint64_t> by_name_ ABSL_GUARDED_BY(mu_);
+  Unexported on_unexport_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace ferry::server

@@ -67,6 +67,27 @@ absl::StatusOr<ferry::v1::ResolveBlocksResponse> BlockMover::AskPeer(const std::
   return resp;
 }
 
+absl::StatusOr<std::shared_ptr<const RemoteList>> BlockMover::RemoteListOf(
+    const std::string& node, const std::string& list, absl::Time deadline) {
+  ResolveCache& kept = peers_->kept_answers();
+  for (int attempt = 0; attempt < PeerDirectory::kResolveAttempts; ++attempt) {
+    if (auto answer = kept.FindList(node, list)) {
+      // As for kept buffer answers: a broken connection says the peer may have restarted.
+      if (!peers_->LinkBroken(node)) return answer;
+      kept.Revoke(node, {}, true);
+    }
+    const uint64_t epoch = kept.Epoch(node);
+    ASSIGN_OR_RETURN(ferry::v1::ResolveBlocksResponse resp, AskPeer(node, list, deadline));
+    auto answer = std::make_shared<const RemoteList>(RemoteList{node, list, std::move(resp)});
+    if (!answer->answer.revocable()) return answer;
+    if (auto used = kept.KeepList(epoch, std::move(answer))) return used;
+    // Revoked on its way (the list released, a buffer of it freed): ask again.
+  }
+  return absl::UnavailableError(absl::StrCat("remote_list: ", node, " revoked its answer for ",
+                                             Echo(list), " ", PeerDirectory::kResolveAttempts,
+                                             " times while it was on its way"));
+}
+
 absl::StatusOr<ferry::v1::MoveBlocksResponse> BlockMover::Move(
     const ferry::v1::MoveBlocksRequest& req, uint64_t session, uint32_t timeout_ms,
     absl::Time deadline) {
@@ -94,9 +115,10 @@ absl::StatusOr<ferry::v1::MoveBlocksResponse> BlockMover::Move(
                                                      " has ", list->size(), " blocks)"));
     }
   }
-  ASSIGN_OR_RETURN(
-      ferry::v1::ResolveBlocksResponse remote,
-      AskPeer(req.peer(), req.remote_list(), std::min(deadline, absl::Now() + kResolveTimeout)));
+  ASSIGN_OR_RETURN(std::shared_ptr<const RemoteList> remote_list,
+                   RemoteListOf(req.peer(), req.remote_list(),
+                                std::min(deadline, absl::Now() + kResolveTimeout)));
+  const ferry::v1::ResolveBlocksResponse& remote = remote_list->answer;
   const ExtentIndex remote_index(remote.extents());
 
   ferry::v1::SubmitRequest submit;
@@ -148,10 +170,16 @@ absl::StatusOr<ferry::v1::MoveBlocksResponse> BlockMover::Move(
   submit.set_timeout_ms(timeout_ms);
 
   TransferEngine::FinishedHook hook;
-  if (!req.notification().empty()) {
+  // A move on a kept answer that failed may have failed on it: the next one asks again.
+  std::shared_ptr<const RemoteList> kept =
+      remote.revocable() ? std::move(remote_list) : nullptr;
+  if (!req.notification().empty() || kept != nullptr) {
     hook = [notifier = notifier_, node = req.peer(), name = req.notification(),
-            blocks = static_cast<uint32_t>(n)](const Transfer& transfer) {
+            blocks = static_cast<uint32_t>(n), kept = std::move(kept),
+            cache = &peers_->kept_answers()](const Transfer& transfer) {
       ferry::v1::TransferResult result = transfer.Result();
+      if (kept != nullptr && result.state() != ferry::v1::SUCCEEDED) cache->ForgetList(kept);
+      if (name.empty()) return;
       ferry::v1::Notification note;
       note.set_name(name);
       note.set_bytes(result.bytes());
@@ -171,20 +199,36 @@ absl::StatusOr<ferry::v1::MoveBlocksResponse> BlockMover::Move(
 }
 
 absl::StatusOr<ferry::v1::ResolveBlocksResponse> BlockMover::Resolve(
-    const std::string& name, const std::string& caller) const {
+    const std::string& name, const std::string& caller, ExportLeases* leases) const {
   auto list = lists_->Exported(name);
   if (!list.ok()) return list.status();
+  // Granted before what the answer says is read (again): a release, free or unexport that
+  // ran before a grant is seen by the lookups after it, and the answer is refused.
+  const bool revocable = leases != nullptr && leases->CanGrant(caller) && !engine_->draining();
+  if (revocable) leases->GrantList(name, caller);
   ferry::v1::ResolveBlocksResponse resp;
   for (const ferry::v1::BlockExtent& e : (*list)->extents()) {
     // A buffer since freed, or one not exported to the caller.
     auto buffer = buffers_->Get(e.buffer(), "list");
     if (!buffer.ok() || !(*buffer)->ExportedTo(caller)) return NoSuchList(name);
+    if (revocable) {
+      leases->Grant((*buffer)->name(), caller);
+      auto again = buffers_->Get(e.buffer(), "list");
+      if (!again.ok() || *again != *buffer || !(*buffer)->ExportedTo(caller)) {
+        return NoSuchList(name);
+      }
+    }
     ferry::v1::RemoteExtent* out = resp.add_extents();
     out->set_buffer((*buffer)->name());
     out->set_offset(e.offset());
     out->set_block_bytes(e.block_bytes());
     out->set_count(e.count());
   }
+  if (revocable) {
+    auto again = lists_->Exported(name);
+    if (!again.ok() || *again != *list) return NoSuchList(name);  // released meanwhile
+  }
+  resp.set_revocable(revocable);
   return resp;
 }
 

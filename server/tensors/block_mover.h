@@ -2,6 +2,8 @@
 // MoveBlocks: (local index -> remote index) pairs between a prepared list and a peer's
 // exported one, as one engine transfer whose op i is pair i; and ResolveBlocks, the peer's
 // side, which says where an exported list's blocks are (and, for verify, what they hold).
+// The peer's answer is kept while it says it will revoke it (ResolveBlocksResponse.
+// revocable), so a MoveBlocks to a list moved to before asks the peer nothing.
 // The notification goes out when the transfer finished, from the engine's completion hook
 // through the NotifySender: no thread waits for any transfer.
 
@@ -15,6 +17,7 @@
 #include "ferry/v1/tensor.pb.h"
 #include "server/buffers/buffer_registry.h"
 #include "server/engine/transfer_engine.h"
+#include "server/peers/export_leases.h"
 #include "server/peers/peer_directory.h"
 #include "server/tensors/block_lists.h"
 #include "server/tensors/block_verifier.h"
@@ -41,9 +44,11 @@ class BlockMover {
                                                      uint64_t session, uint32_t timeout_ms,
                                                      absl::Time deadline);
   // The extents of the list exported as `name`, for peer `caller`. NOT_FOUND when there is
-  // none, a buffer of it was freed, or one is not exported to `caller`.
+  // none, a buffer of it was freed, or one is not exported to `caller`. Revocable when
+  // `leases` may grant it to `caller`: the list's name and its buffers' are granted first.
   absl::StatusOr<ferry::v1::ResolveBlocksResponse> Resolve(const std::string& name,
-                                                           const std::string& caller) const;
+                                                           const std::string& caller,
+                                                           ExportLeases* leases) const;
   // The CRC32C of blocks `req.blocks` of the list exported as `req.list`, for peer `caller`
   // (ChecksumBlocks in tensor.proto says how it is refused). Stops, CANCELLED, once
   // `cancelled` says the caller went.
@@ -56,6 +61,11 @@ class BlockMover {
   absl::StatusOr<ferry::v1::ResolveBlocksResponse> AskPeer(const std::string& node,
                                                            const std::string& list,
                                                            absl::Time deadline);
+  // The peer's answer for `list`: the kept one (no call), else AskPeer's, kept when the
+  // peer said it revokes it. UNAVAILABLE when it was revoked on its way every time.
+  absl::StatusOr<std::shared_ptr<const RemoteList>> RemoteListOf(const std::string& node,
+                                                                 const std::string& list,
+                                                                 absl::Time deadline);
 
   PeerDirectory* const peers_;
   BufferRegistry* const buffers_;

@@ -1,0 +1,137 @@
+// Kept ResolveBlocks answers with two real agents: node-a moves blocks into node-b's
+// exported list "kv" and, after the first move, asks node-b nothing (ListPeers: kept_lists
+// on node-a, lists_held and lists_granted on node-b). The answer goes before a move could
+// reach the wrong blocks: node-b releasing the list (Release returns once node-a dropped it,
+// and the name prepared again over other blocks is what node-a reaches then), freeing a
+// buffer the list lies in, or its session ending. A node-b that does not know node-a lets
+// it keep nothing.
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "client/block_client.h"
+#include "client/ferry_client.h"
+#include "gtest/gtest.h"
+#include "tests/agent_pair.h"
+
+namespace ferry {
+namespace {
+
+constexpr uint64_t kBlock = 16 << 10;
+constexpr uint64_t kBlocks = 8;  // per buffer
+
+class AgentKeptListsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(pair_.Start().ok());
+    a_blocks_ = std::make_unique<BlockClient>(pair_.ca->shared_session());
+    b_blocks_ = std::make_unique<BlockClient>(pair_.cb->shared_session());
+    auto src = pair_.ca->Alloc(kBlocks * kBlock);
+    auto k = pair_.cb->Alloc(kBlocks * kBlock, "k");
+    auto v = pair_.cb->Alloc(kBlocks * kBlock, "v");
+    ASSERT_TRUE(src.ok() && k.ok() && v.ok());
+    src_ = std::move(*src);
+    k_ = std::move(*k);
+    v_ = std::move(*v);
+    Fill(*src_, 1);
+    auto local = a_blocks_->Prepare({Extent(src_->id(), 0, kBlock, kBlocks)});
+    ASSERT_TRUE(local.ok()) << local.status();
+    local_ = local->list();
+    ASSERT_NO_FATAL_FAILURE(Export({k_.get(), v_.get()}));
+  }
+  // node-b exports "kv": `buffers`' blocks, one buffer after the other.
+  void Export(const std::vector<Buffer*>& buffers) {
+    std::vector<ferry::v1::BlockExtent> extents;
+    for (Buffer* b : buffers) extents.push_back(Extent(b->id(), 0, kBlock, kBlocks));
+    auto exported = b_blocks_->Prepare(extents, "kv");
+    ASSERT_TRUE(exported.ok()) << exported.status();
+    exported_ = exported->list();
+  }
+  // node-a's block `from` into block `to` of node-b's "kv"; the transfer's status.
+  absl::Status Push(uint64_t from, uint64_t to) {
+    auto moved = a_blocks_->Move(ferry::v1::WRITE, local_, {from}, "node-b", "kv", {to});
+    if (!moved.ok()) return moved.status();
+    auto r = pair_.ca->Wait(moved->transfer_id(), absl::Seconds(30));
+    if (!r.ok()) return r.status();
+    if (r->state() == ferry::v1::SUCCEEDED) return absl::OkStatus();
+    return absl::Status(static_cast<absl::StatusCode>(r->code()), r->message());
+  }
+  bool Holds(const Buffer& b, uint64_t block, uint64_t src_block) const {
+    return std::memcmp(b.data() + block * kBlock, src_->data() + src_block * kBlock, kBlock) == 0;
+  }
+  ferry::v1::PeerInfo AOfB() { return PeerOf(*pair_.ca, "node-b"); }
+  ferry::v1::PeerInfo BOfA() { return PeerOf(*pair_.cb, "node-a"); }
+
+  Pair pair_;  // first: the clients and buffers below go before it checks the accounting
+  std::unique_ptr<BlockClient> a_blocks_, b_blocks_;
+  std::unique_ptr<Buffer> src_, k_, v_;
+  uint64_t local_ = 0, exported_ = 0;
+};
+
+TEST_F(AgentKeptListsTest, TheSecondMoveToAListAsksThePeerNothing) {
+  EXPECT_EQ(AOfB().kept_lists(), 0u);
+  ASSERT_TRUE(Push(0, 0).ok());
+  EXPECT_EQ(AOfB().kept_lists(), 1u);
+  EXPECT_EQ(BOfA().lists_held(), 1u);
+  EXPECT_EQ(BOfA().lists_granted(), 1u);
+  ASSERT_TRUE(Push(1, kBlocks + 1).ok());  // into v
+  ASSERT_TRUE(Push(2, 2).ok());
+  // Every ResolveBlocks node-a makes is granted: still one, so the moves after the first
+  // asked node-b nothing; and they landed where the list says.
+  EXPECT_EQ(BOfA().lists_granted(), 1u);
+  EXPECT_TRUE(Holds(*k_, 0, 0));
+  EXPECT_TRUE(Holds(*v_, 1, 1));
+  EXPECT_TRUE(Holds(*k_, 2, 2));
+}
+
+TEST_F(AgentKeptListsTest, ReleasingTheListRevokesItBeforeReleaseReturns) {
+  ASSERT_TRUE(Push(0, 0).ok());
+  ASSERT_EQ(AOfB().kept_lists(), 1u);
+  ASSERT_TRUE(b_blocks_->Release(exported_).ok());
+  // No polling: Release returned after node-a confirmed.
+  EXPECT_EQ(AOfB().kept_lists(), 0u);
+  EXPECT_EQ(BOfA().lists_held(), 0u);
+  absl::Status gone = Push(0, 0);
+  EXPECT_EQ(gone.code(), absl::StatusCode::kNotFound) << gone;
+
+  // The name again over the blocks the other way round: block 0 is v's first now, and a
+  // move there lands in v, not where the old answer said.
+  ASSERT_NO_FATAL_FAILURE(Export({v_.get(), k_.get()}));
+  ASSERT_TRUE(Push(3, 0).ok());
+  EXPECT_TRUE(Holds(*v_, 0, 3));
+  EXPECT_TRUE(Holds(*k_, 0, 0));  // the first push, untouched
+  EXPECT_EQ(BOfA().lists_granted(), 2u);
+}
+
+TEST_F(AgentKeptListsTest, FreeingABufferOfTheListDropsItsAnswer) {
+  ASSERT_TRUE(Push(0, kBlocks).ok());
+  ASSERT_EQ(AOfB().kept_lists(), 1u);
+  ASSERT_TRUE(pair_.cb->Free(v_->id()).ok());
+  v_.reset();
+  EXPECT_EQ(AOfB().kept_lists(), 0u);
+  // node-b no longer answers for a list whose buffer is gone, as for one that is not there.
+  absl::Status gone = Push(0, 0);
+  EXPECT_EQ(gone.code(), absl::StatusCode::kNotFound) << gone;
+}
+
+TEST_F(AgentKeptListsTest, ASessionEndingRevokesItsLists) {
+  ASSERT_TRUE(Push(0, 0).ok());
+  ASSERT_EQ(AOfB().kept_lists(), 1u);
+  b_blocks_.reset();
+  k_.reset();
+  v_.reset();
+  pair_.cb.reset();  // node-b releases the session's lists once it sees the client gone
+  absl::Time give_up = absl::Now() + absl::Seconds(10);
+  while (AOfB().kept_lists() != 0 && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(20));
+  EXPECT_EQ(AOfB().kept_lists(), 0u);
+  absl::Status gone = Push(0, 0);
+  EXPECT_EQ(gone.code(), absl::StatusCode::kNotFound) << gone;
+  auto cb = Client::Connect(pair_.b->socket());
+  ASSERT_TRUE(cb.ok());
+  pair_.cb = std::move(*cb);
+}
+
+}  // namespace
+}  // namespace ferry
