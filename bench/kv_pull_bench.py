@@ -9,7 +9,9 @@ with ONE read_blocks call; the baseline pulls the same 64 MiB as one block of a 
 over one contiguous 64 MiB region, and the request pull again with verify=True (both agents
 checksum every block). Then: the time from calling read_blocks with 4096 pairs
 to holding its handle, and the part of it spent in Python (index checks and conversion)
-rather than in the agent (validation, the peer's ResolveBlocks, planning 4096 ops).
+rather than in the agent (validation, planning 4096 ops; the peer's ResolveBlocks answer is
+kept from the first pull). Last, one block at a time: read_blocks then Handle.wait (two
+calls to the agent) against read_blocks(wait=True) (one), p50 and p99.
 
 Run: PYTHONPATH=<build>/python FERRYD=<build>/server/ferryd python3 bench/kv_pull_bench.py
 """
@@ -26,6 +28,7 @@ from ferry.blocks import check_ids
 TENSORS, BLOCKS, BLOCK = 32, 128, 32 << 10
 PER_REQUEST = 64
 REPS = 7
+SMALL_REPS = 300
 _keep = []
 
 
@@ -102,7 +105,21 @@ def main():
         th, py = statistics.median(to_handle), statistics.median(python_part)
         print(f"read_blocks call of {len(r4)} pairs: {th * 1e3:.2f} ms to the handle, of which "
               f"{py * 1e3:.2f} ms in Python (index lists to arrays), the rest the agent "
-              f"(validation, the peer's ResolveBlocks, planning {len(r4)} ops)")
+              f"(validation, planning {len(r4)} ops)")
+        # One block at a time, as a decode step pulls the newest block of a layer: read_blocks
+        # then wait on its handle (two calls to the agent), and read_blocks(wait=True) (one),
+        # alternating so that both see the same machine.
+        two_calls, one_call = [], []
+        for i in range(SMALL_REPS):
+            j = (i * 7) % BLOCKS
+            two_calls.append(timed(lambda: d.read_blocks("prefill", "kv", [j], mine, [j]).wait(60)))
+            one_call.append(timed(lambda: d.read_blocks("prefill", "kv", [j], mine, [j],
+                                                        wait=True).wait(0)))
+        for label, t in (("read_blocks + Handle.wait", two_calls),
+                         ("read_blocks(wait=True)", one_call)):
+            t.sort()
+            print(f"one {BLOCK >> 10} KiB block, {label} ({SMALL_REPS} in a row): "
+                  f"p50 {t[len(t) // 2] * 1e6:.0f} us, p99 {t[len(t) * 99 // 100] * 1e6:.0f} us")
         for bl in (kv, mine, one, one_mine):
             bl.release()
     return 0

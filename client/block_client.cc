@@ -7,9 +7,9 @@ namespace ferry {
 BlockClient::BlockClient(std::shared_ptr<AgentSession> session)
     : session_(std::move(session)), stub_(ferry::v1::Tensors::NewStub(session_->channel())) {}
 
-std::unique_ptr<grpc::ClientContext> BlockClient::Context() const {
+std::unique_ptr<grpc::ClientContext> BlockClient::Context(absl::Duration timeout) const {
   auto ctx = std::make_unique<grpc::ClientContext>();
-  ctx->set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(30)));
+  ctx->set_deadline(absl::ToChronoTime(absl::Now() + timeout));
   session_->Attach(ctx.get());
   return ctx;
 }
@@ -38,7 +38,7 @@ absl::StatusOr<ferry::v1::MoveBlocksResponse> BlockClient::Move(
     ferry::v1::OpType type, uint64_t list, const std::vector<uint64_t>& local_blocks,
     const std::string& peer, const std::string& remote_list,
     const std::vector<uint64_t>& remote_blocks, const std::string& notification,
-    uint32_t timeout_ms, bool verify) {
+    uint32_t timeout_ms, bool verify, bool wait) {
   ferry::v1::MoveBlocksRequest req;
   req.set_type(type);
   req.set_list(list);
@@ -49,8 +49,12 @@ absl::StatusOr<ferry::v1::MoveBlocksResponse> BlockClient::Move(
   req.set_notification(notification);
   req.set_timeout_ms(timeout_ms);
   req.set_verify(verify);
+  req.set_wait(wait);
   ferry::v1::MoveBlocksResponse resp;
-  auto ctx = Context();
+  // Waiting, the transfer's own timeout ends it first (the agent's default is 60 s).
+  auto ctx = Context(wait ? absl::Milliseconds(timeout_ms == 0 ? 60000 : timeout_ms) +
+                                absl::Seconds(10)
+                          : absl::Seconds(30));
   grpc::Status s = stub_->MoveBlocks(ctx.get(), req, &resp);
   if (!s.ok()) return FromGrpcStatus(s);
   return resp;

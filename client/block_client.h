@@ -31,6 +31,8 @@ class BlockClient {
   absl::Status Release(uint64_t list);
   // Starts moving local_blocks[i] <-> remote_blocks[i] of `peer`'s list `remote_list`.
   // `verify`: compare every pair's CRC32C on both sides before the transfer finishes.
+  // `wait`: return once the transfer ended, its result in `result` (one call; its deadline
+  // is `timeout_ms`, 60 s when 0, and 10 s more).
   absl::StatusOr<ferry::v1::MoveBlocksResponse> Move(ferry::v1::OpType type, uint64_t list,
                                                      const std::vector<uint64_t>& local_blocks,
                                                      const std::string& peer,
@@ -38,10 +40,11 @@ class BlockClient {
                                                      const std::vector<uint64_t>& remote_blocks,
                                                      const std::string& notification = "",
                                                      uint32_t timeout_ms = 0,
-                                                     bool verify = false);
+                                                     bool verify = false, bool wait = false);
 
  private:
-  std::unique_ptr<grpc::ClientContext> Context() const;
+  // A call's context, with this session; its deadline `timeout` from now.
+  std::unique_ptr<grpc::ClientContext> Context(absl::Duration timeout = absl::Seconds(30)) const;
 
   std::shared_ptr<AgentSession> session_;
   std::unique_ptr<ferry::v1::Tensors::Stub> stub_;

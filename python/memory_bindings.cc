@@ -39,6 +39,22 @@ const char* StateName(v1::TransferState s) {
   }
 }
 
+// A transfer's result as a handle keeps it ("failed": none listed).
+py::dict ResultFields(const v1::TransferResult& r) {
+  py::dict d;
+  d["id"] = r.transfer_id();
+  d["state"] = StateName(r.state());
+  d["code"] = r.code();
+  d["message"] = r.message();
+  d["bytes"] = r.bytes();
+  d["duration_us"] = r.duration_us();
+  d["ops_total"] = r.ops_total();
+  d["ops_failed"] = r.ops_failed();
+  d["ops_succeeded"] = r.ops_succeeded();
+  d["failed"] = py::list();
+  return d;
+}
+
 // A transfer's result for a handle: its state, and with `failed` every failed op's index,
 // code and message (the pages fetched one after another).
 py::dict ResultDict(Session& s, uint64_t id, std::optional<double> wait_s, bool failed) {
@@ -73,16 +89,7 @@ py::dict ResultDict(Session& s, uint64_t id, std::optional<double> wait_s, bool 
     }
   }
   Check(status);
-  py::dict d;
-  d["id"] = first.transfer_id();
-  d["state"] = StateName(first.state());
-  d["code"] = first.code();
-  d["message"] = first.message();
-  d["bytes"] = first.bytes();
-  d["duration_us"] = first.duration_us();
-  d["ops_total"] = first.ops_total();
-  d["ops_failed"] = first.ops_failed();
-  d["ops_succeeded"] = first.ops_succeeded();
+  py::dict d = ResultFields(first);
   py::list indices;
   for (const auto& op : failed_ops) {
     indices.append(py::make_tuple(op.index(), op.code(), op.message()));
@@ -183,13 +190,14 @@ void BindMemory(py::class_<Session, std::shared_ptr<Session>>& session) {
              }
              Check(st);
            })
-      // Returns (transfer id, bytes) once the transfer started.
+      // Returns (transfer id, bytes, None) once the transfer started; with `wait`, once it
+      // ended, (transfer id, bytes, its result as transfer_result gives it).
       .def("move_blocks",
            [](Session& s, const std::string& type, uint64_t list,
               py::array_t<uint64_t, py::array::c_style | py::array::forcecast> local_ids,
               const std::string& peer, const std::string& remote_list,
               py::array_t<uint64_t, py::array::c_style | py::array::forcecast> remote_ids,
-              const std::string& notify, uint32_t timeout_ms, bool verify) {
+              const std::string& notify, uint32_t timeout_ms, bool verify, bool wait) {
              if (type != "read" && type != "write") {
                throw StatusError(absl::InvalidArgumentError("type: must be 'read' or 'write'"));
              }
@@ -199,14 +207,16 @@ void BindMemory(py::class_<Session, std::shared_ptr<Session>>& session) {
              {
                py::gil_scoped_release release;
                r = s.blocks->Move(type == "read" ? v1::READ : v1::WRITE, list, local, peer,
-                                  remote_list, remote, notify, timeout_ms, verify);
+                                  remote_list, remote, notify, timeout_ms, verify, wait);
              }
              auto resp = Take(std::move(r));
-             return py::make_tuple(resp.transfer_id(), resp.bytes());
+             py::object result = py::none();
+             if (wait) result = ResultFields(resp.result());
+             return py::make_tuple(resp.transfer_id(), resp.bytes(), result);
            },
            py::arg("type"), py::arg("list"), py::arg("local_ids"), py::arg("peer"),
            py::arg("remote_list"), py::arg("remote_ids"), py::arg("notify") = "",
-           py::arg("timeout_ms") = 0, py::arg("verify") = false)
+           py::arg("timeout_ms") = 0, py::arg("verify") = false, py::arg("wait") = false)
       // wait_s None: as it stands now (poll); else waits up to that many seconds.
       .def("transfer_result",
            [](Session& s, uint64_t id, std::optional<double> wait_s, bool failed) {

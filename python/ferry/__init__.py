@@ -465,8 +465,9 @@ class Client:
         """Two forms.
 
         write_blocks(bl, local_ids, peer, remote_list_name, remote_ids, notify="",
-        timeout=60.0, verify=False) -> Handle: pushes blocks local_ids[i] of block list `bl`
-        into blocks remote_ids[i] of the peer's list, as read_blocks pulls; returns at once.
+        timeout=60.0, verify=False, wait=False) -> Handle: pushes blocks local_ids[i] of
+        block list `bl` into blocks remote_ids[i] of the peer's list, as read_blocks pulls;
+        returns at once (with wait=True, once it ended).
 
         write_blocks(buffer, peer, remote_buffer, blocks, notify="", timeout=60.0): writes
         (local_offset, remote_offset, length) blocks of `buffer` into the peer's named
@@ -573,32 +574,35 @@ class Client:
         return bl
 
     def read_blocks(self, peer, remote_list_name, remote_ids, bl, local_ids, notify="",
-                    timeout=60.0, verify=False):
+                    timeout=60.0, verify=False, wait=False):
         """Pulls blocks remote_ids[i] of the peer's list `remote_list_name` into blocks
         local_ids[i] of `bl`, all in one transfer; `notify` (if set) is delivered to the
         peer's agent once every block settled. `timeout`: seconds for the transfer (None or
         <= 0: the agent's default). `verify`: once the bytes moved, both agents checksum
         every block (CRC32C) and a pair whose blocks differ fails (DataLoss, by index).
-        Returns a Handle at once."""
+        Returns a Handle at once; with `wait`, once the transfer ended, in one call to the
+        agent (the quickest way to move a few blocks; Handle.wait() then returns at once,
+        or raises the transfer's error)."""
         return self._move_blocks("read", bl, local_ids, peer, remote_list_name, remote_ids,
-                                 notify, timeout, verify)
+                                 notify, timeout, verify, wait)
 
     def _move_blocks(self, kind, bl, local_ids, peer, remote_list_name, remote_ids, notify="",
-                     timeout=60.0, verify=False):
+                     timeout=60.0, verify=False, wait=False):
         local = check_ids(local_ids, "local_ids")
         remote = check_ids(remote_ids, "remote_ids")
         # None or <= 0: the agent's default timeout (a transfer always has one).
         timeout_ms = 0 if timeout is None or timeout <= 0 else max(int(timeout * 1000), 1)
         try:
-            tid, nbytes = self._s.move_blocks(kind, bl.id, local, peer, remote_list_name,
-                                              remote, notify or "", timeout_ms, bool(verify))
+            tid, nbytes, ended = self._s.move_blocks(kind, bl.id, local, peer, remote_list_name,
+                                                     remote, notify or "", timeout_ms,
+                                                     bool(verify), bool(wait))
         except Error as e:
             # The agent names the request's fields; say them as this call's arguments.
             message = (str(e.args[0]).replace("local_blocks", "local_ids")
                        .replace("remote_blocks", "remote_ids").replace("remote_list",
                                                                         "remote_list_name"))
             raise type(e)(message, e.code) from None
-        return Handle(self._s, tid, nbytes, keep=bl)
+        return Handle(self._s, tid, nbytes, keep=bl, result=ended)
 
     def _start_write_blocks(self, buffer, peer, remote_buffer, blocks, notify="", timeout=60.0,
                             _ended=()):

@@ -79,12 +79,13 @@ class BlockList:
 class Handle:
     """One MoveBlocks transfer: poll it, wait for it, cancel it. Op i is pair i."""
 
-    def __init__(self, session, transfer_id, nbytes, keep=None):
+    def __init__(self, session, transfer_id, nbytes, keep=None, result=None):
         self._s = session
         self.id = transfer_id
         self.bytes = nbytes
-        self._result = None
-        self._keep = keep  # the block lists and their memory live until the transfer ended
+        self._result = result  # given when the move waited for it to end
+        # The block lists and their memory live until the transfer ended.
+        self._keep = keep if result is None else None
 
     def _poll(self):
         if self._result is None:

@@ -1,10 +1,12 @@
 // The Tensors and TensorPeer calls over prepared block lists: PrepareBlocks, ReleaseBlocks,
-// MoveBlocks (server/tensors/block_mover.h) and the peer's ResolveBlocks and ChecksumBlocks.
+// MoveBlocks (server/tensors/block_mover.h; with `wait` it answers once the move ended) and
+// the peer's ResolveBlocks and ChecksumBlocks.
 
 #include "absl/strings/str_cat.h"
 #include "base/grpc_status.h"
 #include "base/status_macros.h"
 #include "server/agent_core.h"
+#include "server/await_transfer.h"
 #include "server/local/session_call.h"
 #include "server/peers/caller_identity.h"
 #include "server/tensors/tensor_service.h"
@@ -67,7 +69,12 @@ grpc::Status TensorService::MoveBlocks(grpc::ServerContext* ctx,
   auto moved = core_->tensors().mover().Move(*req, *session, req->timeout_ms(), deadline);
   if (!moved.ok()) return ToGrpcStatus(moved.status());
   *resp = *std::move(moved);
-  return grpc::Status::OK;
+  if (!req->wait()) return grpc::Status::OK;
+  // One round trip for a few blocks: answer when it ended (found as Agent.Transfer finds
+  // the transfer it just submitted).
+  auto transfer = core_->engine().Find(resp->transfer_id());
+  if (!transfer.ok()) return ToGrpcStatus(transfer.status());
+  return AwaitTransferResult(ctx, **transfer, ResultPage{}, resp->mutable_result());
 }
 
 grpc::Status TensorPeerService::ResolveBlocks(grpc::ServerContext* ctx,

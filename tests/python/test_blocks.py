@@ -99,6 +99,34 @@ def test_verify_fails_the_pairs_whose_blocks_differ(a, b):
     theirs.release()
 
 
+def test_wait_moves_in_one_call_and_a_failure_raises_from_the_handle(a, b):
+    keep = []
+    src, dst = shared_array(4 * BLOCK, keep), shared_array(4 * BLOCK, keep)
+    src[:] = np.random.default_rng(6).integers(0, 256, src.size, dtype=np.uint8)
+    theirs = b.prepare_blocks([src], BLOCK, name="wait-kv")
+    ours = a.prepare_blocks([dst], BLOCK)
+    for j in range(4):  # one block at a time, as a decode step pulls a layer's newest block
+        h = a.read_blocks("node-b", "wait-kv", [j], ours, [3 - j], wait=True)
+        # Ended when it returns: its result came with the answer.
+        assert h._result is not None and h._result["state"] == "succeeded"
+        assert h.done() and h.wait(0) is h and h.result()["bytes"] == BLOCK
+    assert np.array_equal(dst[:BLOCK], src[3 * BLOCK:])
+    assert np.array_equal(dst[3 * BLOCK:], src[:BLOCK])
+    w = a.write_blocks(ours, [0], "node-b", "wait-kv", [1], wait=True)
+    assert w.status() == "succeeded"
+    assert np.array_equal(src[BLOCK:2 * BLOCK], dst[:BLOCK])
+    # A move that fails the check ends failed: the handle says so, and wait() raises.
+    h = a.read_blocks("node-b", "wait-kv", [0, 1], ours, [2, 2], verify=True, wait=True)
+    assert h.status() == "failed"
+    with pytest.raises(ferry.DataLoss):
+        h.wait(0)
+    # Refused before it starts: raised by the call itself, naming the argument.
+    with pytest.raises(ferry.InvalidArgument, match="remote_ids"):
+        a.read_blocks("node-b", "wait-kv", [9], ours, [0], wait=True)
+    ours.release()
+    theirs.release()
+
+
 def test_private_memory_is_refused_with_how_to_share_it(a):
     with pytest.raises(ferry.FailedPrecondition, match="share_memory_"):
         a.register(np.zeros(1 << 20, dtype=np.uint8))
