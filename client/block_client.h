@@ -32,7 +32,8 @@ class BlockClient {
   // Starts moving local_blocks[i] <-> remote_blocks[i] of `peer`'s list `remote_list`.
   // `verify`: compare every pair's CRC32C on both sides before the transfer finishes.
   // `wait`: return once the transfer ended, its result in `result` (one call; its deadline
-  // is `timeout_ms`, 60 s when 0, and 10 s more).
+  // is `timeout_ms`, 60 s when 0, and 10 s more: a transfer still running then comes back
+  // RUNNING, to follow by id).
   absl::StatusOr<ferry::v1::MoveBlocksResponse> Move(ferry::v1::OpType type, uint64_t list,
                                                      const std::vector<uint64_t>& local_blocks,
                                                      const std::string& peer,

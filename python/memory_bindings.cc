@@ -1,7 +1,8 @@
 // _ferry's calls for memory the Python process allocated itself and the block lists over it:
 // register / deregister, prepare / release block lists, move blocks, and the transfer
 // handles' poll, wait and cancel. Every call releases the GIL while it talks to the agent;
-// move_blocks returns at once (the handle polls), so no thread waits for a transfer.
+// move_blocks returns at once (the handle polls), so no thread waits for a transfer, unless
+// the caller asked it to wait (one round trip for a few blocks).
 
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>

@@ -184,8 +184,10 @@ AgentCore::~AgentCore() {
   //    which report to the engine, so the engine must still be there.
   // 3. The engine fails what is still running and joins its staging threads, whose Stage
   //    calls use the peers' stubs: the peers go after it.
-  // 4. Sessions, then buffers (revoking their keys; memory back to its pool), bounce pools
-  //    (their chunks' keys), GPU pools, the fabrics that made every key, the host pool last.
+  // 4. Sessions (joining their sweep, which may be inside a revocation it began before the
+  //    hooks below were cleared: the leases and peers it calls go after), then buffers
+  //    (revoking their keys; memory back to its pool), bounce pools (their chunks' keys),
+  //    GPU pools, the fabrics that made every key, the host pool last.
   // 0. Nobody is told of the buffers freed or lists released below (a session's sweep may
   //    still release lists after the tensors went): peers learn of a restart by our
   //    incarnation.
@@ -196,9 +198,9 @@ AgentCore::~AgentCore() {
   peer_health_.reset();  // its Health calls use the peers' stubs
   if (peers_) peers_->CloseAll();
   engine_.reset();
+  sessions_.reset();
   leases_.reset();
   peers_.reset();
-  sessions_.reset();
   client_memory_.reset();
   buffers_.reset();
   bounce_.reset();

@@ -100,7 +100,12 @@ grpc::Status PeerService::ResolveBuffer(grpc::ServerContext* ctx,
                                      "transfers"));
   }
   auto again = core_->buffers().FindByName(req->name());
-  if (!again.ok() || *again != *buffer) return unknown();  // freed meanwhile
+  if (!again.ok() || *again != *buffer) {  // freed meanwhile
+    // Its free's revocation ran before the grant: take the grant back, so that no holder is
+    // left for a name that went.
+    if (revocable) core_->leases().Revoke({req->name()}, "freed while answering");
+    return unknown();
+  }
   resp->set_size((*buffer)->size());
   for (const auto& [rail, region] : (*buffer)->regions()) {
     auto* key = resp->add_keys();
@@ -141,21 +146,24 @@ grpc::Status PeerService::Revoke(grpc::ServerContext* ctx, const ferry::v1::Revo
   if (!core_->peers().Known(*caller)) return grpc::Status::OK;
   std::vector<std::string> names(req->names().begin(), req->names().end());
   std::vector<std::string> lists(req->lists().begin(), req->lists().end());
-  size_t lists_dropped = 0;
+  std::vector<std::weak_ptr<const RemoteList>> lists_dropped;
   auto dropped =
       core_->peers().kept_answers().Revoke(*caller, names, req->all(), lists, &lists_dropped);
-  resp->set_dropped(static_cast<uint32_t>(dropped.size() + lists_dropped));
-  // The exporter frees the memory once we answer: our transfers on these answers finish
-  // first. Answered before the caller's deadline, so that it learns either way.
-  const absl::Time deadline = absl::FromChrono(ctx->deadline()) - absl::Milliseconds(200);
-  if (!ResolveCache::Drained(dropped, std::min(deadline, absl::Now() + absl::Seconds(2)))) {
+  resp->set_dropped(static_cast<uint32_t>(dropped.size() + lists_dropped.size()));
+  // The exporter frees the memory, or uses the blocks again, once we answer: our transfers
+  // and moves on these answers finish first. Answered before the caller's deadline, so that
+  // it learns either way.
+  const absl::Time deadline = std::min(absl::FromChrono(ctx->deadline()) - absl::Milliseconds(200),
+                                       absl::Now() + absl::Seconds(2));
+  if (!ResolveCache::Drained(dropped, deadline) || !ResolveCache::Drained(lists_dropped, deadline)) {
     return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
-                        absl::StrCat("dropped ", dropped.size(), " answer(s), but a transfer on ",
-                                     "one of them is still running"));
+                        absl::StrCat("dropped ", dropped.size(), " answer(s) and ",
+                                     lists_dropped.size(), " list answer(s), but a transfer ",
+                                     "on one of them is still running"));
   }
-  if (!dropped.empty() || lists_dropped != 0) {
+  if (!dropped.empty() || !lists_dropped.empty()) {
     spdlog::debug("revoke from {} ({}): dropped {} kept answer(s) and {} list answer(s)",
-                  *caller, req->reason(), dropped.size(), lists_dropped);
+                  *caller, req->reason(), dropped.size(), lists_dropped.size());
   }
   return grpc::Status::OK;
 }

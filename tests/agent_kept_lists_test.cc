@@ -3,8 +3,8 @@
 // on node-a, lists_held and lists_granted on node-b). The answer goes before a move could
 // reach the wrong blocks: node-b releasing the list (Release returns once node-a dropped it,
 // and the name prepared again over other blocks is what node-a reaches then), freeing a
-// buffer the list lies in, or its session ending. A node-b that does not know node-a lets
-// it keep nothing.
+// buffer the list lies in, or its session ending; a move refused on a kept answer drops
+// it. (A node-b that does not know node-a lets it keep nothing: agent_kept_answers_test.)
 
 #include <cstring>
 #include <string>
@@ -49,9 +49,9 @@ class AgentKeptListsTest : public ::testing::Test {
     ASSERT_TRUE(exported.ok()) << exported.status();
     exported_ = exported->list();
   }
-  // node-a's block `from` into block `to` of node-b's "kv"; the transfer's status.
-  absl::Status Push(uint64_t from, uint64_t to) {
-    auto moved = a_blocks_->Move(ferry::v1::WRITE, local_, {from}, "node-b", "kv", {to});
+  // node-a's block `from` into block `to` of node-b's `list`; the transfer's status.
+  absl::Status Push(uint64_t from, uint64_t to, const std::string& list = "kv") {
+    auto moved = a_blocks_->Move(ferry::v1::WRITE, local_, {from}, "node-b", list, {to});
     if (!moved.ok()) return moved.status();
     auto r = pair_.ca->Wait(moved->transfer_id(), absl::Seconds(30));
     if (!r.ok()) return r.status();
@@ -86,6 +86,18 @@ TEST_F(AgentKeptListsTest, TheSecondMoveToAListAsksThePeerNothing) {
   EXPECT_TRUE(Holds(*k_, 2, 2));
 }
 
+TEST_F(AgentKeptListsTest, AMoveRefusedOnTheKeptAnswerAsksAgainNextTime) {
+  ASSERT_TRUE(Push(0, 0).ok());
+  ASSERT_EQ(AOfB().kept_lists(), 1u);
+  // Out of the kept answer's range: maybe the answer is what is wrong, so it goes.
+  absl::Status refused = Push(0, 2 * kBlocks);
+  EXPECT_EQ(refused.code(), absl::StatusCode::kInvalidArgument) << refused;
+  EXPECT_EQ(AOfB().kept_lists(), 0u);
+  ASSERT_TRUE(Push(1, 1).ok());
+  EXPECT_EQ(AOfB().kept_lists(), 1u);
+  EXPECT_EQ(BOfA().lists_granted(), 2u);
+}
+
 TEST_F(AgentKeptListsTest, ReleasingTheListRevokesItBeforeReleaseReturns) {
   ASSERT_TRUE(Push(0, 0).ok());
   ASSERT_EQ(AOfB().kept_lists(), 1u);
@@ -117,20 +129,28 @@ TEST_F(AgentKeptListsTest, FreeingABufferOfTheListDropsItsAnswer) {
 }
 
 TEST_F(AgentKeptListsTest, ASessionEndingRevokesItsLists) {
-  ASSERT_TRUE(Push(0, 0).ok());
-  ASSERT_EQ(AOfB().kept_lists(), 1u);
-  b_blocks_.reset();
-  k_.reset();
-  v_.reset();
-  pair_.cb.reset();  // node-b releases the session's lists once it sees the client gone
+  // Another session's list over a buffer that outlives every session, so that only the
+  // list's own release (not a buffer freed with the session) can take the answer away.
+  auto kept = pair_.cb->Alloc(kBlocks * kBlock, "outlives", "host", /*persist=*/true);
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  const uint64_t kept_id = (*kept)->id();
+  {
+    auto owner = Client::Connect(pair_.b->socket());
+    ASSERT_TRUE(owner.ok());
+    BlockClient owner_blocks((*owner)->shared_session());
+    ASSERT_TRUE(owner_blocks.Prepare({Extent(kept_id, 0, kBlock, kBlocks)}, "owned").ok());
+    ASSERT_TRUE(Push(0, 5, "owned").ok());
+    ASSERT_EQ(AOfB().kept_lists(), 1u);
+  }  // node-b releases the session's lists once it sees the client gone
   absl::Time give_up = absl::Now() + absl::Seconds(10);
   while (AOfB().kept_lists() != 0 && absl::Now() < give_up) absl::SleepFor(absl::Milliseconds(20));
   EXPECT_EQ(AOfB().kept_lists(), 0u);
-  absl::Status gone = Push(0, 0);
+  EXPECT_EQ(BOfA().lists_held(), 0u);
+  absl::Status gone = Push(0, 5, "owned");
   EXPECT_EQ(gone.code(), absl::StatusCode::kNotFound) << gone;
-  auto cb = Client::Connect(pair_.b->socket());
-  ASSERT_TRUE(cb.ok());
-  pair_.cb = std::move(*cb);
+  EXPECT_TRUE(Holds(**kept, 5, 0));  // the one move that was allowed
+  kept->reset();
+  ASSERT_TRUE(pair_.cb->Free(kept_id).ok());
 }
 
 }  // namespace

@@ -36,6 +36,7 @@ std::shared_ptr<const RemoteList> ListAnswer(const std::string& node, const std:
     e->set_count(4);
   }
   a->answer.set_revocable(true);
+  a->asked_at = absl::Now();
   return a;
 }
 
@@ -117,22 +118,29 @@ TEST(ResolveCacheTest, AListGoesWithItsNameWithABufferItLiesInAndWithEverything)
   EXPECT_EQ(cache.ListsKeptFrom("b"), 2u);
 
   // Released: the list by name; no buffer answer goes with it.
-  size_t dropped = 0;
+  std::vector<std::weak_ptr<const RemoteList>> dropped;
   EXPECT_TRUE(cache.Revoke("b", {}, false, {"kv"}, &dropped).empty());
-  EXPECT_EQ(dropped, 1u);
+  EXPECT_EQ(dropped.size(), 1u);
   EXPECT_EQ(cache.FindList("b", "kv"), nullptr);
   EXPECT_NE(cache.FindList("b", "other"), nullptr);
 
   // A buffer it lies in freed: the list says where nothing is any more.
-  ASSERT_NE(keep("kv", {"k0", "v0"}), nullptr);
+  auto held = keep("kv", {"k0", "v0"});  // a move on it holds it
+  ASSERT_NE(held, nullptr);
+  dropped.clear();
   cache.Revoke("b", {"v0"}, false, {}, &dropped);
-  EXPECT_EQ(dropped, 1u);
+  EXPECT_EQ(dropped.size(), 1u);
+  // The revocation's answer waits for the move that holds it.
+  EXPECT_FALSE(ResolveCache::Drained(dropped, absl::Now() + absl::Milliseconds(20)));
+  held.reset();
+  EXPECT_TRUE(ResolveCache::Drained(dropped, absl::Now() + absl::Seconds(1)));
   EXPECT_EQ(cache.FindList("b", "kv"), nullptr);
   EXPECT_NE(cache.FindList("b", "other"), nullptr);
 
   // Everything (the peer restarted or drains); the other peer's stays.
+  dropped.clear();
   cache.Revoke("b", {}, true, {}, &dropped);
-  EXPECT_EQ(dropped, 1u);
+  EXPECT_EQ(dropped.size(), 1u);
   EXPECT_EQ(cache.ListsKeptFrom("b"), 0u);
   EXPECT_NE(cache.FindList("c", "kv"), nullptr);
 }
@@ -153,6 +161,17 @@ TEST(ResolveCacheTest, AListAnswerInFlightDuringARevocationIsNotKept) {
   EXPECT_EQ(cache.FindList("b", "kv"), first);
   cache.ForgetList(first);
   EXPECT_EQ(cache.FindList("b", "kv"), nullptr);
+}
+
+TEST(ResolveCacheTest, AListAnswerIsAskedAgainOnceItsTimePassed) {
+  ResolveCache cache;
+  auto old = std::make_shared<RemoteList>(*ListAnswer("b", "kv", {"k0"}));
+  old->asked_at = absl::Now() - ResolveCache::kListAnswerTtl - absl::Seconds(1);
+  ASSERT_NE(cache.KeepList(cache.Epoch("b"), old), nullptr);
+  EXPECT_EQ(cache.FindList("b", "kv"), nullptr);
+  EXPECT_EQ(cache.ListsKeptFrom("b"), 0u);
+  ASSERT_NE(cache.KeepList(cache.Epoch("b"), ListAnswer("b", "kv", {"k0"})), nullptr);
+  EXPECT_NE(cache.FindList("b", "kv"), nullptr);
 }
 
 }  // namespace

@@ -582,7 +582,8 @@ class Client:
         every block (CRC32C) and a pair whose blocks differ fails (DataLoss, by index).
         Returns a Handle at once; with `wait`, once the transfer ended, in one call to the
         agent (the quickest way to move a few blocks; Handle.wait() then returns at once,
-        or raises the transfer's error)."""
+        or raises the transfer's error). That call is not interrupted by Ctrl-C: it ends
+        with the transfer, or just before `timeout` + 10 s with the handle still running."""
         return self._move_blocks("read", bl, local_ids, peer, remote_list_name, remote_ids,
                                  notify, timeout, verify, wait)
 

@@ -83,9 +83,11 @@ class Handle:
         self._s = session
         self.id = transfer_id
         self.bytes = nbytes
-        self._result = result  # given when the move waited for it to end
+        # Given when the move waited for it to end (still running if the call's time ran out).
+        ended = result is not None and result["state"] != "running"
+        self._result = result if ended else None
         # The block lists and their memory live until the transfer ended.
-        self._keep = keep if result is None else None
+        self._keep = None if ended else keep
 
     def _poll(self):
         if self._result is None:

@@ -1,7 +1,5 @@
 #include "server/peers/resolve_cache.h"
 
-#include <algorithm>
-
 #include "absl/algorithm/container.h"
 #include "absl/time/clock.h"
 
@@ -67,7 +65,12 @@ size_t ResolveCache::KeptFrom(const std::string& node) const {
 
 std::shared_ptr<const RemoteList> ResolveCache::FindList(const std::string& node,
                                                          const std::string& name) {
-  return FindIn(&Peer::lists, node, name);
+  auto answer = FindIn(&Peer::lists, node, name);
+  if (answer != nullptr && absl::Now() - answer->asked_at > kListAnswerTtl) {
+    ForgetList(answer);
+    return nullptr;
+  }
+  return answer;
 }
 
 std::shared_ptr<const RemoteList> ResolveCache::KeepList(uint64_t epoch,
@@ -91,14 +94,14 @@ uint64_t ResolveCache::Epoch(const std::string& node) const {
 
 std::vector<std::weak_ptr<const RemoteBuffer>> ResolveCache::Revoke(
     const std::string& node, const std::vector<std::string>& names, bool all,
-    const std::vector<std::string>& lists, size_t* lists_dropped) {
+    const std::vector<std::string>& lists,
+    std::vector<std::weak_ptr<const RemoteList>>* lists_dropped) {
   std::vector<std::weak_ptr<const RemoteBuffer>> dropped;
   absl::MutexLock lock(&mu_);
   Peer& peer = peers_[node];
   ++peer.epoch;
-  if (lists_dropped != nullptr) *lists_dropped = 0;
   auto drop_list = [&](auto it) {
-    if (lists_dropped != nullptr) ++*lists_dropped;
+    if (lists_dropped != nullptr) lists_dropped->push_back(it->second);
     return peer.lists.erase(it);
   };
   if (all) {
@@ -127,21 +130,6 @@ std::vector<std::weak_ptr<const RemoteBuffer>> ResolveCache::Revoke(
     }
   }
   return dropped;
-}
-
-bool ResolveCache::Drained(const std::vector<std::weak_ptr<const RemoteBuffer>>& answers,
-                           absl::Time deadline) {
-  // Transfers let go of their plan when they finish, which no callback announces here; a
-  // revocation is rare (a buffer freed, a policy change), so a short poll is enough.
-  auto held = [&] {
-    return std::any_of(answers.begin(), answers.end(),
-                       [](const auto& a) { return !a.expired(); });
-  };
-  while (held()) {
-    if (absl::Now() >= deadline) return false;
-    absl::SleepFor(absl::Milliseconds(1));
-  }
-  return true;
 }
 
 }  // namespace ferry::server

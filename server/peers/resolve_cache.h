@@ -7,12 +7,16 @@
 //
 // The peer's ResolveBlocks answers for the block lists it exports are kept the same way
 // (KeepList): a list's answer goes when the peer revokes the list, or any buffer the list
-// lies in, or everything.
+// lies in, or everything. A list's answer has no key behind it that could stop a move on a
+// stale one (its buffers stay; only the blocks' order changed), so it is also asked again
+// kListAnswerTtl after it was given: a revocation that never reached us (the peer logs
+// it) misplaces blocks for that long at most.
 //
 // The race a cache must not lose: an answer in flight while the peer revokes it. Each peer
 // has an epoch, bumped by every revocation; an answer is kept, or used, only if no
 // revocation of that peer came between asking (Epoch) and keeping (Keep, KeepList).
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -21,6 +25,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "server/peers/remote_buffer.h"
 #include "server/peers/remote_list.h"
@@ -29,6 +34,8 @@ namespace ferry::server {
 
 class ResolveCache {
  public:
+  static constexpr absl::Duration kListAnswerTtl = absl::Seconds(10);
+
   // The kept answer for `name` on `node`, or nullptr.
   std::shared_ptr<const RemoteBuffer> Find(const std::string& node, const std::string& name);
   // `node`'s epoch now: take it before asking the peer, and hand it to Keep.
@@ -43,12 +50,12 @@ class ResolveCache {
   // Drops `node`'s answers for buffers `names` and lists `lists`, and those of its lists
   // that lie in one of `names` (every answer when `all`), and bumps its epoch. Returns the
   // dropped buffer answers, still referenced where a transfer holds them: Drained() says
-  // when none is. `lists_dropped`, when given, is told how many list answers went.
-  std::vector<std::weak_ptr<const RemoteBuffer>> Revoke(const std::string& node,
-                                                        const std::vector<std::string>& names,
-                                                        bool all,
-                                                        const std::vector<std::string>& lists = {},
-                                                        size_t* lists_dropped = nullptr);
+  // when none is. `lists_dropped`, when given, gets the dropped list answers the same way
+  // (a move on one holds it until it finished).
+  std::vector<std::weak_ptr<const RemoteBuffer>> Revoke(
+      const std::string& node, const std::vector<std::string>& names, bool all,
+      const std::vector<std::string>& lists = {},
+      std::vector<std::weak_ptr<const RemoteList>>* lists_dropped = nullptr);
   // Drops `answer` if it is still the kept one for its buffer (a transfer on it failed).
   void Forget(const std::shared_ptr<const RemoteBuffer>& answer);
   // How many answers from `node` are kept.
@@ -64,8 +71,21 @@ class ResolveCache {
   size_t ListsKeptFrom(const std::string& node) const;
 
   // Waits until no one holds any of `answers` or `deadline` passes; true when none is held.
-  static bool Drained(const std::vector<std::weak_ptr<const RemoteBuffer>>& answers,
-                      absl::Time deadline);
+  template <typename Answer>
+  static bool Drained(const std::vector<std::weak_ptr<const Answer>>& answers,
+                      absl::Time deadline) {
+    // Transfers let go of their plan when they finish, which no callback announces here; a
+    // revocation is rare (a buffer freed, a policy change), so a short poll is enough.
+    auto held = [&] {
+      return std::any_of(answers.begin(), answers.end(),
+                         [](const auto& a) { return !a.expired(); });
+    };
+    while (held()) {
+      if (absl::Now() >= deadline) return false;
+      absl::SleepFor(absl::Milliseconds(1));
+    }
+    return true;
+  }
 
  private:
   template <typename Answer>

@@ -74,7 +74,10 @@ grpc::Status TensorService::MoveBlocks(grpc::ServerContext* ctx,
   // the transfer it just submitted).
   auto transfer = core_->engine().Find(resp->transfer_id());
   if (!transfer.ok()) return ToGrpcStatus(transfer.status());
-  return AwaitTransferResult(ctx, **transfer, ResultPage{}, resp->mutable_result());
+  // Answered just before the call's deadline even if it has not ended (RUNNING): a failed
+  // call would lose the id the caller follows it by.
+  const absl::Time until = absl::FromChrono(ctx->deadline()) - absl::Milliseconds(500);
+  return AwaitTransferResult(ctx, **transfer, ResultPage{}, resp->mutable_result(), until);
 }
 
 grpc::Status TensorPeerService::ResolveBlocks(grpc::ServerContext* ctx,

@@ -78,7 +78,8 @@ absl::StatusOr<std::shared_ptr<const RemoteList>> BlockMover::RemoteListOf(
     }
     const uint64_t epoch = kept.Epoch(node);
     ASSIGN_OR_RETURN(ferry::v1::ResolveBlocksResponse resp, AskPeer(node, list, deadline));
-    auto answer = std::make_shared<const RemoteList>(RemoteList{node, list, std::move(resp)});
+    auto answer =
+        std::make_shared<const RemoteList>(RemoteList{node, list, std::move(resp), absl::Now()});
     if (!answer->answer.revocable()) return answer;
     if (auto used = kept.KeepList(epoch, std::move(answer))) return used;
     // Revoked on its way (the list released, a buffer of it freed): ask again.
@@ -118,6 +119,19 @@ absl::StatusOr<ferry::v1::MoveBlocksResponse> BlockMover::Move(
   ASSIGN_OR_RETURN(std::shared_ptr<const RemoteList> remote_list,
                    RemoteListOf(req.peer(), req.remote_list(),
                                 std::min(deadline, absl::Now() + kResolveTimeout)));
+  auto moved = MoveOn(req, *list, remote_list, timeout_ms);
+  // Refused on a kept answer (a block out of its range, a buffer it names gone when the
+  // engine resolved it): the answer may be what is wrong, so the next move asks again.
+  if (!moved.ok() && remote_list->answer.revocable()) {
+    peers_->kept_answers().ForgetList(remote_list);
+  }
+  return moved;
+}
+
+absl::StatusOr<ferry::v1::MoveBlocksResponse> BlockMover::MoveOn(
+    const ferry::v1::MoveBlocksRequest& req, const BlockList& list,
+    std::shared_ptr<const RemoteList> remote_list, uint32_t timeout_ms) {
+  const int n = req.local_blocks_size();
   const ferry::v1::ResolveBlocksResponse& remote = remote_list->answer;
   const ExtentIndex remote_index(remote.extents());
 
@@ -142,7 +156,7 @@ absl::StatusOr<ferry::v1::MoveBlocksResponse> BlockMover::Move(
                                                      Echo(req.remote_list()), " has ",
                                                      remote_index.size(), " blocks)"));
     }
-    const ListBlock local = list->At(req.local_blocks(i));
+    const ListBlock local = list.At(req.local_blocks(i));
     const auto [extent, j] = remote_index.Find(r);
     const ferry::v1::RemoteExtent& e = remote.extents(static_cast<int>(extent));
     if (e.block_bytes() != local.length) {
@@ -170,9 +184,9 @@ absl::StatusOr<ferry::v1::MoveBlocksResponse> BlockMover::Move(
   submit.set_timeout_ms(timeout_ms);
 
   TransferEngine::FinishedHook hook;
-  // A move on a kept answer that failed may have failed on it: the next one asks again.
-  std::shared_ptr<const RemoteList> kept =
-      remote.revocable() ? std::move(remote_list) : nullptr;
+  // A move on a kept answer holds it until it finished (a revocation waits for that), and
+  // one that failed may have failed on it: the next one asks again.
+  std::shared_ptr<const RemoteList> kept = remote.revocable() ? remote_list : nullptr;
   if (!req.notification().empty() || kept != nullptr) {
     hook = [notifier = notifier_, node = req.peer(), name = req.notification(),
             blocks = static_cast<uint32_t>(n), kept = std::move(kept),
@@ -202,21 +216,36 @@ absl::StatusOr<ferry::v1::ResolveBlocksResponse> BlockMover::Resolve(
     const std::string& name, const std::string& caller, ExportLeases* leases) const {
   auto list = lists_->Exported(name);
   if (!list.ok()) return list.status();
+  // A caller that may not have the list is refused before anything is granted to it (so it
+  // cannot make us call anyone).
+  for (const ferry::v1::BlockExtent& e : (*list)->extents()) {
+    auto buffer = buffers_->Get(e.buffer(), "list");
+    if (!buffer.ok() || !(*buffer)->ExportedTo(caller)) return NoSuchList(name);
+  }
   // Granted before what the answer says is read (again): a release, free or unexport that
-  // ran before a grant is seen by the lookups after it, and the answer is refused.
-  const bool revocable = leases != nullptr && leases->CanGrant(caller) && !engine_->draining();
+  // ran before a grant is seen by the lookups after it, and the answer is refused. A grant
+  // made for a refused answer is revoked (nobody keeps it; revoking it may cost another
+  // holder of the same name one more question), so no holder is left for a name that went.
+  const bool revocable = leases != nullptr && leases->CanGrant(caller);
+  std::vector<std::string> granted;
+  auto refuse = [&] {
+    if (revocable) {
+      leases->RevokeLists({name}, "gone while answering");
+      leases->Revoke(granted, "gone while answering");
+    }
+    return NoSuchList(name);
+  };
   if (revocable) leases->GrantList(name, caller);
   ferry::v1::ResolveBlocksResponse resp;
   for (const ferry::v1::BlockExtent& e : (*list)->extents()) {
-    // A buffer since freed, or one not exported to the caller.
+    // A buffer freed, or unexported to the caller, since the check above.
     auto buffer = buffers_->Get(e.buffer(), "list");
-    if (!buffer.ok() || !(*buffer)->ExportedTo(caller)) return NoSuchList(name);
+    if (!buffer.ok() || !(*buffer)->ExportedTo(caller)) return refuse();
     if (revocable) {
       leases->Grant((*buffer)->name(), caller);
+      granted.push_back((*buffer)->name());
       auto again = buffers_->Get(e.buffer(), "list");
-      if (!again.ok() || *again != *buffer || !(*buffer)->ExportedTo(caller)) {
-        return NoSuchList(name);
-      }
+      if (!again.ok() || *again != *buffer || !(*buffer)->ExportedTo(caller)) return refuse();
     }
     ferry::v1::RemoteExtent* out = resp.add_extents();
     out->set_buffer((*buffer)->name());
@@ -226,9 +255,11 @@ absl::StatusOr<ferry::v1::ResolveBlocksResponse> BlockMover::Resolve(
   }
   if (revocable) {
     auto again = lists_->Exported(name);
-    if (!again.ok() || *again != *list) return NoSuchList(name);  // released meanwhile
+    if (!again.ok() || *again != *list) return refuse();  // released meanwhile
   }
-  resp.set_revocable(revocable);
+  // A drain revokes everything once, when it starts: an answer given after cannot be kept
+  // (the grants stay with an agent that is going away).
+  resp.set_revocable(revocable && !engine_->draining());
   return resp;
 }
 

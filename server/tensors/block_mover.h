@@ -61,6 +61,11 @@ class BlockMover {
   absl::StatusOr<ferry::v1::ResolveBlocksResponse> AskPeer(const std::string& node,
                                                            const std::string& list,
                                                            absl::Time deadline);
+  // Move, once the peer's answer for its list is at hand: the pairs as ops, submitted.
+  absl::StatusOr<ferry::v1::MoveBlocksResponse> MoveOn(const ferry::v1::MoveBlocksRequest& req,
+                                                       const BlockList& list,
+                                                       std::shared_ptr<const RemoteList> remote,
+                                                       uint32_t timeout_ms);
   // The peer's answer for `list`: the kept one (no call), else AskPeer's, kept when the
   // peer said it revokes it. UNAVAILABLE when it was revoked on its way every time.
   absl::StatusOr<std::shared_ptr<const RemoteList>> RemoteListOf(const std::string& node,
