@@ -155,7 +155,8 @@ grpc::Status PeerService::Revoke(grpc::ServerContext* ctx, const ferry::v1::Revo
   // it learns either way.
   const absl::Time deadline = std::min(absl::FromChrono(ctx->deadline()) - absl::Milliseconds(200),
                                        absl::Now() + absl::Seconds(2));
-  if (!ResolveCache::Drained(dropped, deadline) || !ResolveCache::Drained(lists_dropped, deadline)) {
+  if (!ResolveCache::Drained(dropped, deadline) ||
+      !ResolveCache::Drained(lists_dropped, deadline)) {
     return grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
                         absl::StrCat("dropped ", dropped.size(), " answer(s) and ",
                                      lists_dropped.size(), " list answer(s), but a transfer ",
