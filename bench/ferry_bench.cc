@@ -245,6 +245,15 @@ void Judge(Report& r, const Options& o) {
         "goal <= 2",
         streamed->p50_us, streamed->p50_us / unary->p50_us));
   }
+  const Measurement* block = Find(r, "ferry block lat", 4096);
+  const Measurement* block2 = Find(r, "ferry block+wait lat", 4096);
+  if (block && block2 && unary) {
+    r.findings.push_back(absl::StrFormat(
+        "one 4 KiB block of a prepared list (MoveBlocks with wait): p50 %.0f us = %.2f x gRPC "
+        "unary ping-pong; goal <= 2 (MoveBlocks then Wait: p50 %.0f us = %.2f x)",
+        block->p50_us, block->p50_us / unary->p50_us, block2->p50_us,
+        block2->p50_us / unary->p50_us));
+  }
   if (const Measurement* many = Find(r, "ferry stream", 4096); many) {
     r.findings.push_back(absl::StrFormat("4 KiB WRITEs, %s: %.0f ops/s, p50 %.0f us", many->note,
                                          many->ops_per_sec, many->p50_us));
@@ -415,6 +424,14 @@ int Run(int argc, char** argv) {
     report.rows.push_back(*m);
     std::fprintf(stderr, "  ferry stream lat %s: p50 %.0f us\n", FormatByteSize(size).c_str(),
                  m->p50_us);
+  }
+  // The block-list path one 4 KiB block at a time: MoveBlocks answered when it ended, and
+  // MoveBlocks then Wait.
+  for (bool wait : {true, false}) {
+    auto m = (*runner)->RunBlockMoves(4 << 10, wait, ro);
+    if (!m.ok()) return fail(m.status());
+    report.rows.push_back(*m);
+    std::fprintf(stderr, "  %s 4 KiB: p50 %.0f us\n", m->series.c_str(), m->p50_us);
   }
   if (auto m = (*runner)->RunStreamedOps(4 << 10, o.outstanding, ro); m.ok()) {
     report.rows.push_back(*m);

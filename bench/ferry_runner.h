@@ -52,6 +52,11 @@ class FerryRunner {
   // `block` bytes ("ferry write stream").
   absl::StatusOr<Measurement> RunStreamedBatches(uint32_t blocks, uint64_t block,
                                                  const RunOptions& options);
+  // The block-list path: node-b exports a list over its target, node-a prepares one over its
+  // source, and one `block` moves at a time (MoveBlocks; `wait`: answered when it ended, else
+  // followed by Wait), each timed ("ferry block lat", "ferry block+wait lat";
+  // bench/block_moves.cc).
+  absl::StatusOr<Measurement> RunBlockMoves(uint64_t block, bool wait, const RunOptions& options);
   // Moves `total` bytes in 64 MiB ops; calls `sample` after the first GiB and at the end.
   absl::Status RunLong(uint64_t total, const std::function<void(bool early)>& sample);
 
