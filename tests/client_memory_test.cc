@@ -371,6 +371,58 @@ TEST_F(ClientMemoryTest, SimGpuRegistrationMovesAndCancelsMidTransfer) {
   ASSERT_TRUE(a_.client->SetPolicy({}, true).ok());
 }
 
+// MoveBlocks with wait answers once the move ended, with its result; a move that outlasts
+// the call is answered RUNNING just before the call's deadline, with the id to follow it by
+// (a failed call would lose it).
+TEST_F(ClientMemoryTest, WaitAnswersWhenTheMoveEndedOrRunningBeforeTheDeadline) {
+  constexpr uint64_t kBlocks = 6144;  // 192 MiB: staged at 64 MiB/s, about 3 s
+  SharedRegion gpu_mem(kBlocks * kBlock), host_mem(kBlocks * kBlock);
+  gpu_mem.Fill(8);
+  auto reg = a_.client->RegisterFd(gpu_mem.fd.get(), 0, gpu_mem.bytes, "cuda:0", "slow");
+  ASSERT_TRUE(reg.ok()) << reg.status();
+  auto dst = b_.client->RegisterMemory(host_mem.data, host_mem.bytes);
+  ASSERT_TRUE(dst.ok()) << dst.status();
+  auto src_list = a_.blocks->Prepare({Extent(reg->buffer().id(), 0, kBlock, kBlocks)}, "slow-kv");
+  ASSERT_TRUE(src_list.ok()) << src_list.status();
+  auto dst_list = b_.blocks->Prepare({Extent(dst->buffer().id(), 0, kBlock, kBlocks)});
+  ASSERT_TRUE(dst_list.ok()) << dst_list.status();
+
+  auto one = b_.blocks->Move(ferry::v1::READ, dst_list->list(), {0}, "node-a", "slow-kv", {5},
+                             "", 0, false, /*wait=*/true);
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_EQ(one->result().state(), ferry::v1::SUCCEEDED) << one->result().message();
+  EXPECT_EQ(one->result().transfer_id(), one->transfer_id());
+  EXPECT_EQ(one->result().bytes(), kBlock);
+  EXPECT_EQ(std::memcmp(host_mem.data, gpu_mem.data + 5 * kBlock, kBlock), 0);
+
+  ASSERT_TRUE(a_.client->SetPolicy({{"gdr", "never"}}).ok());
+  ferry::v1::MoveBlocksRequest req;
+  req.set_type(ferry::v1::READ);
+  req.set_list(dst_list->list());
+  req.set_peer("node-a");
+  req.set_remote_list("slow-kv");
+  for (uint64_t i = 0; i < kBlocks; ++i) {
+    req.add_local_blocks(i);
+    req.add_remote_blocks(i);
+  }
+  req.set_wait(true);
+  auto stub = ferry::v1::Tensors::NewStub(b_.session->channel());
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Milliseconds(1500)));
+  b_.session->Attach(&ctx);
+  ferry::v1::MoveBlocksResponse resp;
+  const absl::Time asked = absl::Now();
+  grpc::Status s = stub->MoveBlocks(&ctx, req, &resp);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_LT(absl::Now() - asked, absl::Milliseconds(1500));
+  EXPECT_EQ(resp.result().state(), ferry::v1::RUNNING);
+  ASSERT_NE(resp.transfer_id(), 0u);
+  // Followed by the id it came back with.
+  ASSERT_TRUE(b_.client->Cancel(resp.transfer_id()).ok());
+  EXPECT_EQ(AwaitByPoll(*b_.client, resp.transfer_id()).state(), ferry::v1::FAILED);
+  ASSERT_TRUE(a_.client->SetPolicy({}, true).ok());
+}
+
 // verify: after the move both agents checksum each pair's blocks (the peer's on its
 // simulated GPU, read back through its copy engine). Two pairs that land in one block cannot
 // both hold their source's bytes: the check fails the one (or both, if their bytes
