@@ -133,11 +133,7 @@ absl::StatusOr<Measurement> GrpcSink::Push(uint64_t size, double min_seconds, in
   m.size = size;
   m.ops = latencies.size();
   m.bytes = moved;
-  m.seconds = seconds;
-  m.gbps = GBps(moved, seconds);
-  m.ops_per_sec = static_cast<double>(m.ops) / seconds;
-  m.p50_us = Percentile(latencies, 0.5);
-  m.p99_us = Percentile(latencies, 0.99);
+  SetTimings(m, seconds, latencies);
   return m;
 }
 
@@ -172,11 +168,7 @@ absl::StatusOr<Measurement> GrpcSink::PingPong(uint64_t size, double min_seconds
   m.size = size;
   m.ops = latencies.size();
   m.bytes = m.ops * size;
-  m.seconds = seconds;
-  m.gbps = GBps(m.bytes, seconds);
-  m.ops_per_sec = static_cast<double>(m.ops) / seconds;
-  m.p50_us = Percentile(latencies, 0.5);
-  m.p99_us = Percentile(latencies, 0.99);
+  SetTimings(m, seconds, latencies);
   m.note = "one call at a time";
   return m;
 }

@@ -50,11 +50,7 @@ absl::StatusOr<Measurement> FerryRunner::RunBlockMoves(uint64_t block, bool wait
     m.size = block;
     m.ops = latencies.size();
     m.bytes = m.ops * block;
-    m.seconds = absl::ToDoubleSeconds(absl::Now() - start);
-    m.gbps = GBps(m.bytes, m.seconds);
-    m.ops_per_sec = static_cast<double>(m.ops) / m.seconds;
-    m.p50_us = Percentile(latencies, 0.5);
-    m.p99_us = Percentile(latencies, 0.99);
+    SetTimings(m, absl::ToDoubleSeconds(absl::Now() - start), latencies);
     return m;
   }();
   if (local.ok()) mine.Release(local->list()).IgnoreError();

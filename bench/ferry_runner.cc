@@ -155,11 +155,7 @@ absl::StatusOr<Measurement> FerryRunner::RunStreamed(
   m.batch = batches[0].size();
   m.ops = ops;
   m.bytes = bytes;
-  m.seconds = seconds;
-  m.gbps = GBps(m.bytes, seconds);
-  m.ops_per_sec = static_cast<double>(m.ops) / seconds;
-  m.p50_us = Percentile(latencies, 0.5);
-  m.p99_us = Percentile(latencies, 0.99);
+  SetTimings(m, seconds, latencies);
   return m;
 }
 
@@ -215,11 +211,7 @@ absl::StatusOr<Measurement> FerryRunner::Run(const std::string& series, uint64_t
   uint64_t batch_bytes = 0;
   for (const auto& op : batch) batch_bytes += op.length;
   m.bytes = iterations * batch_bytes;
-  m.seconds = seconds;
-  m.gbps = GBps(m.bytes, seconds);
-  m.ops_per_sec = static_cast<double>(m.ops) / seconds;
-  m.p50_us = Percentile(latencies, 0.5);
-  m.p99_us = Percentile(latencies, 0.99);
+  SetTimings(m, seconds, latencies);
   if (options.clients > 1) m.note = absl::StrCat(options.clients, " clients");
   return m;
 }

@@ -38,11 +38,7 @@ absl::StatusOr<Measurement> Measure(Client& client, const std::vector<OpSpec>& b
   m.size = batch[0].length;
   m.ops = latencies.size();
   m.bytes = bytes;
-  m.seconds = secs;
-  m.gbps = GBps(bytes, secs);
-  m.ops_per_sec = m.ops / secs;
-  m.p50_us = Percentile(latencies, 0.5);
-  m.p99_us = Percentile(latencies, 0.99);
+  SetTimings(m, secs, latencies);
   return m;
 }
 

@@ -1,9 +1,11 @@
 #pragma once
-// Percentiles and rates for benchmark samples.
+// Percentiles and rates for benchmark samples, and a measurement's timings from them.
 
 #include <algorithm>
 #include <cstdint>
 #include <vector>
+
+#include "bench/measurement.h"
 
 namespace ferry::bench {
 
@@ -18,6 +20,16 @@ inline double Percentile(std::vector<double> samples, double q) {
 // GB/s (10^9 bytes per second).
 inline double GBps(uint64_t bytes, double seconds) {
   return seconds <= 0 ? 0 : static_cast<double>(bytes) / seconds / 1e9;
+}
+
+// Fills in `m`'s time, rates and latency percentiles from its ops and bytes, the `seconds`
+// they took and one latency (us) per timed iteration.
+inline void SetTimings(Measurement& m, double seconds, const std::vector<double>& latencies) {
+  m.seconds = seconds;
+  m.gbps = GBps(m.bytes, seconds);
+  m.ops_per_sec = seconds <= 0 ? 0 : static_cast<double>(m.ops) / seconds;
+  m.p50_us = Percentile(latencies, 0.5);
+  m.p99_us = Percentile(latencies, 0.99);
 }
 
 }  // namespace ferry::bench
