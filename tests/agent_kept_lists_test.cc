@@ -54,9 +54,7 @@ class AgentKeptListsTest : public ::testing::Test {
     auto moved = a_blocks_->Move(ferry::v1::WRITE, local_, {from}, "node-b", list, {to});
     if (!moved.ok()) return moved.status();
     auto r = pair_.ca->Wait(moved->transfer_id(), absl::Seconds(30));
-    if (!r.ok()) return r.status();
-    if (r->state() == ferry::v1::SUCCEEDED) return absl::OkStatus();
-    return absl::Status(static_cast<absl::StatusCode>(r->code()), r->message());
+    return r.ok() ? TransferStatus(*r) : r.status();
   }
   bool Holds(const Buffer& b, uint64_t block, uint64_t src_block) const {
     return std::memcmp(b.data() + block * kBlock, src_->data() + src_block * kBlock, kBlock) == 0;
