@@ -252,6 +252,9 @@ TEST_F(TransferEngineTest, ValidationNamesTheFieldAndNothingMoves) {
        "ops[1].local_offset");
   with("unknown peer", {good, stranger}, absl::StatusCode::kNotFound, "ops[1].peer");
   with("unknown local buffer", {no_buffer}, absl::StatusCode::kNotFound, "ops[0].local_buffer");
+  // After an op on a buffer that exists: its lookup is not reused for another name.
+  with("unknown local buffer after a known one", {good, no_buffer}, absl::StatusCode::kNotFound,
+       "ops[1].local_buffer");
   with("unknown remote buffer", {good, missing}, absl::StatusCode::kNotFound,
        "ops[1].remote_buffer");
   with("timeout above the limit", {good}, absl::StatusCode::kInvalidArgument, "timeout_ms",
@@ -372,6 +375,66 @@ TEST_F(TransferEngineTest, BlocksBetweenTheSameBuffersRideAsOneFabricOpAndSettle
   }
   // The waiter wakes as the last op settles, a moment before the engine retires the transfer.
   EXPECT_TRUE(AwaitEngineCounts(0, 1));
+}
+
+// The engine looks a buffer, peer and plan up once for a run of ops that share them: ops
+// that switch local or remote buffer mid-batch, and back, each still move between their own.
+TEST_F(TransferEngineTest, OpsThatSwitchBuffersMidBatchEachMoveBetweenTheirOwn) {
+  std::vector<char> spare(kLanding, 0);
+  auto region = peer_.Register(spare.data(), spare.size(), fabric::kRemoteWrite);
+  ASSERT_TRUE(region.ok()) << region.status();
+  service_->AddBuffer("spare", Exported(**region, kLanding));
+  constexpr uint64_t kBlock = 4 << 10;
+  auto a = Local(4 * kBlock, 21);
+  auto b = Local(4 * kBlock, 22);
+  struct Step {
+    const Buffer* local;
+    uint64_t block;  // of the local buffer, and the remote slot
+    const char* remote;
+  };
+  // Runs of 2, 1, 1, 1, 2 ops, each run differing from the one before in one buffer or both.
+  const std::vector<Step> steps = {{a.get(), 0, "landing"}, {a.get(), 1, "landing"},
+                                   {b.get(), 2, "landing"}, {b.get(), 3, "spare"},
+                                   {a.get(), 2, "spare"},   {b.get(), 0, "landing"},
+                                   {b.get(), 1, "landing"}};
+  ferry::v1::SubmitRequest batch;
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const Step& s = steps[i];
+    // Remote slot i: apart from every other op's.
+    *batch.add_ops() = Op(ferry::v1::WRITE, *s.local, s.block * kBlock, kBlock, i * kBlock,
+                          s.remote);
+  }
+  ferry::v1::TransferResult r = RunToEnd(batch);
+  ASSERT_EQ(r.state(), ferry::v1::SUCCEEDED) << r.message();
+  ASSERT_EQ(r.ops_size(), static_cast<int>(steps.size()));
+  for (size_t i = 0; i < steps.size(); ++i) {
+    const Step& s = steps[i];
+    const std::vector<char>& remote = std::string(s.remote) == "landing" ? landing_ : spare;
+    const std::vector<char>& other = std::string(s.remote) == "landing" ? spare : landing_;
+    const int seed = s.local == a.get() ? 21 : 22;
+    EXPECT_EQ(Mismatch(remote.data() + i * kBlock, kBlock, seed, s.block * kBlock), -1)
+        << "op " << i << " did not land its own block in " << s.remote;
+    EXPECT_EQ(std::count(other.begin() + i * kBlock, other.begin() + (i + 1) * kBlock, 0),
+              static_cast<long>(kBlock))
+        << "op " << i << " wrote into the other buffer";
+    EXPECT_EQ(r.ops(i).code(), 0) << "op " << i << ": " << r.ops(i).message();
+  }
+  EXPECT_TRUE(local_.AwaitIdle(kPatience));
+  EXPECT_EQ(local_.stats().bytes_written, steps.size() * kBlock);
+  EXPECT_TRUE(AwaitEngineCounts(0, 1));
+  // Each op counted once in the statistics (recorded just after the engine retires the
+  // transfer: bounded polling).
+  auto counted = [&] {
+    uint64_t ops = 0;
+    for (const auto& [key, totals] : engine_->stats().Totals()) ops += totals.ops;
+    return ops;
+  };
+  for (absl::Time give_up = absl::Now() + kPatience;
+       counted() < steps.size() && absl::Now() < give_up;) {
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  EXPECT_EQ(counted(), steps.size());
+  region->reset();
 }
 
 // An op between two adjacent blocks that failed before it reached the fabric (here: no rail

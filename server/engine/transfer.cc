@@ -26,12 +26,19 @@ Transfer::Transfer(uint64_t id, std::vector<PlannedOp> ops, absl::Time deadline,
   for (uint64_t length : lengths_) bytes_total_ += length;
   op_peer_.reserve(lengths_.size());
   op_read_.reserve(lengths_.size());
+  const RemoteBuffer* previous = nullptr;  // ops on the previous op's buffer: its peer
   for (const PlannedOp& op : *ops_) {
-    // Batches name few peers: a linear search beats a map.
-    const std::string node = op.remote ? op.remote->node : "";
-    auto it = std::find(peers_.begin(), peers_.end(), node);
-    if (it == peers_.end()) it = peers_.insert(peers_.end(), node);
-    op_peer_.push_back(static_cast<uint32_t>(it - peers_.begin()));
+    if (op_peer_.empty() || op.remote.get() != previous) {
+      // Batches name few peers: a linear search beats a map.
+      static const std::string kNone;
+      const std::string& node = op.remote ? op.remote->node : kNone;
+      auto it = std::find(peers_.begin(), peers_.end(), node);
+      if (it == peers_.end()) it = peers_.insert(peers_.end(), node);
+      op_peer_.push_back(static_cast<uint32_t>(it - peers_.begin()));
+      previous = op.remote.get();
+    } else {
+      op_peer_.push_back(op_peer_.back());
+    }
     op_read_.push_back(op.type == ferry::v1::READ);
   }
 }

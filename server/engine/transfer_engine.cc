@@ -112,12 +112,19 @@ absl::StatusOr<std::vector<PlannedOp>> TransferEngine::Plan(const ferry::v1::Sub
                                                      FormatByteSize(limits.max_op_bytes), ")"));
     }
     p.length = op.length();
-    static const std::string kLocalBuffer = "local_buffer";
-    auto local = buffers_->Get(op.local_buffer(), kLocalBuffer);
-    if (!local.ok()) {
-      return absl::Status(local.status().code(), absl::StrCat(f(), local.status().message()));
+    // Most ops of a batch name the previous op's local buffer and peer: looked up once for
+    // the run of them, not once per op (a registry lookup takes its lock).
+    const PlannedOp* previous = i > 0 ? &planned[i - 1] : nullptr;
+    if (previous && request.ops(i - 1).local_buffer() == op.local_buffer()) {
+      p.local = previous->local;
+    } else {
+      static const std::string kLocalBuffer = "local_buffer";
+      auto local = buffers_->Get(op.local_buffer(), kLocalBuffer);
+      if (!local.ok()) {
+        return absl::Status(local.status().code(), absl::StrCat(f(), local.status().message()));
+      }
+      p.local = *std::move(local);
     }
-    p.local = *std::move(local);
     if (!RangeFits(op.local_offset(), op.length(), p.local->size())) {
       return RangeError(f() + "local_offset", op.local_offset(), op.length(),
                         absl::StrCat("local buffer ", p.local->id()), p.local->size());
@@ -125,7 +132,8 @@ absl::StatusOr<std::vector<PlannedOp>> TransferEngine::Plan(const ferry::v1::Sub
     p.local_offset = op.local_offset();
     if (op.peer().empty())
       return absl::InvalidArgumentError(absl::StrCat(f(), "peer: must name a node"));
-    if (!peers_->Known(op.peer())) {
+    const bool same_peer = previous && previous->remote->node == op.peer();
+    if (!same_peer && !peers_->Known(op.peer())) {
       return absl::NotFoundError(absl::StrCat(f(), "peer: unknown node ", Echo(op.peer())));
     }
     if (op.remote_buffer().empty()) {
@@ -138,10 +146,8 @@ absl::StatusOr<std::vector<PlannedOp>> TransferEngine::Plan(const ferry::v1::Sub
                                                      "name (at most ",
                                                      kMaxBufferName, ")"));
     }
-    // Most ops of a batch name the previous op's buffer: no key to build for them.
-    const PlannedOp* previous = i > 0 ? &planned[i - 1] : nullptr;
-    if (previous && previous->remote->node == op.peer() &&
-        previous->remote->name == op.remote_buffer()) {
+    // Likewise the previous op's remote buffer: no key to build for them.
+    if (same_peer && previous->remote->name == op.remote_buffer()) {
       p.remote = previous->remote;
     } else {
       auto key = std::make_pair(op.peer(), op.remote_buffer());
@@ -362,12 +368,25 @@ void TransferEngine::Post(const std::shared_ptr<Transfer>& transfer, absl::Time 
     if (to_peer.empty()) to_peer.reserve(ops.size() - r.first);  // grown once, not doubled
     striped->AppendSlices(to_peer);
   };
+  // One instant for the batch: its routes are chosen together.
+  const absl::Time now = absl::Now();
+  // What the previous op looked up, for the next op that shares its remote buffer, or both
+  // buffers (most ops of a KV batch): no map lookups per op for them. std::map entries stay
+  // where they are while others are added.
+  const RemoteBuffer* rails_for = nullptr;
+  decltype(rails)::iterator it;
+  std::pair<const Buffer*, const RemoteBuffer*> plan_for = {nullptr, nullptr};
+  decltype(plans)::iterator shared;
+  const SharedPlan* counted = nullptr;  // the plan whose routes routes_to last counted
   for (size_t i = 0; i < ops.size(); ++i) {
     const PlannedOp& op = ops[i];
     const std::string& node = op.remote->node;
-    auto it = rails.find(node);
-    if (it == rails.end()) {
-      it = rails.emplace(node, peers_->Rails(node, op.remote->incarnation, deadline)).first;
+    if (rails_for != op.remote.get()) {
+      it = rails.find(node);
+      if (it == rails.end()) {
+        it = rails.emplace(node, peers_->Rails(node, op.remote->incarnation, deadline)).first;
+      }
+      rails_for = op.remote.get();
     }
     if (!it->second.ok()) {
       Settle(transfer, i, it->second.status(), "");
@@ -385,9 +404,13 @@ void TransferEngine::Post(const std::shared_ptr<Transfer>& transfer, absl::Time 
     }
     // Ops between the same two buffers plan alike: the first of them plans, the others
     // share its legs and lanes (a KV batch of 4096 blocks plans once, not 4096 times).
-    auto [shared, fresh] = plans.try_emplace({op.local.get(), op.remote.get()});
+    bool fresh = false;
+    if (const std::pair<const Buffer*, const RemoteBuffer*> key{op.local.get(), op.remote.get()};
+        key != plan_for) {
+      plan_for = key;
+      std::tie(shared, fresh) = plans.try_emplace(key);
+    }
     SharedPlan& plan = shared->second;
-    const absl::Time now = absl::Now();
     if (fresh) {
       plan.direct = DirectRoutes(*op.local, *op.remote, peer_rails, *ledger_, now);
       const ProviderRails& preferred = peer_rails.providers.front();
@@ -502,10 +525,15 @@ void TransferEngine::Post(const std::shared_ptr<Transfer>& transfer, absl::Time 
       // plans again and may take another route or provider (tcp behind verbs), as it would
       // have alone.
       plans.erase(shared);
+      plan_for = {nullptr, nullptr};
+      counted = nullptr;
       continue;
     }
-    size_t& most = routes_to[node];
-    most = std::max(most, direct.routes.size());
+    if (counted != &plan) {  // the same plan's routes count the same
+      size_t& most = routes_to[node];
+      most = std::max(most, direct.routes.size());
+      counted = &plan;
+    }
     // The ops of a batch between the same two buffers ride together while they fit a slice
     // and kMaxPieces: one fabric op, one completion (tcp: one request and one ack) for a run
     // of a paged KV cache's blocks. An op adjacent on both sides to the previous one (the

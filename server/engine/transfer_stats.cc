@@ -43,7 +43,13 @@ void TransferStats::RecordLocked(const OpRecord& op) {
     return;
   }
   // The op's own length: bytes of a succeeded op.
-  LatencyHistogram& h = latency_[SizeClassOf(op.bytes)];
+  // SizeClassOf answers one of a few literals: the same pointer for the same class.
+  const char* size_class = SizeClassOf(op.bytes);
+  if (size_class != last_class_) {
+    last_class_ = size_class;
+    last_histogram_ = &latency_[size_class];
+  }
+  LatencyHistogram& h = *last_histogram_;
   const double us = static_cast<double>(op.duration_us);
   auto bucket = std::lower_bound(kLatencyBoundsUs.begin(), kLatencyBoundsUs.end(), us);
   if (bucket != kLatencyBoundsUs.end()) ++h.buckets[bucket - kLatencyBoundsUs.begin()];

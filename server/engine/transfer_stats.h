@@ -74,6 +74,9 @@ class TransferStats {
   Key last_key_ ABSL_GUARDED_BY(mu_);
   OpTotals* last_ ABSL_GUARDED_BY(mu_) = nullptr;
   std::map<std::string, LatencyHistogram> latency_ ABSL_GUARDED_BY(mu_);
+  // Likewise the histogram of the previous op's size class.
+  const char* last_class_ ABSL_GUARDED_BY(mu_) = nullptr;
+  LatencyHistogram* last_histogram_ ABSL_GUARDED_BY(mu_) = nullptr;
   uint64_t succeeded_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t failed_ ABSL_GUARDED_BY(mu_) = 0;
 };
