@@ -7,6 +7,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "google/protobuf/arena.h"
 
 namespace ferry::server {
 namespace {
@@ -18,6 +19,17 @@ using Answers = ferry::v1::StreamedResults;
 // Answers ready together go in one message up to this size (a default client takes 4 MiB).
 constexpr size_t kAnswerBytes = 2 << 20;
 
+// Each request is read into an arena, emptied once the request started: a batch of 4096
+// ops is then a few blocks to allocate and free, not 4096 Op messages one by one (protobuf
+// deletes a heap message's submessages when the next read clears it). A one-op request
+// fits the first block; a large batch grows the arena in blocks of up to 1 MiB.
+google::protobuf::ArenaOptions RequestArena() {
+  google::protobuf::ArenaOptions options;
+  options.start_block_size = 16 << 10;
+  options.max_block_size = 1 << 20;
+  return options;
+}
+
 // One read and one write outstanding at most, as gRPC's callback API requires, so answers
 // that end while a write is out wait and then go together in the next. Reads, writes and
 // Finish are started under `mu_`: gRPC runs the reactions (OnReadDone, OnWriteDone) on its
@@ -28,14 +40,15 @@ class TransferStreamReactor : public grpc::ServerBidiReactor<Request, Answers>,
                               public std::enable_shared_from_this<TransferStreamReactor> {
  public:
   TransferStreamReactor(WorkerPool* starters, StreamCalls calls)
-      : starters_(starters), calls_(std::move(calls)) {}
+      : starters_(starters), calls_(std::move(calls)), arena_(RequestArena()),
+        request_(NewRequest()) {}
 
   // Not in the constructor: answers take shared_from_this(), which needs the owner first.
   void Begin(std::shared_ptr<TransferStreamReactor> self) {
     absl::MutexLock lock(&mu_);
     self_ = std::move(self);
     reading_ = true;
-    StartRead(&request_);
+    StartRead(request_);
   }
 
   void OnReadDone(bool ok) override {
@@ -57,7 +70,7 @@ class TransferStreamReactor : public grpc::ServerBidiReactor<Request, Answers>,
     }
     // The next read starts once this one started (reading_ stays true until then), so a
     // stream's requests start in the order sent and request_ is not overwritten meanwhile.
-    if (!calls_.may_block(request_.transfer())) {
+    if (!calls_.may_block(request_->transfer())) {
       StartRequest();
       return;
     }
@@ -104,10 +117,10 @@ class TransferStreamReactor : public grpc::ServerBidiReactor<Request, Answers>,
         return;
       }
     }
-    const uint64_t tag = request_.tag();
+    const uint64_t tag = request_->tag();
     std::shared_ptr<TransferStreamReactor> self = shared_from_this();
     absl::Status started =
-        calls_.start(request_.transfer(), [self, tag](ferry::v1::TransferResult result) {
+        calls_.start(request_->transfer(), [self, tag](ferry::v1::TransferResult result) {
           Answer answer;
           answer.set_tag(tag);
           *answer.mutable_result() = std::move(result);
@@ -120,9 +133,17 @@ class TransferStreamReactor : public grpc::ServerBidiReactor<Request, Answers>,
       answer.set_message(std::string(started.message()));
       Send(std::move(answer));
     }
+    // The engine took what it needs from the request (Submit copies, holds no reference).
+    request_ = NewRequest();
     absl::MutexLock lock(&mu_);
     reading_ = false;
     ReadIfRoomLocked();
+  }
+
+  // The last request's memory goes back at once; the next read parses into a fresh one.
+  Request* NewRequest() {
+    arena_.Reset();
+    return google::protobuf::Arena::CreateMessage<Request>(&arena_);
   }
 
   // Queues an answer, and writes it if no write is outstanding.
@@ -153,7 +174,7 @@ class TransferStreamReactor : public grpc::ServerBidiReactor<Request, Answers>,
   void ReadIfRoomLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (reading_ || reads_done_ || finished_ || open_ >= kStreamWindow) return;
     reading_ = true;
-    StartRead(&request_);
+    StartRead(request_);
   }
 
   void FinishIfAnsweredLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -169,7 +190,10 @@ class TransferStreamReactor : public grpc::ServerBidiReactor<Request, Answers>,
 
   WorkerPool* const starters_;
   const StreamCalls calls_;
-  Request request_;  // the read in progress; read again only once it started
+  // The read in progress, in arena_; read again only once it started. Both are touched
+  // only by the chain read, start, read again, one step at a time.
+  google::protobuf::Arena arena_;
+  Request* request_;
 
   absl::Mutex mu_;
   std::shared_ptr<TransferStreamReactor> self_ ABSL_GUARDED_BY(mu_);
