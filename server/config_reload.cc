@@ -117,10 +117,11 @@ ReloadReport ApplyReload(AgentCore& core, config::Config& running, const config:
   }
   const EngineLimits current = core.engine().limits();
   EngineLimits limits = EngineLimitsFromConfig(next);
-  // The per-peer window needs a restart (RestartOnlyChanges names it) and history has no key:
-  // both stay as the engine runs.
+  // The per-peer window needs a restart (RestartOnlyChanges names it) and the history's
+  // bounds have no key: they stay as the engine runs.
   limits.peer_window_bytes = current.peer_window_bytes;
   limits.history = current.history;
+  limits.history_ops = current.history_ops;
   if (limits.max_op_bytes != current.max_op_bytes ||
       limits.max_ops_per_submit != current.max_ops_per_submit ||
       limits.default_timeout != current.default_timeout ||

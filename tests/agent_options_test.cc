@@ -42,7 +42,7 @@ static_assert(FieldCount<verbs::VerbsOptions>() == 16,
               "new field: map it in server/agent_options.cc and test it here");
 static_assert(FieldCount<fabric::ProviderOptions>() == 5,
               "new field: map it in server/agent_options.cc and test it here");
-static_assert(FieldCount<EngineLimits>() == 8,
+static_assert(FieldCount<EngineLimits>() == 9,
               "new field: map it in server/agent_options.cc and test it here");
 
 // Every key that maps to a provider or engine option, each set to a value that is neither
@@ -158,8 +158,9 @@ TEST(AgentOptionsTest, EveryEngineKeyArrives) {
   EXPECT_EQ(limits.slice_bytes, 256u << 10);
   EXPECT_EQ(limits.peer_window_bytes, 8u << 20);
   EXPECT_EQ(limits.shutdown_grace, absl::Milliseconds(4321));
-  // No config key: the engine's default.
+  // No config key: the engine's defaults.
   EXPECT_EQ(limits.history, EngineLimits{}.history);
+  EXPECT_EQ(limits.history_ops, EngineLimits{}.history_ops);
 }
 
 // An empty file gives the options' own defaults, so the two sets of defaults (config.h and

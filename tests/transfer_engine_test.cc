@@ -492,6 +492,41 @@ TEST_F(TransferEngineTest, AFailedRunFailsEachOfItsBlocks) {
 
 // Scattered blocks (a paged KV cache's, in no order) between the same buffers are gathered:
 // at most kMaxPieces (256) pieces per fabric op, each landing at its own place.
+// Finished transfers stay for Wait up to a number of them and of their ops: a few large
+// batches push the oldest out, and the newest stays even when it alone is over the bound.
+TEST_F(TransferEngineTest, TheHistoryKeepsFinishedTransfersUpToItsOpBound) {
+  limits_.history_ops = 10;
+  engine_ = MakeEngine();
+  auto src = Local(64 << 10, 13);
+  auto batch = [&](int ops) {
+    ferry::v1::SubmitRequest r;
+    for (int i = 0; i < ops; ++i) *r.add_ops() = Op(ferry::v1::WRITE, *src, i * 64, 64, i * 64);
+    return r;
+  };
+  auto end = [&](int ops) {
+    auto id = engine_->Submit(batch(ops));
+    EXPECT_TRUE(id.ok()) << id.status();
+    if (!id.ok()) return uint64_t{0};
+    EXPECT_EQ(AwaitEnd(*id).state(), ferry::v1::SUCCEEDED);
+    return *id;
+  };
+  auto kept = [&](uint64_t id) { return engine_->Find(id).ok(); };
+  const uint64_t first = end(4), second = end(4);
+  ASSERT_TRUE(AwaitEngineCounts(0, 2));
+  EXPECT_TRUE(kept(first) && kept(second)) << "8 ops are within the bound";
+  const uint64_t third = end(4);
+  ASSERT_TRUE(AwaitEngineCounts(0, 3));
+  EXPECT_FALSE(kept(first)) << "12 ops: the oldest goes";
+  EXPECT_TRUE(kept(second) && kept(third));
+  const uint64_t big = end(16);
+  ASSERT_TRUE(AwaitEngineCounts(0, 4));
+  EXPECT_FALSE(kept(second) || kept(third)) << "the others go to make room for the newest";
+  ASSERT_TRUE(kept(big)) << "the newest stays, over the bound alone";
+  ferry::v1::TransferResult r = (*engine_->Find(big))->Result();
+  EXPECT_EQ(r.ops_total(), 16u);
+  EXPECT_EQ(r.state(), ferry::v1::SUCCEEDED);
+}
+
 TEST_F(TransferEngineTest, ScatteredBlocksAreGatheredIntoOpsOfAtMost256Pieces) {
   constexpr uint64_t kBlock = 64;
   constexpr int kBlocks = 300;

@@ -660,8 +660,14 @@ void TransferEngine::OnFinished(uint64_t id) {
     }
     ++finished_count_;
     history_.push_back(id);
-    while (history_.size() > limits_.history) {
-      transfers_.erase(history_.front());
+    history_ops_ += finished->op_count();
+    // The newest stays whatever its size, so that its caller can still Wait for it.
+    while (history_.size() > limits_.history ||
+           (history_ops_ > limits_.history_ops && history_.size() > 1)) {
+      if (auto old = transfers_.find(history_.front()); old != transfers_.end()) {
+        history_ops_ -= old->second->op_count();
+        transfers_.erase(old);
+      }
       history_.pop_front();
     }
   }

@@ -37,8 +37,11 @@ struct EngineLimits {
   absl::Duration default_timeout = absl::Seconds(60);
   // No transfer runs longer than this, whatever its timeout_ms asks.
   absl::Duration max_timeout = absl::Minutes(10);
-  // Finished transfers kept for Wait/Watch after they end.
+  // Finished transfers kept for Wait/Watch after they end: at most `history` of them, and of
+  // at most `history_ops` ops in all (each op keeps its outcome, legs and rails, ~90 bytes:
+  // 4096 KV batches of 4096 blocks would have kept 1.4 GiB), the newest always.
   size_t history = 4096;
+  size_t history_ops = 256 << 10;
   // Direct ops are cut into slices of at most this, and at most peer_window_bytes of them
   // are on the wire to one peer at once, transfers taking turns (server/engine/fair_queue).
   uint64_t slice_bytes = 1 << 20;
@@ -200,6 +203,7 @@ class TransferEngine {
   };
   const std::shared_ptr<Life> life_;
   std::deque<uint64_t> history_ ABSL_GUARDED_BY(mu_);
+  size_t history_ops_ ABSL_GUARDED_BY(mu_) = 0;  // the ops of the transfers in history_
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
   absl::flat_hash_map<std::string, std::shared_ptr<FairQueue>> queues_ ABSL_GUARDED_BY(mu_);
