@@ -17,6 +17,7 @@
 #include "server/runtime_peers.h"
 #include "server/local/session_call.h"
 #include "server/transfer_stream.h"
+#include "server/unary_transfer.h"
 #include "base/grpc_status.h"
 #include "base/status_macros.h"
 #include "server/version.h"
@@ -284,51 +285,55 @@ grpc::Status AgentService::Wait(grpc::ServerContext* ctx, const ferry::v1::WaitR
   return AwaitTransferResult(ctx, **transfer, PageOf(*req), resp);
 }
 
-grpc::Status AgentService::Transfer(grpc::ServerContext* ctx, const ferry::v1::TransferRequest* req,
-                                    ferry::v1::TransferResult* resp) {
-  if (absl::Status mine = MayUseLocalBuffers(core_->local_callers().Of(*ctx), req->submit().ops());
-      !mine.ok()) {
-    return ToGrpcStatus(mine);
-  }
-  auto id = core_->engine().Submit(req->submit());
-  if (!id.ok()) return ToGrpcStatus(id.status());
-  auto transfer = core_->engine().Find(*id);
-  if (!transfer.ok()) return ToGrpcStatus(transfer.status());
-  return AwaitTransferResult(ctx, **transfer, PageOf(*req), resp);
+AgentService::AgentService(AgentCore* core) : core_(core) {
+  SetMessageAllocatorFor_Transfer(&transfer_messages_);
 }
 
-grpc::ServerBidiReactor<ferry::v1::StreamedTransfer, ferry::v1::StreamedResults>*
-AgentService::TransferStream(grpc::CallbackServerContext* ctx) {
-  StreamCalls calls;
-  // A start may run on stream_starters_ after the call ended: it uses the caller as it was
-  // when the stream opened, never `ctx`.
-  calls.start = [this, caller = core_->local_callers().Of(*ctx)](
+TransferCalls AgentService::CallsFor(const grpc::ServerContextBase& ctx) {
+  TransferCalls calls;
+  // A start may run on starters_ after the call ended: it uses the caller as it was when
+  // the call began, never `ctx`.
+  calls.start = [this, caller = core_->local_callers().Of(ctx)](
                     const ferry::v1::TransferRequest& req,
-                    std::function<void(ferry::v1::TransferResult)> answer) -> absl::Status {
+                    std::function<void(ferry::v1::TransferResult)> answer)
+      -> absl::StatusOr<uint64_t> {
     RETURN_IF_ERROR(MayUseLocalBuffers(caller, req.submit().ops()));
     // No thread waits for it: the engine's finished hook answers, on the thread that settled
     // the last op.
-    return core_->engine()
-        .Submit(req.submit(),
-                [page = PageOf(req), answer = std::move(answer)](const server::Transfer& t) {
-                  answer(t.Result(page));
-                })
-        .status();
+    return core_->engine().Submit(
+        req.submit(), [page = PageOf(req), answer = std::move(answer)](const server::Transfer& t) {
+          answer(t.Result(page));
+        });
   };
-  // Submit blocks only to resolve a remote buffer that is not kept (the engine's Plan), once
-  // per buffer; an unknown peer is refused without a call.
+  // Submit blocks only to ask a peer: to resolve a remote buffer that is not kept (the
+  // engine's Plan, once per buffer), or for its rails when the last answer is old (Post);
+  // an unknown peer is refused without a call.
   calls.may_block = [this](const ferry::v1::TransferRequest& req) {
     const std::string* peer = nullptr;
     const std::string* name = nullptr;
     for (const ferry::v1::Op& op : req.submit().ops()) {
       if (peer && *peer == op.peer() && *name == op.remote_buffer()) continue;
+      const bool new_peer = !peer || *peer != op.peer();
       peer = &op.peer();
       name = &op.remote_buffer();
-      if (core_->peers().Known(*peer) && !core_->peers().Kept(*peer, *name)) return true;
+      if (!core_->peers().Known(*peer)) continue;
+      if (new_peer && !core_->peers().RailsFresh(*peer)) return true;
+      if (!core_->peers().Kept(*peer, *name)) return true;
     }
     return false;
   };
-  return StartTransferStream(&stream_starters_, std::move(calls));
+  return calls;
+}
+
+grpc::ServerUnaryReactor* AgentService::Transfer(grpc::CallbackServerContext* ctx,
+                                                 const ferry::v1::TransferRequest* req,
+                                                 ferry::v1::TransferResult* resp) {
+  return StartUnaryTransfer(ctx, req, resp, &starters_, CallsFor(*ctx));
+}
+
+grpc::ServerBidiReactor<ferry::v1::StreamedTransfer, ferry::v1::StreamedResults>*
+AgentService::TransferStream(grpc::CallbackServerContext* ctx) {
+  return StartTransferStream(&starters_, CallsFor(*ctx));
 }
 
 grpc::Status AgentService::Cancel(grpc::ServerContext*, const ferry::v1::CancelTransferRequest* req,

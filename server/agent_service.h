@@ -2,8 +2,8 @@
 // The Agent gRPC service (local clients). Thin: checks request fields, calls the agent's
 // parts, converts absl::Status to grpc::Status. Sync API: Wait and Watch block a server
 // thread by design (they wait for a transfer); everything else returns at once.
-// OpenSession and TransferStream are callback methods: a session is an idle call that holds
-// no thread, and a stream's transfers are answered by the engine as they end.
+// OpenSession, Transfer and TransferStream are callback methods: a session is an idle call
+// that holds no thread, and a transfer is answered by the engine when it ends.
 
 #include <optional>
 
@@ -12,7 +12,8 @@
 #include "ferry/v1/agent.grpc.pb.h"
 #include "server/engine/transfer.h"
 #include "server/local/local_callers.h"
-#include "server/transfer_stream.h"
+#include "server/transfer_calls.h"
+#include "server/unary_transfer.h"
 
 namespace ferry::server {
 
@@ -20,9 +21,10 @@ class AgentCore;
 
 class AgentService final
     : public ferry::v1::Agent::WithCallbackMethod_OpenSession<
-          ferry::v1::Agent::WithCallbackMethod_TransferStream<ferry::v1::Agent::Service>> {
+          ferry::v1::Agent::WithCallbackMethod_TransferStream<
+              ferry::v1::Agent::WithCallbackMethod_Transfer<ferry::v1::Agent::Service>>> {
  public:
-  explicit AgentService(AgentCore* core) : core_(core) {}
+  explicit AgentService(AgentCore* core);
 
   grpc::ServerWriteReactor<ferry::v1::SessionEvent>* OpenSession(
       grpc::CallbackServerContext*, const ferry::v1::OpenSessionRequest*) override;
@@ -48,8 +50,9 @@ class AgentService final
                       ferry::v1::SubmitResponse*) override;
   grpc::Status Wait(grpc::ServerContext*, const ferry::v1::WaitRequest*,
                     ferry::v1::TransferResult*) override;
-  grpc::Status Transfer(grpc::ServerContext*, const ferry::v1::TransferRequest*,
-                        ferry::v1::TransferResult*) override;
+  grpc::ServerUnaryReactor* Transfer(grpc::CallbackServerContext*,
+                                     const ferry::v1::TransferRequest*,
+                                     ferry::v1::TransferResult*) override;
   grpc::ServerBidiReactor<ferry::v1::StreamedTransfer, ferry::v1::StreamedResults>*
   TransferStream(grpc::CallbackServerContext*) override;
   grpc::Status Cancel(grpc::ServerContext*, const ferry::v1::CancelTransferRequest*,
@@ -80,12 +83,17 @@ class AgentService final
   // and the admin group may); the engine validates the rest.
   absl::Status MayUseLocalBuffers(const std::optional<LocalCaller>& caller,
                                   const google::protobuf::RepeatedPtrField<ferry::v1::Op>& ops);
+  // How Transfer and TransferStream start the requests of the call `ctx` (as its caller).
+  TransferCalls CallsFor(const grpc::ServerContextBase& ctx);
 
   AgentCore* const core_;
-  // Where the TransferStream requests that may block start: Submit asks a peer to resolve a
-  // buffer not kept yet (a blocking call), which gRPC's callback threads must not make.
-  // Declared last, so it stops (running what is queued) before the rest of the service goes.
-  WorkerPool stream_starters_{kStreamStarters, "ferry-stream"};
+  // Each Transfer call's request and result, in kept arenas.
+  TransferMessages transfer_messages_;
+  // Where the Transfer and TransferStream requests that may block start: Submit asks a peer
+  // to resolve a buffer not kept yet, or for its rails (blocking calls), which gRPC's
+  // callback threads must not make. Declared last, so it stops (running what is queued)
+  // before the rest of the service goes.
+  WorkerPool starters_{kTransferStarters, "ferry-start"};
 };
 
 }  // namespace ferry::server

@@ -1,5 +1,5 @@
 #pragma once
-// A sync call that answers when a transfer ended (Agent.Transfer, Wait, MoveBlocks with
+// A sync call that answers when a transfer ended (Agent.Wait, MoveBlocks with
 // `wait`): the one wait loop they share.
 
 #include <optional>

@@ -7,7 +7,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
-#include "google/protobuf/arena.h"
+#include "server/request_arena.h"
 
 namespace ferry::server {
 namespace {
@@ -19,17 +19,6 @@ using Answers = ferry::v1::StreamedResults;
 // Answers ready together go in one message up to this size (a default client takes 4 MiB).
 constexpr size_t kAnswerBytes = 2 << 20;
 
-// Each request is read into an arena, emptied once the request started: a batch of 4096
-// ops is then a few blocks to allocate and free, not 4096 Op messages one by one (protobuf
-// deletes a heap message's submessages when the next read clears it). A one-op request
-// fits the first block; a large batch grows the arena in blocks of up to 1 MiB.
-google::protobuf::ArenaOptions RequestArena() {
-  google::protobuf::ArenaOptions options;
-  options.start_block_size = 16 << 10;
-  options.max_block_size = 1 << 20;
-  return options;
-}
-
 // One read and one write outstanding at most, as gRPC's callback API requires, so answers
 // that end while a write is out wait and then go together in the next. Reads, writes and
 // Finish are started under `mu_`: gRPC runs the reactions (OnReadDone, OnWriteDone) on its
@@ -39,9 +28,8 @@ google::protobuf::ArenaOptions RequestArena() {
 class TransferStreamReactor : public grpc::ServerBidiReactor<Request, Answers>,
                               public std::enable_shared_from_this<TransferStreamReactor> {
  public:
-  TransferStreamReactor(WorkerPool* starters, StreamCalls calls)
-      : starters_(starters), calls_(std::move(calls)), arena_(RequestArena()),
-        request_(NewRequest()) {}
+  TransferStreamReactor(WorkerPool* starters, TransferCalls calls)
+      : starters_(starters), calls_(std::move(calls)), request_(NewRequest()) {}
 
   // Not in the constructor: answers take shared_from_this(), which needs the owner first.
   void Begin(std::shared_ptr<TransferStreamReactor> self) {
@@ -119,7 +107,7 @@ class TransferStreamReactor : public grpc::ServerBidiReactor<Request, Answers>,
     }
     const uint64_t tag = request_->tag();
     std::shared_ptr<TransferStreamReactor> self = shared_from_this();
-    absl::Status started =
+    absl::StatusOr<uint64_t> started =
         calls_.start(request_->transfer(), [self, tag](ferry::v1::TransferResult result) {
           Answer answer;
           answer.set_tag(tag);
@@ -129,8 +117,8 @@ class TransferStreamReactor : public grpc::ServerBidiReactor<Request, Answers>,
     if (!started.ok()) {
       Answer answer;
       answer.set_tag(tag);
-      answer.set_code(static_cast<int>(started.code()));
-      answer.set_message(std::string(started.message()));
+      answer.set_code(static_cast<int>(started.status().code()));
+      answer.set_message(std::string(started.status().message()));
       Send(std::move(answer));
     }
     // The engine took what it needs from the request (Submit copies, holds no reference).
@@ -143,7 +131,7 @@ class TransferStreamReactor : public grpc::ServerBidiReactor<Request, Answers>,
   // The last request's memory goes back at once; the next read parses into a fresh one.
   Request* NewRequest() {
     arena_.Reset();
-    return google::protobuf::Arena::CreateMessage<Request>(&arena_);
+    return google::protobuf::Arena::CreateMessage<Request>(arena_.arena());
   }
 
   // Queues an answer, and writes it if no write is outstanding.
@@ -189,10 +177,11 @@ class TransferStreamReactor : public grpc::ServerBidiReactor<Request, Answers>,
   }
 
   WorkerPool* const starters_;
-  const StreamCalls calls_;
-  // The read in progress, in arena_; read again only once it started. Both are touched
-  // only by the chain read, start, read again, one step at a time.
-  google::protobuf::Arena arena_;
+  const TransferCalls calls_;
+  // The read in progress, in arena_ (a batch of ops is a few bumps of a pointer, not a
+  // malloc per op); read again only once it started. Both are touched only by the chain
+  // read, start, read again, one step at a time.
+  RequestArena arena_;
   Request* request_;
 
   absl::Mutex mu_;
@@ -211,7 +200,7 @@ class TransferStreamReactor : public grpc::ServerBidiReactor<Request, Answers>,
 }  // namespace
 
 grpc::ServerBidiReactor<ferry::v1::StreamedTransfer, ferry::v1::StreamedResults>*
-StartTransferStream(WorkerPool* starters, StreamCalls calls) {
+StartTransferStream(WorkerPool* starters, TransferCalls calls) {
   auto reactor = std::make_shared<TransferStreamReactor>(starters, std::move(calls));
   TransferStreamReactor* raw = reactor.get();
   raw->Begin(std::move(reactor));

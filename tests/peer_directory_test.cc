@@ -284,6 +284,31 @@ TEST_F(PeerDirectoryTest, KeptSaysWhetherAResolveWouldAskThePeer) {
   EXPECT_FALSE(dir_->Kept("node-b", "kept"));
 }
 
+// RailsFresh says whether Rails would answer without a Hello and no endpoint would reconnect
+// (Transfer calls start such requests on gRPC's thread): not before the first Hello, then
+// until the Hello's answer is kHelloTtl old or an endpoint breaks.
+TEST_F(PeerDirectoryTest, RailsFreshSaysWhetherRailsWouldAskThePeer) {
+  EXPECT_FALSE(dir_->RailsFresh("node-b"));
+  EXPECT_FALSE(dir_->RailsFresh("node-z"));
+  auto endpoint = dir_->Endpoint("node-b", 0, Soon());
+  ASSERT_TRUE(endpoint.ok()) << endpoint.status();
+  const absl::Time said = absl::Now();
+  EXPECT_TRUE(dir_->RailsFresh("node-b"));
+  ASSERT_TRUE(dir_->Rails("node-b", 0, Soon()).ok());
+  EXPECT_EQ(b_->service().hellos(), 1) << "RailsFresh said true, yet the peer was asked";
+
+  endpoint->endpoint->Close();
+  EXPECT_FALSE(dir_->RailsFresh("node-b")) << "a broken endpoint reconnects: a blocking call";
+  ASSERT_TRUE(dir_->Endpoint("node-b", 0, Soon()).ok());
+  EXPECT_TRUE(dir_->RailsFresh("node-b"));
+
+  absl::SleepFor(said + PeerDirectory::kHelloTtl - absl::Now());
+  EXPECT_FALSE(dir_->RailsFresh("node-b"));
+  ASSERT_TRUE(dir_->Rails("node-b", 0, Soon()).ok());
+  EXPECT_EQ(b_->service().hellos(), 2);
+  EXPECT_TRUE(dir_->RailsFresh("node-b"));
+}
+
 TEST_F(PeerDirectoryTest, PeerErrorsPassThrough) {
   auto missing = dir_->Resolve("node-b", "missing", Soon());
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);

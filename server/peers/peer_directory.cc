@@ -156,6 +156,18 @@ bool PeerDirectory::Kept(const std::string& node, const std::string& name) {
   return kept_.Find(node, name) != nullptr && !LinkBroken(node);
 }
 
+bool PeerDirectory::RailsFresh(const std::string& node) {
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = links_.find(node);
+    if (it == links_.end() || !it->second.welcome ||
+        absl::Now() - it->second.welcome->said_at >= kHelloTtl) {
+      return false;
+    }
+  }
+  return !LinkBroken(node);
+}
+
 bool PeerDirectory::LinkBroken(const std::string& node) {
   absl::MutexLock lock(&mu_);
   auto it = links_.find(node);

@@ -90,6 +90,9 @@ class PeerDirectory {
   // answer is kept and no connection to the peer broke. A hint (a revocation may come just
   // after), for callers that must not block to choose where to resolve.
   bool Kept(const std::string& node, const std::string& name);
+  // Whether Rails(node) would answer from its last Hello without a call and no endpoint to
+  // `node` broke (it would reconnect): a hint, as Kept, for callers that must not block.
+  bool RailsFresh(const std::string& node) ABSL_LOCKS_EXCLUDED(mu_);
   ResolveCache& kept_answers() { return kept_; }
   // No link to `node`, or one of its endpoints is gone or broken: it may have restarted
   // (a process that exits resets its sockets), so what is kept from it should be asked
