@@ -382,7 +382,10 @@ int Run(int argc, char** argv) {
     return 1;
   };
   uint64_t largest_block = *std::max_element(o.kv_sizes.begin(), o.kv_sizes.end());
-  uint64_t capacity = std::max({o.max_size, o.lat_max, o.kv_blocks * largest_block * 2});
+  // Two of each in flight for the streamed rows: two KV batches, two 64 MiB writes.
+  const uint64_t streamed_write = o.max_size >= (64ull << 20) ? 2 * (64ull << 20) : 0;
+  uint64_t capacity =
+      std::max({o.max_size, o.lat_max, o.kv_blocks * largest_block * 2, streamed_write});
   auto runner = FerryRunner::Create(agents, capacity);
   if (!runner.ok()) return fail(runner.status());
 

@@ -142,11 +142,11 @@ absl::StatusOr<uint64_t> Client::StatRemoteBuffer(const std::string& node,
   return resp.size();
 }
 
-ferry::v1::SubmitRequest SubmitRequestOf(const std::vector<OpSpec>& ops, absl::Duration timeout) {
-  ferry::v1::SubmitRequest req;
-  req.mutable_ops()->Reserve(static_cast<int>(ops.size()));
+void FillSubmitRequest(const std::vector<OpSpec>& ops, absl::Duration timeout,
+                       ferry::v1::SubmitRequest* req) {
+  req->mutable_ops()->Reserve(static_cast<int>(ops.size()));
   for (const OpSpec& o : ops) {
-    ferry::v1::Op* op = req.add_ops();
+    ferry::v1::Op* op = req->add_ops();
     op->set_type(o.type);
     op->set_local_buffer(o.local_buffer);
     op->set_local_offset(o.local_offset);
@@ -155,15 +155,23 @@ ferry::v1::SubmitRequest SubmitRequestOf(const std::vector<OpSpec>& ops, absl::D
     op->set_remote_offset(o.remote_offset);
     op->set_length(o.length);
   }
-  req.set_timeout_ms(static_cast<uint32_t>(absl::ToInt64Milliseconds(timeout)));
-  return req;
+  req->set_timeout_ms(static_cast<uint32_t>(absl::ToInt64Milliseconds(timeout)));
+}
+
+google::protobuf::ArenaOptions BatchArenaOptions() {
+  google::protobuf::ArenaOptions options;
+  options.start_block_size = 16 << 10;
+  options.max_block_size = 1 << 20;
+  return options;
 }
 
 absl::StatusOr<uint64_t> Client::Submit(const std::vector<OpSpec>& ops, absl::Duration timeout) {
-  ferry::v1::SubmitRequest req = SubmitRequestOf(ops, timeout);
+  google::protobuf::Arena arena(BatchArenaOptions());
+  auto* req = google::protobuf::Arena::CreateMessage<ferry::v1::SubmitRequest>(&arena);
+  FillSubmitRequest(ops, timeout, req);
   ferry::v1::SubmitResponse resp;
   auto ctx = Context();
-  grpc::Status s = stub_->Submit(ctx.get(), req, &resp);
+  grpc::Status s = stub_->Submit(ctx.get(), *req, &resp);
   if (!s.ok()) return FromGrpcStatus(s);
   return resp.transfer_id();
 }
@@ -224,13 +232,14 @@ absl::Status Client::Watch(
 absl::StatusOr<ferry::v1::TransferResult> Client::Run(const std::vector<OpSpec>& ops,
                                                       absl::Duration timeout, bool include_ops) {
   // One round trip: the Transfer call submits and waits.
-  ferry::v1::TransferRequest req;
-  *req.mutable_submit() = SubmitRequestOf(ops, timeout);
-  req.set_include_ops(include_ops);
+  google::protobuf::Arena arena(BatchArenaOptions());
+  auto* req = google::protobuf::Arena::CreateMessage<ferry::v1::TransferRequest>(&arena);
+  FillSubmitRequest(ops, timeout, req->mutable_submit());
+  req->set_include_ops(include_ops);
   ferry::v1::TransferResult resp;
   // The agent ends the transfer at its deadline; wait a little past it for the verdict.
   auto ctx = Context(timeout + absl::Seconds(5));
-  grpc::Status s = stub_->Transfer(ctx.get(), req, &resp);
+  grpc::Status s = stub_->Transfer(ctx.get(), *req, &resp);
   if (!s.ok()) return FromGrpcStatus(s);
   if (include_ops) RETURN_IF_ERROR(FetchRemainingOps(resp));  // later pages come by Wait
   return resp;

@@ -28,13 +28,14 @@ TransferStream::~TransferStream() {
 
 absl::Status TransferStream::Send(uint64_t tag, const std::vector<OpSpec>& ops,
                                   absl::Duration timeout, bool include_ops) {
-  ferry::v1::StreamedTransfer request;
-  request.set_tag(tag);
-  *request.mutable_transfer()->mutable_submit() = SubmitRequestOf(ops, timeout);
-  request.mutable_transfer()->set_include_ops(include_ops);
+  google::protobuf::Arena arena(BatchArenaOptions());
+  auto* request = google::protobuf::Arena::CreateMessage<ferry::v1::StreamedTransfer>(&arena);
+  request->set_tag(tag);
+  FillSubmitRequest(ops, timeout, request->mutable_transfer()->mutable_submit());
+  request->mutable_transfer()->set_include_ops(include_ops);
   absl::MutexLock lock(&send_mu_);
   if (send_closed_) return absl::FailedPreconditionError("Send after CloseSend");
-  if (!call_->Write(request)) {
+  if (!call_->Write(*request)) {
     return absl::UnavailableError("the transfer stream ended (Finish says why)");
   }
   return absl::OkStatus();
