@@ -19,8 +19,9 @@ inline constexpr size_t kTransferStarters = 8;
 struct TransferCalls {
   // Validates it as Submit and starts it (a refusal is returned, and nothing moved; else
   // the transfer's id), then calls `answer` once with its result when it ended, on the
-  // thread that ended it (it must not block). `answer` may run before `start` returns. The
-  // request is not used once `start` returned.
+  // thread that ended it (it must not block). `answer` may run before `start` returns, and
+  // may end the call and its request with it: `start` does not read the request once the
+  // transfer exists (the engine's Submit reads it only to plan).
   std::function<absl::StatusOr<uint64_t>(
       const ferry::v1::TransferRequest& request,
       std::function<void(ferry::v1::TransferResult result)> answer)>
