@@ -7,6 +7,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "base/batch_arena.h"
 #include "base/status_macros.h"
 #include "base/unique_fd.h"
 #include "client/agent_channel.h"
@@ -158,14 +159,8 @@ void FillSubmitRequest(const std::vector<OpSpec>& ops, absl::Duration timeout,
   req->set_timeout_ms(static_cast<uint32_t>(absl::ToInt64Milliseconds(timeout)));
 }
 
-google::protobuf::ArenaOptions BatchArenaOptions() {
-  google::protobuf::ArenaOptions options;
-  options.start_block_size = 16 << 10;
-  options.max_block_size = 1 << 20;
-  return options;
-}
-
 absl::StatusOr<uint64_t> Client::Submit(const std::vector<OpSpec>& ops, absl::Duration timeout) {
+  // In an arena: freeing a batch is on the caller's way to its next one.
   google::protobuf::Arena arena(BatchArenaOptions());
   auto* req = google::protobuf::Arena::CreateMessage<ferry::v1::SubmitRequest>(&arena);
   FillSubmitRequest(ops, timeout, req);
@@ -232,6 +227,7 @@ absl::Status Client::Watch(
 absl::StatusOr<ferry::v1::TransferResult> Client::Run(const std::vector<OpSpec>& ops,
                                                       absl::Duration timeout, bool include_ops) {
   // One round trip: the Transfer call submits and waits.
+  // In an arena: freeing a batch is on the caller's way to its next one.
   google::protobuf::Arena arena(BatchArenaOptions());
   auto* req = google::protobuf::Arena::CreateMessage<ferry::v1::TransferRequest>(&arena);
   FillSubmitRequest(ops, timeout, req->mutable_submit());

@@ -19,7 +19,6 @@
 #include "absl/time/time.h"
 #include "client/agent_session.h"
 #include "ferry/v1/agent.grpc.pb.h"
-#include "google/protobuf/arena.h"
 
 namespace ferry {
 
@@ -70,10 +69,6 @@ struct OpSpec {
 // Fills `request` (empty) to start `ops` (timeout 0: the agent's default).
 void FillSubmitRequest(const std::vector<OpSpec>& ops, absl::Duration timeout,
                        ferry::v1::SubmitRequest* request);
-// For the arena a request of many ops is built in: a batch of thousands of ops is then a
-// few blocks to allocate and free, not a message per op. Its freeing is on the caller's
-// way to its next batch.
-google::protobuf::ArenaOptions BatchArenaOptions();
 
 class TransferStream;
 

@@ -3,6 +3,7 @@
 #include <string>
 #include <utility>
 
+#include "base/batch_arena.h"
 #include "base/grpc_status.h"
 
 namespace ferry {

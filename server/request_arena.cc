@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <bit>
 
+#include "base/batch_arena.h"
+
 namespace ferry::server {
 
 RequestArena::RequestArena() { Make(kFirstBlock); }
@@ -12,13 +14,8 @@ void RequestArena::Make(size_t kept_size) {
   kept_size_ = kept_size;
   // Uninitialized: the arena touches only what it hands out.
   kept_.reset(new char[kept_size_]);
-  google::protobuf::ArenaOptions options;
-  options.initial_block = kept_.get();
-  options.initial_block_size = kept_size_;
   // Past the kept block: geometric blocks up to 1 MiB, freed at Reset.
-  options.start_block_size = kFirstBlock;
-  options.max_block_size = 1 << 20;
-  arena_.emplace(options);
+  arena_.emplace(BatchArenaOptions(kept_.get(), kept_size_));
 }
 
 void RequestArena::Reset() {

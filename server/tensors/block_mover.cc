@@ -5,6 +5,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "base/batch_arena.h"
 #include "base/echo.h"
 #include "base/status_macros.h"
 #include "ferry/v1/tensor.grpc.pb.h"
@@ -135,7 +136,9 @@ absl::StatusOr<ferry::v1::MoveBlocksResponse> BlockMover::MoveOn(
   const ferry::v1::ResolveBlocksResponse& remote = remote_list->answer;
   const ExtentIndex remote_index(remote.extents());
 
-  ferry::v1::SubmitRequest submit;
+  // Built in an arena (the engine copies what it needs): the ops go in one free.
+  google::protobuf::Arena arena(BatchArenaOptions());
+  auto& submit = *google::protobuf::Arena::CreateMessage<ferry::v1::SubmitRequest>(&arena);
   submit.mutable_ops()->Reserve(n);
   uint64_t bytes = 0;
   std::shared_ptr<VerifyPlan> plan;
