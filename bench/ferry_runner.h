@@ -3,11 +3,13 @@
 // watches the agents' memory.
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "bench/measurement.h"
+#include "client/block_client.h"
 #include "client/ferry_client.h"
 
 namespace ferry::bench {
@@ -57,11 +59,22 @@ class FerryRunner {
   // followed by Wait), each timed ("ferry block lat", "ferry block+wait lat";
   // bench/block_moves.cc).
   absl::StatusOr<Measurement> RunBlockMoves(uint64_t block, bool wait, const RunOptions& options);
+  // The same lists, `blocks` scattered blocks per MoveBlocks with `wait`, one move at a time:
+  // a KV batch as a serving engine moves it ("ferry kv blocks").
+  absl::StatusOr<Measurement> RunBlockBatches(uint32_t blocks, uint64_t block,
+                                              const RunOptions& options);
   // Moves `total` bytes in 64 MiB ops; calls `sample` after the first GiB and at the end.
   absl::Status RunLong(uint64_t total, const std::function<void(bool early)>& sample);
 
  private:
   FerryRunner(Agents agents, uint64_t capacity) : agents_(std::move(agents)), capacity_(capacity) {}
+  // Prepares node-a's list over the source and exports node-b's over the target, `slots`
+  // blocks of `block` each, and runs `moves` (which returns the measurement) between them;
+  // the lists are released after, whatever it returned.
+  absl::StatusOr<Measurement> WithBlockLists(
+      uint64_t block, uint64_t slots,
+      const std::function<absl::StatusOr<Measurement>(BlockClient& mine, uint64_t local_list,
+                                                      const std::string& remote_list)>& moves);
   absl::StatusOr<Measurement> Run(const std::string& series, uint64_t size,
                                   const std::vector<OpSpec>& batch, const RunOptions& options);
   // `blocks` ops of `block` bytes between scattered slots (or, `adjacent`, consecutive ones)
