@@ -83,6 +83,9 @@ TEST_F(AgentTransferCallTest, ACallWhoseClientGivesUpEndsWhileItsTransferRunsOn)
     op->set_length(kOp);
   }
   req.mutable_submit()->set_timeout_ms(60000);
+  // Resolved and kept first, so the call below starts at once on gRPC's thread: its deadline
+  // cannot pass before the transfer started, however slow the machine.
+  ASSERT_TRUE(A().Write(**src, 0, "node-b", "given-up", 0, kBlock).ok());
   {
     grpc::ClientContext ctx;
     A().session().Attach(&ctx);
