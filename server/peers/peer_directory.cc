@@ -157,23 +157,15 @@ bool PeerDirectory::Kept(const std::string& node, const std::string& name) {
 }
 
 bool PeerDirectory::RailsFresh(const std::string& node) {
-  {
-    absl::MutexLock lock(&mu_);
-    auto it = links_.find(node);
-    if (it == links_.end() || !it->second.welcome ||
-        absl::Now() - it->second.welcome->said_at >= kHelloTtl) {
-      return false;
-    }
-  }
-  return !LinkBroken(node);
+  absl::MutexLock lock(&mu_);
+  auto it = links_.find(node);
+  return it != links_.end() && it->second.Fresh(0) && !it->second.Broken();
 }
 
 bool PeerDirectory::LinkBroken(const std::string& node) {
   absl::MutexLock lock(&mu_);
   auto it = links_.find(node);
-  return it == links_.end() ||
-         std::any_of(it->second.endpoints.begin(), it->second.endpoints.end(),
-                     [](const auto& e) { return e.second == nullptr || e.second->broken(); });
+  return it == links_.end() || it->second.Broken();
 }
 
 absl::StatusOr<std::shared_ptr<ferry::v1::Peer::Stub>> PeerDirectory::Stub(
@@ -333,9 +325,7 @@ absl::StatusOr<PeerRails> PeerDirectory::RailsLocked(const std::string& node,
   {
     absl::MutexLock lock(&mu_);
     ASSIGN_OR_RETURN(Link * link, FindLink(node));
-    const bool fresh = (incarnation == 0 || incarnation == link->incarnation) && link->welcome &&
-                       absl::Now() - link->welcome->said_at < kHelloTtl;
-    if (fresh) welcome = link->welcome;
+    if (link->Fresh(incarnation)) welcome = link->welcome;
     stub = link->stub;
   }
   if (!welcome) {

@@ -5,6 +5,7 @@
 // each. Connects lazily on first use (Hello, the provider's handshake through the Connect
 // call) and again after a peer restarts (its incarnation changes) or an endpoint broke.
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <memory>
@@ -183,6 +184,18 @@ class PeerDirectory {
     std::map<std::pair<Route, uint32_t>, std::shared_ptr<fabric::Endpoint>> endpoints;
     // Serialises connection set-up to this peer, so it is not dialled twice at once.
     std::shared_ptr<absl::Mutex> connect_mu = std::make_shared<absl::Mutex>();
+
+    // Its Hello answer serves Rails without a new Hello: younger than kHelloTtl, from the
+    // peer's life `incarnation` (0: any).
+    bool Fresh(uint64_t incarnation) const {
+      return (incarnation == 0 || incarnation == this->incarnation) && welcome &&
+             absl::Now() - welcome->said_at < kHelloTtl;
+    }
+    // An endpoint is gone or broken (the peer may have restarted).
+    bool Broken() const {
+      return std::any_of(endpoints.begin(), endpoints.end(),
+                         [](const auto& e) { return e.second == nullptr || e.second->broken(); });
+    }
   };
   absl::StatusOr<Link*> FindLink(const std::string& node) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Sets (or with nullopt drops) `source`'s address for `node` and applies what that means
