@@ -55,6 +55,10 @@ grpc::MessageHolder<TransferRequest, TransferResult>* TransferMessages::Allocate
 
 void TransferMessages::Return(Holder* holder) {
   std::unique_ptr<Holder> owned(holder);
+  {
+    absl::MutexLock lock(&mu_);
+    if (kept_.size() >= kKeptArenas) return;  // not kept: no use emptying it first
+  }
   owned->Empty();  // outside the lock: it destroys the call's messages
   absl::MutexLock lock(&mu_);
   if (kept_.size() < kKeptArenas) kept_.push_back(std::move(owned));
