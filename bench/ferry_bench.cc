@@ -208,32 +208,24 @@ void Judge(Report& r, const Options& o) {
         worst, FormatByteSize(worst_size)));
   }
   // Issue 17: small ops. KV goals: 4 KiB blocks >= 0.5x, 16 KiB and up >= 0.8x of 64 MiB.
-  for (uint64_t block : o.kv_sizes) {
-    const Measurement* kv = Find(r, "ferry kv", block);
-    if (!kv || !f64) continue;
-    r.findings.push_back(absl::StrFormat(
-        "KV %u x %s scattered: %.2f GB/s = %.2f x the 64 MiB throughput; goal >= %.1f", o.kv_blocks,
-        FormatByteSize(block), kv->gbps, kv->gbps / f64->gbps, block < (16 << 10) ? 0.5 : 0.8));
-  }
-  for (uint64_t block : o.kv_sizes) {
-    const Measurement* kv = Find(r, "ferry kv blocks", block);
-    if (!kv || !f64) continue;
-    r.findings.push_back(absl::StrFormat(
-        "KV %u x %s scattered through prepared lists (MoveBlocks with wait): %.2f GB/s = %.2f x "
-        "the 64 MiB throughput; goal >= %.1f",
-        o.kv_blocks, FormatByteSize(block), kv->gbps, kv->gbps / f64->gbps,
-        block < (16 << 10) ? 0.5 : 0.8));
-  }
+  // One finding per block size of `series` (run as `how` says) against `reference`.
+  const auto kv_findings = [&](const std::string& series, const std::string& how,
+                               const Measurement* reference, const std::string& against) {
+    for (uint64_t block : o.kv_sizes) {
+      const Measurement* kv = Find(r, series, block);
+      if (!kv || !reference) continue;
+      r.findings.push_back(absl::StrFormat(
+          "KV %u x %s scattered%s: %.2f GB/s = %.2f x %s; goal >= %.1f", o.kv_blocks,
+          FormatByteSize(block), how, kv->gbps, kv->gbps / reference->gbps, against,
+          block < (16 << 10) ? 0.5 : 0.8));
+    }
+  };
+  kv_findings("ferry kv", "", f64, "the 64 MiB throughput");
+  kv_findings("ferry kv blocks", " through prepared lists (MoveBlocks with wait)", f64,
+              "the 64 MiB throughput");
   const Measurement* s64 = Find(r, "ferry write stream", 64ull << 20);
-  for (uint64_t block : o.kv_sizes) {
-    const Measurement* kv = Find(r, "ferry kv stream", block);
-    if (!kv || !s64) continue;
-    r.findings.push_back(absl::StrFormat(
-        "KV %u x %s scattered, two batches in flight on a TransferStream: %.2f GB/s = %.2f x "
-        "64 MiB writes sent alike (%.2f GB/s); goal >= %.1f",
-        o.kv_blocks, FormatByteSize(block), kv->gbps, kv->gbps / s64->gbps, s64->gbps,
-        block < (16 << 10) ? 0.5 : 0.8));
-  }
+  kv_findings("ferry kv stream", ", two batches in flight on a TransferStream", s64,
+              s64 ? absl::StrFormat("64 MiB writes sent alike (%.2f GB/s)", s64->gbps) : "");
   if (const Measurement* kv = Find(r, "ferry kv adjacent", 4 << 10); kv && f64) {
     r.findings.push_back(absl::StrFormat(
         "KV %u x 4 KiB adjacent: %.2f GB/s = %.2f x the 64 MiB throughput (coalesced runs)",
