@@ -42,14 +42,11 @@ class TransferMessages final
   std::vector<std::unique_ptr<Holder>> kept_ ABSL_GUARDED_BY(mu_);
 };
 
-// The call's reactor (gRPC owns it until OnDone). Starts `request` with `calls.start`: on
-// this thread when `calls.may_block` says it will not block, else on `starters` (gRPC's
-// callback threads must not block). Answers with the result when the transfer ended; a
-// refusal is the call's status. When the call ends first, the transfer runs on (Cancel
-// ends it) and the call answers DEADLINE_EXCEEDED naming the transfer if its deadline
-// passed, else CANCELLED. A start still queued on `starters` then starts nothing.
-// `request` and `result` live until OnDone, as gRPC promises; `starters` must outlive the
-// work queued on it.
+// The call's reactor (server/waiting_call.h): starts `request` with `calls.start` (on
+// `starters` when `calls.may_block` says it may block) and answers with the result when the
+// transfer ended; a refusal is the call's status. When the call ends first, the transfer
+// runs on (Cancel ends it) and the call answers DEADLINE_EXCEEDED naming the transfer if
+// its deadline passed, else CANCELLED.
 grpc::ServerUnaryReactor* StartUnaryTransfer(grpc::CallbackServerContext* ctx,
                                              const ferry::v1::TransferRequest* request,
                                              ferry::v1::TransferResult* result,

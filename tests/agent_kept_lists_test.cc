@@ -7,12 +7,15 @@
 // it. (A node-b that does not know node-a lets it keep nothing: agent_kept_answers_test.)
 
 #include <cstring>
+#include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "absl/time/clock.h"
 #include "client/block_client.h"
 #include "client/ferry_client.h"
+#include "ferry/v1/tensor.grpc.pb.h"
 #include "gtest/gtest.h"
 #include "tests/agent_pair.h"
 
@@ -82,6 +85,73 @@ TEST_F(AgentKeptListsTest, TheSecondMoveToAListAsksThePeerNothing) {
   EXPECT_TRUE(Holds(*k_, 0, 0));
   EXPECT_TRUE(Holds(*v_, 1, 1));
   EXPECT_TRUE(Holds(*k_, 2, 2));
+}
+
+// MoveBlocks with `wait` is a callback call: one on a kept answer starts on gRPC's thread,
+// and the transfer's end answers it (it may end before the start returned). Eight clients'
+// calls at once, each of its own size, are each answered with their own transfer's result.
+TEST_F(AgentKeptListsTest, MovesWithWaitAtOnceAreEachAnsweredWithTheirOwnResult) {
+  ASSERT_TRUE(Push(0, 0).ok());  // the answer kept: the moves below ask node-b nothing
+  constexpr int kCallers = 8, kMoves = 16;
+  std::vector<std::string> failures(kCallers);
+  std::vector<std::vector<uint64_t>> ids(kCallers);
+  std::vector<std::thread> callers;
+  for (int t = 0; t < kCallers; ++t) {
+    callers.emplace_back([&, t] {
+      // Caller t owns k's block t, and with an odd t v's block t too: 1 or 2 pairs a move.
+      std::vector<uint64_t> to = {static_cast<uint64_t>(t)};
+      if (t % 2 == 1) to.push_back(kBlocks + t);
+      for (int i = 0; i < kMoves && failures[t].empty(); ++i) {
+        const uint64_t from = (t + i) % kBlocks;
+        std::vector<uint64_t> froms(to.size(), from);
+        auto moved = a_blocks_->Move(ferry::v1::WRITE, local_, froms, "node-b", "kv", to, "", 0,
+                                     false, /*wait=*/true);
+        if (!moved.ok()) {
+          failures[t] = moved.status().ToString();
+        } else if (moved->result().state() != ferry::v1::SUCCEEDED ||
+                   moved->result().transfer_id() != moved->transfer_id() ||
+                   moved->result().bytes() != to.size() * kBlock ||
+                   moved->bytes() != to.size() * kBlock) {
+          failures[t] = moved->DebugString();
+        }
+        if (moved.ok()) ids[t].push_back(moved->transfer_id());
+      }
+    });
+  }
+  for (auto& c : callers) c.join();
+  std::set<uint64_t> distinct;
+  for (int t = 0; t < kCallers; ++t) {
+    EXPECT_EQ(failures[t], "") << "caller " << t;
+    distinct.insert(ids[t].begin(), ids[t].end());
+    // The last move of caller t wrote source block (t + kMoves - 1) % kBlocks.
+    const uint64_t last = (t + kMoves - 1) % kBlocks;
+    EXPECT_TRUE(Holds(*k_, t, last)) << "caller " << t;
+    if (t % 2 == 1) {
+      EXPECT_TRUE(Holds(*v_, t, last)) << "caller " << t;
+    }
+  }
+  EXPECT_EQ(distinct.size(), static_cast<size_t>(kCallers * kMoves));
+  EXPECT_EQ(BOfA().lists_granted(), 1u);  // asked once, before them
+}
+
+// Lists belong to a session: a call outside one is refused before anything starts.
+TEST_F(AgentKeptListsTest, AMoveOutsideASessionIsRefusedSayingSo) {
+  ferry::v1::MoveBlocksRequest req;
+  req.set_type(ferry::v1::WRITE);
+  req.set_list(local_);
+  req.set_peer("node-b");
+  req.set_remote_list("kv");
+  req.add_local_blocks(0);
+  req.add_remote_blocks(0);
+  req.set_wait(true);
+  auto stub = ferry::v1::Tensors::NewStub(pair_.ca->shared_session()->channel());
+  grpc::ClientContext ctx;  // not attached to the session
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  ferry::v1::MoveBlocksResponse resp;
+  grpc::Status s = stub->MoveBlocks(&ctx, req, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << s.error_message();
+  EXPECT_NE(s.error_message().find("ferry-session"), std::string::npos) << s.error_message();
+  EXPECT_EQ(BOfA().lists_granted(), 0u);  // node-b was not asked
 }
 
 TEST_F(AgentKeptListsTest, AMoveRefusedOnTheKeptAnswerAsksAgainNextTime) {

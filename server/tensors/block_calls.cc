@@ -1,21 +1,22 @@
 // The Tensors and TensorPeer calls over prepared block lists: PrepareBlocks, ReleaseBlocks,
-// MoveBlocks (server/tensors/block_mover.h; with `wait` it answers once the move ended) and
+// MoveBlocks (server/tensors/block_mover.h; a callback call: with `wait` it answers once the
+// move ended, no thread waiting, as Agent.Transfer does) and
 // the peer's ResolveBlocks and ChecksumBlocks.
 
 #include "absl/strings/str_cat.h"
 #include "base/grpc_status.h"
 #include "base/status_macros.h"
 #include "server/agent_core.h"
-#include "server/await_transfer.h"
 #include "server/local/session_call.h"
 #include "server/peers/caller_identity.h"
 #include "server/tensors/tensor_service.h"
+#include "server/waiting_call.h"
 
 namespace ferry::server {
 namespace {
 
 // The session a block call runs in: lists belong to one, and end with it.
-absl::StatusOr<uint64_t> ListSession(const grpc::ServerContext& ctx, AgentCore& core) {
+absl::StatusOr<uint64_t> ListSession(const grpc::ServerContextBase& ctx, AgentCore& core) {
   ASSIGN_OR_RETURN(uint64_t session, SessionOfCall(ctx, core.sessions(), core.local_callers()));
   if (session == 0) {
     return absl::FailedPreconditionError(
@@ -59,25 +60,44 @@ grpc::Status TensorService::ReleaseBlocks(grpc::ServerContext* ctx,
   return ToGrpcStatus(core_->tensors().blocks().Release(req->list(), *session));
 }
 
-grpc::Status TensorService::MoveBlocks(grpc::ServerContext* ctx,
-                                       const ferry::v1::MoveBlocksRequest* req,
-                                       ferry::v1::MoveBlocksResponse* resp) {
+grpc::ServerUnaryReactor* TensorService::MoveBlocks(grpc::CallbackServerContext* ctx,
+                                                    const ferry::v1::MoveBlocksRequest* req,
+                                                    ferry::v1::MoveBlocksResponse* resp) {
   auto session = ListSession(*ctx, *core_);
-  if (!session.ok()) return ToGrpcStatus(session.status());
-  // Only the peer's answer is waited for here; the transfer runs on after the call returns.
-  absl::Time deadline = absl::FromChrono(ctx->deadline());
-  auto moved = core_->tensors().mover().Move(*req, *session, req->timeout_ms(), deadline);
-  if (!moved.ok()) return ToGrpcStatus(moved.status());
-  *resp = *std::move(moved);
-  if (!req->wait()) return grpc::Status::OK;
-  // One round trip for a few blocks: answer when it ended (found as Agent.Transfer finds
-  // the transfer it just submitted).
-  auto transfer = core_->engine().Find(resp->transfer_id());
-  if (!transfer.ok()) return ToGrpcStatus(transfer.status());
-  // Answered just before the call's deadline even if it has not ended (RUNNING): a failed
-  // call would lose the id the caller follows it by.
-  const absl::Time until = absl::FromChrono(ctx->deadline()) - absl::Milliseconds(500);
-  return AwaitTransferResult(ctx, **transfer, ResultPage{}, resp->mutable_result(), until);
+  if (!session.ok()) {
+    grpc::ServerUnaryReactor* refused = ctx->DefaultReactor();
+    refused->Finish(ToGrpcStatus(session.status()));
+    return refused;
+  }
+  const absl::Time deadline = absl::FromChrono(ctx->deadline());
+  WaitingCall call;
+  // Only the peer's answer is waited for in `start`; the transfer runs on after it returned.
+  call.start = [this, req, resp, session = *session,
+                deadline](std::function<void(ferry::v1::TransferResult)> ended)
+      -> absl::StatusOr<uint64_t> {
+    TransferEngine::FinishedHook then;
+    if (req->wait()) {
+      then = [ended](const Transfer& t) { ended(t.Result(ResultPage{})); };
+    }
+    ASSIGN_OR_RETURN(*resp, core_->tensors().mover().Move(*req, session, req->timeout_ms(),
+                                                          deadline, std::move(then)));
+    if (!req->wait()) ended(ferry::v1::TransferResult());  // answered once started
+    return resp->transfer_id();
+  };
+  call.may_block = [this, req] { return core_->tensors().mover().MayAskPeer(*req); };
+  call.respond = [req, resp](ferry::v1::TransferResult result) {
+    if (req->wait()) *resp->mutable_result() = std::move(result);
+  };
+  // With `wait`, answered just before the call's deadline even if the transfer has not
+  // ended (RUNNING): a failed call would lose the id the caller follows it by.
+  if (req->wait() && deadline != absl::InfiniteFuture()) {
+    call.answer_by = deadline - absl::Milliseconds(500);
+    call.as_it_stands = [this](uint64_t id) {
+      auto transfer = core_->engine().Find(id);
+      return transfer.ok() ? (*transfer)->Result(ResultPage{}) : ferry::v1::TransferResult();
+    };
+  }
+  return StartWaitingCall(ctx, &starters_, std::move(call));
 }
 
 grpc::Status TensorPeerService::ResolveBlocks(grpc::ServerContext* ctx,

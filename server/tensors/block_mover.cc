@@ -90,9 +90,26 @@ absl::StatusOr<std::shared_ptr<const RemoteList>> BlockMover::RemoteListOf(
                                              " times while it was on its way"));
 }
 
+bool BlockMover::MayAskPeer(const ferry::v1::MoveBlocksRequest& req) {
+  const std::string& node = req.peer();
+  if (!peers_->Known(node)) return false;
+  std::shared_ptr<const RemoteList> answer =
+      peers_->kept_answers().FindList(node, req.remote_list());
+  // No kept answer (or one RemoteListOf would drop: a link broke), or rails to ask for.
+  if (answer == nullptr || !peers_->RailsFresh(node)) return true;
+  // The engine resolves the buffers the list names, once per buffer (kept answers too).
+  const std::string* last = nullptr;
+  for (const ferry::v1::RemoteExtent& e : answer->answer.extents()) {
+    if (last != nullptr && *last == e.buffer()) continue;
+    last = &e.buffer();
+    if (!peers_->Kept(node, e.buffer())) return true;
+  }
+  return false;
+}
+
 absl::StatusOr<ferry::v1::MoveBlocksResponse> BlockMover::Move(
     const ferry::v1::MoveBlocksRequest& req, uint64_t session, uint32_t timeout_ms,
-    absl::Time deadline) {
+    absl::Time deadline, TransferEngine::FinishedHook then) {
   if (req.type() != ferry::v1::READ && req.type() != ferry::v1::WRITE) {
     return absl::InvalidArgumentError("type: must be READ or WRITE");
   }
@@ -120,7 +137,7 @@ absl::StatusOr<ferry::v1::MoveBlocksResponse> BlockMover::Move(
   ASSIGN_OR_RETURN(std::shared_ptr<const RemoteList> remote_list,
                    RemoteListOf(req.peer(), req.remote_list(),
                                 std::min(deadline, absl::Now() + kResolveTimeout)));
-  auto moved = MoveOn(req, *list, remote_list, timeout_ms);
+  auto moved = MoveOn(req, *list, remote_list, timeout_ms, std::move(then));
   // Refused on a kept answer (a block out of its range, a buffer it names gone when the
   // engine resolved it): the answer may be what is wrong, so the next move asks again.
   if (!moved.ok() && remote_list->answer.revocable()) {
@@ -131,7 +148,8 @@ absl::StatusOr<ferry::v1::MoveBlocksResponse> BlockMover::Move(
 
 absl::StatusOr<ferry::v1::MoveBlocksResponse> BlockMover::MoveOn(
     const ferry::v1::MoveBlocksRequest& req, const BlockList& list,
-    std::shared_ptr<const RemoteList> remote_list, uint32_t timeout_ms) {
+    std::shared_ptr<const RemoteList> remote_list, uint32_t timeout_ms,
+    TransferEngine::FinishedHook then) {
   const int n = req.local_blocks_size();
   const ferry::v1::ResolveBlocksResponse& remote = remote_list->answer;
   const ExtentIndex remote_index(remote.extents());
@@ -190,20 +208,22 @@ absl::StatusOr<ferry::v1::MoveBlocksResponse> BlockMover::MoveOn(
   // A move on a kept answer holds it until it finished (a revocation waits for that), and
   // one that failed may have failed on it: the next one asks again.
   std::shared_ptr<const RemoteList> kept = remote.revocable() ? remote_list : nullptr;
-  if (!req.notification().empty() || kept != nullptr) {
+  if (!req.notification().empty() || kept != nullptr || then) {
     hook = [notifier = notifier_, node = req.peer(), name = req.notification(),
             blocks = static_cast<uint32_t>(n), kept = std::move(kept),
-            cache = &peers_->kept_answers()](const Transfer& transfer) {
+            cache = &peers_->kept_answers(), then = std::move(then)](const Transfer& transfer) {
       ferry::v1::TransferResult result = transfer.Result();
       if (kept != nullptr && result.state() != ferry::v1::SUCCEEDED) cache->ForgetList(kept);
-      if (name.empty()) return;
-      ferry::v1::Notification note;
-      note.set_name(name);
-      note.set_bytes(result.bytes());
-      note.set_blocks(blocks);
-      note.set_code(result.state() == ferry::v1::SUCCEEDED ? 0 : result.code());
-      note.set_message(result.message());
-      notifier->Send(node, std::move(note));
+      if (!name.empty()) {
+        ferry::v1::Notification note;
+        note.set_name(name);
+        note.set_bytes(result.bytes());
+        note.set_blocks(blocks);
+        note.set_code(result.state() == ferry::v1::SUCCEEDED ? 0 : result.code());
+        note.set_message(result.message());
+        notifier->Send(node, std::move(note));
+      }
+      if (then) then(transfer);
     };
   }
   auto id = engine_->Submit(submit, std::move(hook),

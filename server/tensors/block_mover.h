@@ -40,9 +40,16 @@ class BlockMover {
 
   // Validates the whole request (MoveBlocks in tensor.proto says how it is refused), asks
   // the peer where its blocks are (by `deadline`) and submits the transfer; returns at once.
+  // `then`, if given, runs when the transfer finished, after the move's own hook (the
+  // notification queued), as the engine's finished hooks do: it must not block.
   absl::StatusOr<ferry::v1::MoveBlocksResponse> Move(const ferry::v1::MoveBlocksRequest& req,
                                                      uint64_t session, uint32_t timeout_ms,
-                                                     absl::Time deadline);
+                                                     absl::Time deadline,
+                                                     TransferEngine::FinishedHook then = {});
+  // Whether Move(req) may block: it would ask the peer for its list or the buffers the list
+  // names, or for its rails (PeerDirectory::Kept, RailsFresh). A hint, for callers that
+  // must not block to choose where to move; an unknown peer is refused without a call.
+  bool MayAskPeer(const ferry::v1::MoveBlocksRequest& req);
   // The extents of the list exported as `name`, for peer `caller`. NOT_FOUND when there is
   // none, a buffer of it was freed, or one is not exported to `caller`. Revocable when
   // `leases` may grant it to `caller`: the list's name and its buffers' are granted first.
@@ -65,7 +72,8 @@ class BlockMover {
   absl::StatusOr<ferry::v1::MoveBlocksResponse> MoveOn(const ferry::v1::MoveBlocksRequest& req,
                                                        const BlockList& list,
                                                        std::shared_ptr<const RemoteList> remote,
-                                                       uint32_t timeout_ms);
+                                                       uint32_t timeout_ms,
+                                                       TransferEngine::FinishedHook then);
   // The peer's answer for `list`: the kept one (no call), else AskPeer's, kept when the
   // peer said it revokes it. UNAVAILABLE when it was revoked on its way every time.
   absl::StatusOr<std::shared_ptr<const RemoteList>> RemoteListOf(const std::string& node,

@@ -4,13 +4,16 @@
 // (Send, Recv, WriteBlocks, WaitNotification, Match) are bounded by that deadline and poll
 // for a client that hung up.
 
+#include "base/worker_pool.h"
 #include "ferry/v1/tensor.grpc.pb.h"
+#include "server/transfer_calls.h"
 
 namespace ferry::server {
 
 class AgentCore;
 
-class TensorService final : public ferry::v1::Tensors::Service {
+class TensorService final
+    : public ferry::v1::Tensors::WithCallbackMethod_MoveBlocks<ferry::v1::Tensors::Service> {
  public:
   explicit TensorService(AgentCore* core) : core_(core) {}
 
@@ -32,13 +35,18 @@ class TensorService final : public ferry::v1::Tensors::Service {
                              ferry::v1::PrepareBlocksResponse*) override;
   grpc::Status ReleaseBlocks(grpc::ServerContext*, const ferry::v1::ReleaseBlocksRequest*,
                              ferry::v1::ReleaseBlocksResponse*) override;
-  grpc::Status MoveBlocks(grpc::ServerContext*, const ferry::v1::MoveBlocksRequest*,
-                          ferry::v1::MoveBlocksResponse*) override;
+  // A callback method (server/waiting_call.h): no thread waits for a move with `wait`.
+  grpc::ServerUnaryReactor* MoveBlocks(grpc::CallbackServerContext*,
+                                       const ferry::v1::MoveBlocksRequest*,
+                                       ferry::v1::MoveBlocksResponse*) override;
   grpc::Status ListPending(grpc::ServerContext*, const ferry::v1::ListPendingRequest*,
                            ferry::v1::ListPendingResponse*) override;
 
  private:
   AgentCore* const core_;
+  // MoveBlocks' starts that would ask a peer (its list, or the buffers it names); last, so
+  // it runs its queue before the rest goes.
+  WorkerPool starters_{kTransferStarters, "ferry-start"};
 };
 
 class TensorPeerService final : public ferry::v1::TensorPeer::Service {
