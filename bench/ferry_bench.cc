@@ -11,7 +11,8 @@
 // time from 64 B to 1 MiB (p50/p99), the same over one TransferStream and 4 KiB ops with
 // --outstanding in flight on it, KV batches of --kv blocks at 4, 16 and 64 KiB (or the one
 // --kv size) as ops and through prepared block lists, the engine alone (ferry-engine-bench),
-// and the baselines iperf3, gRPC streaming and unary, ucx_perftest over tcp (put_lat, put_bw).
+// and the baselines iperf3, plain TCP sockets, gRPC streaming and unary, ucx_perftest over tcp
+// (put_lat, put_bw).
 // Results: a table on stdout; with --out, DIR/<date>.json, .txt and .png (throughput and
 // latency panels).
 
@@ -38,6 +39,7 @@
 #include "bench/rails_suite.h"
 #include "bench/security_suite.h"
 #include "bench/staging_suite.h"
+#include "bench/socket_ceiling.h"
 #include "bench/ucx_baseline.h"
 #include "client/agent_process.h"
 
@@ -279,6 +281,18 @@ void Judge(Report& r, const Options& o) {
         f64->gbps, f64->gbps / ucx_bw->gbps, ucx_bw->gbps, f64->gbps / ucx_best->gbps,
         ucx_best->gbps, FormatByteSize(ucx_best->size)));
   }
+  // What the kernel's TCP moves here at most, beside both: how far ferry is from it, and
+  // whether a baseline's figure is a TCP figure at all.
+  if (const Measurement* ceiling = Find(r, "tcp sockets", 64ull << 20); f64 && ceiling) {
+    std::string ucx;
+    if (ucx_best) {
+      ucx = absl::StrFormat("; ucx_perftest put_bw's best = %.2f x them",
+                            ucx_best->gbps / ceiling->gbps);
+    }
+    r.findings.push_back(absl::StrFormat(
+        "64 MiB writes: %.2f GB/s = %.2f x plain TCP sockets (%.2f GB/s: %s)%s", f64->gbps,
+        f64->gbps / ceiling->gbps, ceiling->gbps, ceiling->note, ucx));
+  }
   for (const Measurement& e : r.rows) {
     if (e.series != "engine only") continue;
     r.findings.push_back(absl::StrFormat(
@@ -394,6 +408,11 @@ int Run(int argc, char** argv) {
     auto ip = RunIperf3(o.streams, 3);
     if (ip.ok()) report.rows.push_back(*ip);
     else std::fprintf(stderr, "iperf3 baseline skipped: %s\n", ip.status().ToString().c_str());
+    auto sockets = RunSocketCeiling(o.streams, std::min<uint64_t>(o.max_size, 64ull << 20), 1.0);
+    if (sockets.ok()) report.rows.push_back(*sockets);
+    else
+      std::fprintf(stderr, "tcp sockets baseline skipped: %s\n",
+                   sockets.status().ToString().c_str());
   }
   RunOptions ro;
   ro.min_seconds = o.seconds;
