@@ -79,11 +79,12 @@ class WaitingReactor final : public grpc::ServerUnaryReactor,
     } else if (call_.answer_by) {
       // Fires on gRPC's executor; a reactor gone by then is not kept for it (the alarm
       // goes with it, cancelled).
-      alarm_.Set(absl::ToChronoTime(*call_.answer_by),
-                 [weak = weak_from_this()](bool fired) {
-                   if (!fired) return;
-                   if (auto reactor = weak.lock()) reactor->AnswerAsItStands();
-                 });
+      alarm_ = std::make_unique<grpc::Alarm>();
+      alarm_->Set(absl::ToChronoTime(*call_.answer_by),
+                  [weak = weak_from_this()](bool fired) {
+                    if (!fired) return;
+                    if (auto reactor = weak.lock()) reactor->AnswerAsItStands();
+                  });
     }
   }
 
@@ -145,7 +146,9 @@ class WaitingReactor final : public grpc::ServerUnaryReactor,
   bool finished_ ABSL_GUARDED_BY(mu_) = false;  // Finish was called
   std::optional<uint64_t> id_ ABSL_GUARDED_BY(mu_);
   std::optional<TransferResult> result_ ABSL_GUARDED_BY(mu_);  // came while starting
-  grpc::Alarm alarm_;  // set once, by Start under mu_: the answer_by
+  // The answer_by, set once by Start: made only then, since an Alarm costs every call a
+  // grpc_init and grpc_shutdown (GrpcLibrary) and a timer's state.
+  std::unique_ptr<grpc::Alarm> alarm_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace
