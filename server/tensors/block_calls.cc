@@ -75,10 +75,8 @@ grpc::ServerUnaryReactor* TensorService::MoveBlocks(grpc::CallbackServerContext*
   call.start = [this, req, resp, session = *session,
                 deadline](std::function<void(ferry::v1::TransferResult)> ended)
       -> absl::StatusOr<uint64_t> {
-    TransferEngine::FinishedHook then;
-    if (req->wait()) {
-      then = [ended](const Transfer& t) { ended(t.Result(ResultPage{})); };
-    }
+    BlockMover::Finished then;
+    if (req->wait()) then = ended;
     ASSIGN_OR_RETURN(*resp, core_->tensors().mover().Move(*req, session, req->timeout_ms(),
                                                           deadline, std::move(then)));
     if (!req->wait()) ended(ferry::v1::TransferResult());  // answered once started

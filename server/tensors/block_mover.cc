@@ -109,7 +109,7 @@ bool BlockMover::MayAskPeer(const ferry::v1::MoveBlocksRequest& req) {
 
 absl::StatusOr<ferry::v1::MoveBlocksResponse> BlockMover::Move(
     const ferry::v1::MoveBlocksRequest& req, uint64_t session, uint32_t timeout_ms,
-    absl::Time deadline, TransferEngine::FinishedHook then) {
+    absl::Time deadline, Finished then) {
   if (req.type() != ferry::v1::READ && req.type() != ferry::v1::WRITE) {
     return absl::InvalidArgumentError("type: must be READ or WRITE");
   }
@@ -149,7 +149,7 @@ absl::StatusOr<ferry::v1::MoveBlocksResponse> BlockMover::Move(
 absl::StatusOr<ferry::v1::MoveBlocksResponse> BlockMover::MoveOn(
     const ferry::v1::MoveBlocksRequest& req, const BlockList& list,
     std::shared_ptr<const RemoteList> remote_list, uint32_t timeout_ms,
-    TransferEngine::FinishedHook then) {
+    Finished then) {
   const int n = req.local_blocks_size();
   const ferry::v1::ResolveBlocksResponse& remote = remote_list->answer;
   const ExtentIndex remote_index(remote.extents());
@@ -223,7 +223,7 @@ absl::StatusOr<ferry::v1::MoveBlocksResponse> BlockMover::MoveOn(
         note.set_message(result.message());
         notifier->Send(node, std::move(note));
       }
-      if (then) then(transfer);
+      if (then) then(result);  // the result computed once, for both
     };
   }
   auto id = engine_->Submit(submit, std::move(hook),

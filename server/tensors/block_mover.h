@@ -27,6 +27,8 @@ namespace ferry::server {
 
 class BlockMover {
  public:
+  using Finished = std::function<void(const ferry::v1::TransferResult&)>;
+
   BlockMover(PeerDirectory* peers, BufferRegistry* buffers, TransferEngine* engine,
              BlockLists* lists)
       : peers_(peers), buffers_(buffers), engine_(engine), lists_(lists),
@@ -40,12 +42,12 @@ class BlockMover {
 
   // Validates the whole request (MoveBlocks in tensor.proto says how it is refused), asks
   // the peer where its blocks are (by `deadline`) and submits the transfer; returns at once.
-  // `then`, if given, runs when the transfer finished, after the move's own hook (the
-  // notification queued), as the engine's finished hooks do: it must not block.
+  // `then`, if given, runs with the transfer's result when it finished, after the move's own
+  // hook (the notification queued), as the engine's finished hooks do: it must not block.
   absl::StatusOr<ferry::v1::MoveBlocksResponse> Move(const ferry::v1::MoveBlocksRequest& req,
                                                      uint64_t session, uint32_t timeout_ms,
                                                      absl::Time deadline,
-                                                     TransferEngine::FinishedHook then = {});
+                                                     Finished then = {});
   // Whether Move(req) may block: it would ask the peer for its list or the buffers the list
   // names, or for its rails (PeerDirectory::Kept, RailsFresh). A hint, for callers that
   // must not block to choose where to move; an unknown peer is refused without a call.
@@ -73,7 +75,7 @@ class BlockMover {
                                                        const BlockList& list,
                                                        std::shared_ptr<const RemoteList> remote,
                                                        uint32_t timeout_ms,
-                                                       TransferEngine::FinishedHook then);
+                                                       Finished then);
   // The peer's answer for `list`: the kept one (no call), else AskPeer's, kept when the
   // peer said it revokes it. UNAVAILABLE when it was revoked on its way every time.
   absl::StatusOr<std::shared_ptr<const RemoteList>> RemoteListOf(const std::string& node,
