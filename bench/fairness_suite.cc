@@ -141,7 +141,8 @@ absl::Status RunCase(const FairnessOptions& o, const Case& c, Report& report) {
 
 bool RunFairnessSuite(const FairnessOptions& o, Report& report) {
   const std::vector<Case> cases = {
-      {"sliced (1 MiB slices, 16 MiB window)", ""},
+      {"sliced (1 MiB slices, 16 MiB window)", "limits:\n  peer_window_bytes: 16MiB\n"},
+      {"sliced (1 MiB slices, 64 MiB window)", "limits:\n  peer_window_bytes: 64MiB\n"},
       {"sliced (512 KiB slices, 4 MiB window)",
        "limits:\n  slice_bytes: 512KiB\n  peer_window_bytes: 4MiB\n"},
       // Every op whole and posted at Submit: the behaviour before slicing.

@@ -316,7 +316,8 @@ absl::Status ParseInto(const Context& ctx, const YAML::Node& root, Config& c) {
       }
     }
     if (auto n = tcp["connections"]) {
-      ASSIGN_OR_RETURN(c.tcp_connections, ReadCount(ctx, n, "tcp.connections", 1, 64));
+      // 63: a session admits 64 sockets, and one is the express connection (tcp_fabric.h).
+      ASSIGN_OR_RETURN(c.tcp_connections, ReadCount(ctx, n, "tcp.connections", 1, 63));
     }
     if (auto n = tcp["listen"]) {
       ASSIGN_OR_RETURN(c.tcp_listen, ReadString(ctx, n, "tcp.listen"));

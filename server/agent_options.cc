@@ -49,8 +49,8 @@ fabric::ProviderOptions ProviderOptionsFromConfig(const config::Config& config,
   }
   tcp.max_connections_per_source = config.tcp_max_connections_per_peer;
   tcp.handshake_timeout_ms = config.tcp_handshake_timeout_ms;
-  // stripe_min_bytes and event_loops have no config key: their defaults stand, but rails
-  // share the cores: one loop per direction each.
+  // stripe_min_bytes, express_max_bytes and event_loops have no config key: their defaults
+  // stand, but rails share the cores: one loop per direction each.
   for (const auto& [nic, address] : config.tcp_rails) {
     providers.tcp_rails.push_back(TcpRailOptions(tcp, nic, address));
   }

@@ -36,7 +36,7 @@ constexpr size_t FieldCount() {
 // stops the build until the new one is mapped there (or said to have no key) and checked
 // below. The count, not sizeof: sizeof changes with the standard library and padding, and
 // not when a uint32_t joins a struct with room to spare.
-static_assert(FieldCount<tcp::TcpOptions>() == 8,
+static_assert(FieldCount<tcp::TcpOptions>() == 9,
               "new field: map it in server/agent_options.cc and test it here");
 static_assert(FieldCount<verbs::VerbsOptions>() == 16,
               "new field: map it in server/agent_options.cc and test it here");
@@ -114,6 +114,7 @@ TEST(AgentOptionsTest, EveryProviderKeyArrives) {
   EXPECT_EQ(p.tcp.handshake_timeout_ms, 1234u);
   // No config key: the provider's defaults.
   EXPECT_EQ(p.tcp.stripe_min_bytes, defaults.stripe_min_bytes);
+  EXPECT_EQ(p.tcp.express_max_bytes, defaults.express_max_bytes);
   EXPECT_EQ(p.tcp.event_loops, defaults.event_loops);
 
   EXPECT_EQ(p.verbs.device, "mlx5_3");

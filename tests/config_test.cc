@@ -294,7 +294,7 @@ TEST(ConfigTest, WrongTypesAreRefused) {
 
 TEST(ConfigTest, BadValuesAreRefused) {
   EXPECT_THAT(ErrorOf("tcp:\n  connections: 0\n"),
-              HasSubstr("key 'tcp.connections': 0 is outside 1..64"));
+              HasSubstr("key 'tcp.connections': 0 is outside 1..63"));
   EXPECT_THAT(ErrorOf("host_pool:\n  size: 12 parsecs\n"), HasSubstr("key 'host_pool.size'"));
   EXPECT_THAT(ErrorOf("host_pool:\n  size: 1KiB\n"), HasSubstr("at least 1 MiB"));
   EXPECT_THAT(ErrorOf("listen:\n  peer: nowhere\n"),

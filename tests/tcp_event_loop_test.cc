@@ -1,11 +1,13 @@
 // The tcp provider on its event loops: threads that do not grow with endpoints or
 // connections, payloads far larger than a socket buffer (many partial sends and receives on
-// both sides), a peer that leaves mid-op, and Close from inside a completion.
+// both sides), small ops on the express connection past queued bulk ones (and spilling onto
+// the bulk ones in a burst), a peer that leaves mid-op, and Close from inside a completion.
 
 #include <dirent.h>
 #include <sys/socket.h>
 
 #include <atomic>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -21,6 +23,7 @@
 #include "tests/completion_waiter.h"
 #include "transport/tcp/socket.h"
 #include "transport/tcp/session_secrets.h"
+#include "transport/tcp/tcp_endpoint.h"
 #include "transport/tcp/tcp_fabric.h"
 #include "transport/tcp/wire.h"
 
@@ -69,10 +72,12 @@ size_t SettledThreadCount() {
 // Threads of a fabric: loops for each direction and the accept thread.
 size_t FabricThreads(uint32_t loops) { return 2 * loops + 1; }
 
-std::unique_ptr<TcpFabric> MakeFabric(uint32_t loops, uint32_t connections) {
+std::unique_ptr<TcpFabric> MakeFabric(uint32_t loops, uint32_t connections,
+                                      uint64_t express_max_bytes = TcpOptions{}.express_max_bytes) {
   TcpOptions options;
   options.event_loops = loops;
   options.connections = connections;
+  options.express_max_bytes = express_max_bytes;
   options.stripe_min_bytes = 64 << 10;
   options.max_connections_per_source = 1024;  // every endpoint here comes from 127.0.0.1
   auto fabric = TcpFabric::Create(options);
@@ -165,12 +170,14 @@ TEST(TcpEventLoopTest, SixtyFourEndpointsShareAFewLoopsAndMoveTheirBytes) {
       ASSERT_TRUE(ep.ok()) << ep.status();
       endpoints.push_back(std::move(*ep));
     }
-    // Every connection accepted and past its hello, and still no thread more.
+    // Every connection (4 bulk and the express one per endpoint) accepted and past its
+    // hello, and still no thread more.
+    constexpr uint32_t kSockets = kEndpoints * (4u + 1);
     absl::Time deadline = absl::Now() + absl::Seconds(10);
-    while (target->listener_stats().open < kEndpoints * 4u && absl::Now() < deadline) {
+    while (target->listener_stats().open < kSockets && absl::Now() < deadline) {
       absl::SleepFor(absl::Milliseconds(5));
     }
-    EXPECT_EQ(target->listener_stats().open, kEndpoints * 4u);
+    EXPECT_EQ(target->listener_stats().open, kSockets);
 
     // WRITEs from every endpoint at once, posted from four threads; then READs back.
     for (bool read : {false, true}) {
@@ -252,6 +259,124 @@ TEST(TcpEventLoopTest, AQuarterGibibyteWriteAndReadSpanManyPartialSends) {
   EXPECT_EQ(back[0], 0);
   EXPECT_EQ(back[kSize + 1], 0);
   EXPECT_EQ(w.calls() + r.calls(), 2);
+  (*ep)->Close();
+}
+
+// How many of `bulk` 4 MiB WRITEs (striped over the 4 bulk connections) had completed when
+// one 4 KiB WRITE posted after them did. The rest of the test checks that every byte landed.
+int BulkDoneBeforeASmallWrite(uint64_t express_max_bytes, int bulk) {
+  constexpr uint64_t kBulkOp = 4 << 20, kSmall = 4 << 10;
+  auto target = MakeFabric(2, 4, express_max_bytes);
+  auto initiator = MakeFabric(2, 4, express_max_bytes);
+  EXPECT_TRUE(target && initiator);
+  if (!target || !initiator) return -1;
+  const uint64_t size = bulk * kBulkOp + kSmall;
+  std::vector<char> src(size), dst(size, 0);
+  Fill(src, 21);
+  auto src_mr = initiator->Register(src.data(), src.size(), fabric::kLocal);
+  auto dst_mr = target->Register(dst.data(), dst.size(), fabric::kRemoteWrite);
+  EXPECT_TRUE(src_mr.ok() && dst_mr.ok());
+  auto ep = fabric::ConnectDirect(*initiator, *target);
+  EXPECT_TRUE(ep.ok()) << ep.status();
+  if (!src_mr.ok() || !dst_mr.ok() || !ep.ok()) return -1;
+  const fabric::RemoteSlice base{(*dst_mr)->remote_address(), (*dst_mr)->key()};
+
+  std::atomic<int> bulk_done{0};
+  std::atomic<int> when_small = -1;
+  Tally tally(bulk + 1);
+  for (int i = 0; i < bulk; ++i) {
+    auto counted = tally.Callback(i);
+    EXPECT_TRUE((*ep)
+                    ->PostWrite({src_mr->get(), i * kBulkOp, kBulkOp},
+                                {base.address + i * kBulkOp, base.key},
+                                [&bulk_done, counted = std::move(counted)](absl::Status s) mutable {
+                                  bulk_done.fetch_add(1);
+                                  std::move(counted)(std::move(s));
+                                })
+                    .ok());
+  }
+  const uint64_t at = bulk * kBulkOp;
+  auto counted = tally.Callback(bulk);
+  EXPECT_TRUE((*ep)
+                  ->PostWrite({src_mr->get(), at, kSmall}, {base.address + at, base.key},
+                              [&](absl::Status s) mutable {
+                                when_small = bulk_done.load();
+                                std::move(counted)(std::move(s));
+                              })
+                  .ok());
+  EXPECT_TRUE(tally.Wait(absl::Seconds(120)));
+  EXPECT_EQ(tally.failed(), 0);
+  EXPECT_EQ(src, dst);
+  (*ep)->Close();
+  return when_small.load();
+}
+
+TEST(TcpEventLoopTest, ASmallWriteOvertakesTheBulkWritesQueuedBeforeIt) {
+  // 128 MiB of bulk WRITEs are queued on the bulk connections when the small one is posted:
+  // on the express connection it waits only for the loops' turns, not behind those bytes.
+  constexpr int kBulk = 32;
+  const int express = BulkDoneBeforeASmallWrite(TcpOptions{}.express_max_bytes, kBulk);
+  EXPECT_GE(express, 0);
+  EXPECT_LT(express, kBulk / 4) << "the small WRITE waited behind the bulk ones";
+  // Without the express connection it takes its turn on a bulk one, behind a quarter of the
+  // bulk bytes (printed, not asserted: how far the other connections got meanwhile varies).
+  const int bulk_only = BulkDoneBeforeASmallWrite(0, kBulk);
+  std::printf("bulk WRITEs done before the small one: %d of %d with the express connection, "
+              "%d without\n",
+              express, kBulk, bulk_only);
+}
+
+TEST(TcpEventLoopTest, TheExpressConnectionIsOneMoreSocketAndOptional) {
+  for (uint64_t express : {TcpOptions{}.express_max_bytes, uint64_t{0}}) {
+    auto target = MakeFabric(1, 3, express);
+    auto initiator = MakeFabric(1, 3, express);
+    ASSERT_TRUE(target && initiator);
+    auto ep = fabric::ConnectDirect(*initiator, *target);
+    ASSERT_TRUE(ep.ok()) << ep.status();
+    const uint32_t sockets = express > 0 ? 4 : 3;
+    const absl::Time deadline = absl::Now() + absl::Seconds(10);
+    while (target->listener_stats().open < sockets && absl::Now() < deadline) {
+      absl::SleepFor(absl::Milliseconds(5));
+    }
+    absl::SleepFor(absl::Milliseconds(20));  // none more comes
+    EXPECT_EQ(target->listener_stats().open, sockets) << "express_max_bytes " << express;
+    (*ep)->Close();
+  }
+}
+
+TEST(TcpEventLoopTest, ABurstOfSmallOpsSpillsFromTheExpressConnectionAndLoadsReturnToZero) {
+  constexpr int kOps = 64;
+  constexpr uint64_t kOp = 64 << 10;  // the largest express op: 4 MiB in all
+  auto target = MakeFabric(2, 4);
+  auto initiator = MakeFabric(2, 4);
+  ASSERT_TRUE(target && initiator);
+  std::vector<char> src(kOps * kOp), dst(kOps * kOp, 0);
+  Fill(src, 31);
+  auto src_mr = initiator->Register(src.data(), src.size(), fabric::kLocal);
+  auto dst_mr = target->Register(dst.data(), dst.size(), fabric::kRemoteWrite);
+  ASSERT_TRUE(src_mr.ok() && dst_mr.ok());
+  auto ep = fabric::ConnectDirect(*initiator, *target);
+  ASSERT_TRUE(ep.ok()) << ep.status();
+  auto* tcp = dynamic_cast<TcpEndpoint*>(ep->get());
+  ASSERT_NE(tcp, nullptr);
+
+  Tally tally(kOps);
+  for (int i = 0; i < kOps; ++i) {
+    ASSERT_TRUE((*ep)
+                    ->PostWrite({src_mr->get(), i * kOp, kOp},
+                                {(*dst_mr)->remote_address() + i * kOp, (*dst_mr)->key()},
+                                tally.Callback(i))
+                    .ok());
+  }
+  // Loads only fall while ops complete: the express socket took ops until it held 512 KiB,
+  // the bulk ones the rest (all 4 MiB on one socket would be far over).
+  const std::vector<uint64_t> loads = tcp->load_bytes();
+  ASSERT_EQ(loads.size(), 5u);
+  EXPECT_LT(loads.back(), (512u << 10) + kOp);
+  ASSERT_TRUE(tally.Wait(absl::Seconds(60)));
+  EXPECT_EQ(tally.failed(), 0);
+  EXPECT_EQ(src, dst);
+  for (uint64_t load : tcp->load_bytes()) EXPECT_EQ(load, 0u) << "bytes still counted";
   (*ep)->Close();
 }
 

@@ -95,6 +95,8 @@ TEST(TcpListenerTest, AFirstFrameOtherThanHelloClosesTheConnectionAndTouchesNoth
 TEST(TcpListenerTest, ConnectionsOverTheCapAreClosedAtOnceAndRoomComesBack) {
   TcpOptions options;
   options.max_connections_per_source = 4;
+  // The room is one endpoint's: 3 bulk connections and the express one.
+  options.connections = 3;
   options.handshake_timeout_ms = 10000;
   auto fabric = TcpFabric::Create(options);
   ASSERT_TRUE(fabric.ok());

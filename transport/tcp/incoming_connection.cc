@@ -14,8 +14,9 @@ namespace ferry::tcp {
 namespace {
 
 // Bytes one connection moves per wakeup in each direction before the loop's other
-// connections get their turn (level-triggered epoll calls it again at once).
-constexpr uint64_t kRoundBytes = 4 << 20;
+// connections get their turn (level-triggered epoll calls it again at once). Small: an
+// express connection's op waits for at most this much of each bulk one on its loop.
+constexpr uint64_t kRoundBytes = 1 << 20;
 constexpr size_t kSinkBytes = 64 << 10;
 // After a refusal: how long the peer has to read it and close before we close anyway.
 constexpr absl::Duration kDiscardTimeout = absl::Seconds(2);

@@ -20,8 +20,9 @@ namespace {
 constexpr size_t kMaxBatch = 32;
 constexpr uint64_t kMaxBatchBytes = 1 << 20;
 // Bytes one connection moves per wakeup in each direction before the loop's other
-// connections get their turn (level-triggered epoll calls it again at once).
-constexpr uint64_t kRoundBytes = 4 << 20;
+// connections get their turn (level-triggered epoll calls it again at once). Small: an
+// express connection's op waits for at most this much of each bulk one on its loop.
+constexpr uint64_t kRoundBytes = 1 << 20;
 // The largest request a posting thread sends itself when the connection is idle
 // (SendNowLocked): a small op's latency without the hop to the loop.
 constexpr uint64_t kSendNowBytes = 64 << 10;
@@ -84,6 +85,7 @@ absl::Status TcpConnection::Enqueue(Request request) {
   if (failed_) {
     return absl::UnavailableError(absl::StrCat("tcp: connection to ", peer_, " is broken"));
   }
+  load_bytes_.fetch_add(request.header.length, std::memory_order_relaxed);
   queue_.push_back(std::move(request));
   if (sending_) return absl::OkStatus();
   sending_ = true;
@@ -94,6 +96,7 @@ absl::Status TcpConnection::Enqueue(Request request) {
     // Sent in part already (outstanding, not queued): it fails when the endpoint closes,
     // as every outstanding op does.
     if (queue_.empty()) return absl::OkStatus();
+    load_bytes_.fetch_sub(queue_.back().header.length, std::memory_order_relaxed);
     queue_.pop_back();
     sending_ = false;
     return absl::UnavailableError("tcp: the fabric's event loops have stopped");
@@ -150,6 +153,7 @@ void TcpConnection::FailLocked(const absl::Status& why, Finished& finished) {
   for (auto& r : outstanding_) finished.emplace_back(std::move(r.done), why);
   queue_.clear();
   outstanding_.clear();
+  load_bytes_.store(0, std::memory_order_relaxed);
   headers_.clear();
   wire_.Clear();
   have_ = 0;
@@ -310,10 +314,7 @@ void TcpConnection::ReceiveLocked(Finished& finished) {
     if (read_left_ > 0) {
       read_into_ += n;
       read_left_ -= static_cast<uint64_t>(n);
-      if (read_left_ == 0) {
-        finished.emplace_back(std::move(outstanding_.front().done), absl::OkStatus());
-        outstanding_.pop_front();
-      }
+      if (read_left_ == 0) finished.emplace_back(PopOutstandingLocked(), absl::OkStatus());
       continue;
     }
     have_ += static_cast<size_t>(n);
@@ -344,8 +345,8 @@ absl::Status TcpConnection::AnswerLocked(const ResponseHeader& resp, Finished& f
   }
   Request& front = outstanding_.front();
   if (resp.refusal != Refusal::kNone) {
-    finished.emplace_back(std::move(front.done), Refused(resp.refusal, front.header));
-    outstanding_.pop_front();
+    absl::Status refused = Refused(resp.refusal, front.header);
+    finished.emplace_back(PopOutstandingLocked(), std::move(refused));
     // The target ends the connection after a refusal (wire.h), as an RC QP enters the error
     // state after IBV_WC_REM_ACCESS_ERR and flushes the work requests behind it: the ops
     // behind this one fail UNAVAILABLE, and the endpoint's owner connects again.
@@ -363,9 +364,16 @@ absl::Status TcpConnection::AnswerLocked(const ResponseHeader& resp, Finished& f
       return absl::OkStatus();  // completes once its payload is in
     }
   }
-  finished.emplace_back(std::move(front.done), absl::OkStatus());
-  outstanding_.pop_front();
+  finished.emplace_back(PopOutstandingLocked(), absl::OkStatus());
   return absl::OkStatus();
+}
+
+fabric::Completion TcpConnection::PopOutstandingLocked() {
+  Request& front = outstanding_.front();
+  load_bytes_.fetch_sub(front.header.length, std::memory_order_relaxed);
+  fabric::Completion done = std::move(front.done);
+  outstanding_.pop_front();
+  return done;
 }
 
 absl::Status TcpConnection::Refused(Refusal refusal, const RequestHeader& h) const {

@@ -6,6 +6,7 @@
 #include <sys/uio.h>
 
 #include <array>
+#include <atomic>
 #include <deque>
 #include <memory>
 #include <optional>
@@ -56,6 +57,9 @@ class TcpConnection : public EventLoop::Handler,
   // an op that succeeded just before).
   void Close(const absl::Status& why);
   bool failed() const;
+  // Any thread: payload bytes of the requests queued or awaiting their answer (read without
+  // the lock: a hint that may be a moment old).
+  uint64_t load_bytes() const { return load_bytes_.load(std::memory_order_relaxed); }
 
   void OnEvents(uint32_t events) override;
 
@@ -91,8 +95,12 @@ class TcpConnection : public EventLoop::Handler,
   // Runs completions gathered under mu_, after it is released.
   void Deliver(Finished& finished);
 
+  // Takes the oldest outstanding request off, and its bytes off the load: its completion.
+  fabric::Completion PopOutstandingLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
   const std::string peer_;
   EventLoop* const loop_;
+  std::atomic<uint64_t> load_bytes_{0};
 
   mutable absl::Mutex mu_;
   UniqueFd fd_ ABSL_GUARDED_BY(mu_);

@@ -17,13 +17,16 @@ namespace {
 using fabric::PartsCompletion;
 
 constexpr uint64_t kStripeAlign = 4096;
+// A small op waits on the express socket for at most this much ahead of it (a fraction of a
+// millisecond); past it, a burst of small ops spills onto the bulk sockets, which then carry
+// it faster than one socket would.
+constexpr uint64_t kExpressSpillBytes = 512 << 10;
 
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<TcpEndpoint>> TcpEndpoint::Connect(const std::string& address,
                                                                   const SessionTicket& ticket,
-                                                                  uint32_t connections,
-                                                                  uint64_t stripe_min_bytes,
+                                                                  const TcpLanes& lanes,
                                                                   EventLoopPool* loops,
                                                                   const std::string& source_host) {
   std::vector<std::shared_ptr<TcpConnection>> conns;
@@ -35,7 +38,7 @@ absl::StatusOr<std::unique_ptr<TcpEndpoint>> TcpEndpoint::Connect(const std::str
     }
     return why;
   };
-  for (uint32_t i = 0; i < connections; ++i) {
+  for (uint32_t i = 0; i < lanes.sockets(); ++i) {
     auto fd = ConnectTcp(address, source_host);
     if (!fd.ok()) return close_made(fd.status());
     const RequestHeader hello = MakeHello(ticket);
@@ -46,21 +49,34 @@ absl::StatusOr<std::unique_ptr<TcpEndpoint>> TcpEndpoint::Connect(const std::str
     if (!conn.ok()) return close_made(conn.status());
     conns.push_back(std::move(*conn));
   }
-  return std::unique_ptr<TcpEndpoint>(new TcpEndpoint(address, std::move(conns), stripe_min_bytes));
+  return std::unique_ptr<TcpEndpoint>(new TcpEndpoint(address, std::move(conns), lanes));
 }
 
 TcpEndpoint::TcpEndpoint(std::string address,
                          std::vector<std::shared_ptr<TcpConnection>> connections,
-                         uint64_t stripe_min_bytes)
-    : address_(std::move(address)),
-      connections_(std::move(connections)),
-      stripe_min_bytes_(std::max<uint64_t>(stripe_min_bytes, kStripeAlign)) {}
+                         const TcpLanes& lanes)
+    : address_(std::move(address)), connections_(std::move(connections)), lanes_(lanes) {}
+
+TcpConnection& TcpEndpoint::ConnectionFor(uint64_t length) {
+  if (length <= lanes_.express_max_bytes &&
+      connections_.back()->load_bytes() < kExpressSpillBytes) {
+    return *connections_.back();
+  }
+  return *connections_[next_connection_.fetch_add(1, std::memory_order_relaxed) %
+                       lanes_.connections];
+}
 
 TcpEndpoint::~TcpEndpoint() { Close(); }
 
 bool TcpEndpoint::broken() const {
   return std::any_of(connections_.begin(), connections_.end(),
                      [](const auto& c) { return c->failed(); });
+}
+
+std::vector<uint64_t> TcpEndpoint::load_bytes() const {
+  std::vector<uint64_t> loads;
+  for (const auto& c : connections_) loads.push_back(c->load_bytes());
+  return loads;
 }
 
 void TcpEndpoint::Close() {
@@ -120,8 +136,7 @@ absl::Status TcpEndpoint::PostWriteList(const fabric::MemoryRegion* region,
   request.local = nullptr;
   request.done = std::move(done);
   request.pieces = std::move(list);
-  TcpConnection& conn = *connections_[next_connection_.fetch_add(1) % connections_.size()];
-  return conn.Enqueue(std::move(request));
+  return ConnectionFor(total).Enqueue(std::move(request));
 }
 
 absl::Status TcpEndpoint::Post(uint32_t op_code, const fabric::LocalSlice& local,
@@ -137,17 +152,19 @@ absl::Status TcpEndpoint::Post(uint32_t op_code, const fabric::LocalSlice& local
   auto op = static_cast<WireOp>(op_code);
   char* base = region->memory() + local.offset;
 
-  // Large ops are striped over every connection, in parts aligned to 4 KiB. An immediate
+  // Large ops are striped over the bulk connections, in parts aligned to 4 KiB. An immediate
   // must arrive after all the data, so WRITE-with-immediate is never split.
+  const uint64_t stripe_min = std::max<uint64_t>(lanes_.stripe_min_bytes, kStripeAlign);
   uint64_t parts = 1;
-  if (op != WireOp::kWriteImm && connections_.size() > 1 && local.length >= 2 * stripe_min_bytes_) {
-    parts = std::min<uint64_t>(connections_.size(), local.length / stripe_min_bytes_);
+  if (op != WireOp::kWriteImm && lanes_.connections > 1 && local.length >= 2 * stripe_min) {
+    parts = std::min<uint64_t>(lanes_.connections, local.length / stripe_min);
   }
   uint64_t part_len = (local.length / parts + kStripeAlign - 1) / kStripeAlign * kStripeAlign;
   auto joined = parts > 1
                     ? std::make_shared<PartsCompletion>(static_cast<int>(parts), std::move(done))
                     : nullptr;
-  uint32_t first = next_connection_.fetch_add(static_cast<uint32_t>(parts));
+  const uint32_t first =
+      parts > 1 ? next_connection_.fetch_add(static_cast<uint32_t>(parts)) : 0;
   for (uint64_t i = 0; i < parts; ++i) {
     uint64_t offset = i * part_len;
     uint64_t length = std::min(part_len, local.length - std::min(offset, local.length));
@@ -159,7 +176,8 @@ absl::Status TcpEndpoint::Post(uint32_t op_code, const fabric::LocalSlice& local
     } else {
       request.done = std::move(done);
     }
-    TcpConnection& conn = *connections_[(first + i) % connections_.size()];
+    TcpConnection& conn =
+        parts > 1 ? *connections_[(first + i) % lanes_.connections] : ConnectionFor(length);
     if (length == 0) {
       joined->PartDone(absl::OkStatus());
       continue;

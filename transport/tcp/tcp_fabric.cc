@@ -20,29 +20,26 @@ namespace {
 
 class TcpPendingConnection : public fabric::PendingConnection {
  public:
-  TcpPendingConnection(std::string address, uint32_t connections, uint64_t stripe_min_bytes,
-                       EventLoopPool* loops, std::string source_host)
+  TcpPendingConnection(std::string address, const TcpOptions& options, EventLoopPool* loops,
+                       std::string source_host)
       : address_(std::move(address)),
-        connections_(connections),
-        stripe_min_bytes_(stripe_min_bytes),
+        lanes_({options.connections, options.stripe_min_bytes, options.express_max_bytes}),
         loops_(loops),
         source_host_(std::move(source_host)),
-        request_(EncodeSessionRequest(connections)) {}
+        request_(EncodeSessionRequest(lanes_.sockets())) {}
 
   const std::string& request() const override { return request_; }
   absl::StatusOr<std::shared_ptr<fabric::Endpoint>> Finish(const std::string& reply) override {
     auto ticket = DecodeSessionReply(reply, address_);
     if (!ticket.ok()) return ticket.status();
-    auto endpoint = TcpEndpoint::Connect(address_, *ticket, connections_, stripe_min_bytes_,
-                                         loops_, source_host_);
+    auto endpoint = TcpEndpoint::Connect(address_, *ticket, lanes_, loops_, source_host_);
     if (!endpoint.ok()) return endpoint.status();
     return std::shared_ptr<fabric::Endpoint>(std::move(*endpoint));
   }
 
  private:
   const std::string address_;
-  const uint32_t connections_;
-  const uint64_t stripe_min_bytes_;
+  const TcpLanes lanes_;
   EventLoopPool* const loops_;
   const std::string source_host_;
   const std::string request_;
@@ -51,9 +48,10 @@ class TcpPendingConnection : public fabric::PendingConnection {
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<TcpFabric>> TcpFabric::Create(const TcpOptions& options) {
-  if (options.connections == 0 || options.connections > kMaxSocketsPerSession) {
+  // One socket of a session may be the express connection.
+  if (options.connections == 0 || options.connections >= kMaxSocketsPerSession) {
     return absl::InvalidArgumentError(absl::StrCat("tcp: connections must be 1 to ",
-                                                   kMaxSocketsPerSession, ", not ",
+                                                   kMaxSocketsPerSession - 1, ", not ",
                                                    options.connections));
   }
   uint16_t port = 0;
@@ -189,8 +187,8 @@ absl::StatusOr<std::unique_ptr<fabric::MemoryRegion>> TcpFabric::Register(void* 
 absl::StatusOr<std::unique_ptr<fabric::PendingConnection>> TcpFabric::BeginConnect(
     const std::string& peer_address) {
   return std::unique_ptr<fabric::PendingConnection>(
-      new TcpPendingConnection(peer_address, options_.connections, options_.stripe_min_bytes,
-                               outgoing_.get(), options_.nic.empty() ? "" : source_host_));
+      new TcpPendingConnection(peer_address, options_, outgoing_.get(),
+                               options_.nic.empty() ? "" : source_host_));
 }
 
 absl::StatusOr<std::string> TcpFabric::AcceptConnect(const std::string& request,

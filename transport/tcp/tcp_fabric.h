@@ -35,8 +35,13 @@ namespace ferry::tcp {
 struct TcpOptions {
   // Data listener, "host:port"; port 0 picks a free port (see address()).
   std::string listen_address = "127.0.0.1:0";
-  // Connections per peer endpoint; large ops are striped across them.
+  // Bulk connections per peer endpoint; large ops are striped across them.
   uint32_t connections = 4;
+  // Ops of at most this many bytes leave on one more connection of the endpoint, the express
+  // one, which carries nothing larger: a small op then never waits behind megabytes of bulk
+  // slices in a socket's queue (as UCX keeps apart lanes for small and bulk traffic). 0: no
+  // express connection, every op on the bulk ones.
+  uint64_t express_max_bytes = 64 << 10;
   // Ops of at least twice this size are split into parts of at least this size.
   uint64_t stripe_min_bytes = 1ull << 20;
   // Incoming connections at most, in total and from one IP address; more are closed at once.
