@@ -86,6 +86,7 @@ absl::Status TcpConnection::Enqueue(Request request) {
     return absl::UnavailableError(absl::StrCat("tcp: connection to ", peer_, " is broken"));
   }
   load_bytes_.fetch_add(request.header.length, std::memory_order_relaxed);
+  ops_queued_.fetch_add(1, std::memory_order_relaxed);
   queue_.push_back(std::move(request));
   if (sending_) return absl::OkStatus();
   sending_ = true;

@@ -60,6 +60,8 @@ class TcpConnection : public EventLoop::Handler,
   // Any thread: payload bytes of the requests queued or awaiting their answer (read without
   // the lock: a hint that may be a moment old).
   uint64_t load_bytes() const { return load_bytes_.load(std::memory_order_relaxed); }
+  // Any thread: requests ever queued here (tests: which socket an op took).
+  uint64_t ops_queued() const { return ops_queued_.load(std::memory_order_relaxed); }
 
   void OnEvents(uint32_t events) override;
 
@@ -101,6 +103,7 @@ class TcpConnection : public EventLoop::Handler,
   const std::string peer_;
   EventLoop* const loop_;
   std::atomic<uint64_t> load_bytes_{0};
+  std::atomic<uint64_t> ops_queued_{0};
 
   mutable absl::Mutex mu_;
   UniqueFd fd_ ABSL_GUARDED_BY(mu_);

@@ -79,6 +79,12 @@ std::vector<uint64_t> TcpEndpoint::load_bytes() const {
   return loads;
 }
 
+std::vector<uint64_t> TcpEndpoint::ops_queued() const {
+  std::vector<uint64_t> ops;
+  for (const auto& c : connections_) ops.push_back(c->ops_queued());
+  return ops;
+}
+
 void TcpEndpoint::Close() {
   const absl::Status why =
       absl::UnavailableError(absl::StrCat("tcp: endpoint to ", address_, " closed"));

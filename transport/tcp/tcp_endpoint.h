@@ -54,9 +54,10 @@ class TcpEndpoint : public fabric::Endpoint {
                              fabric::Completion done) override;
   bool broken() const override;
   void Close() override;
-  // Payload bytes queued or unanswered on each socket, the bulk ones then the express one
-  // (tests).
+  // By socket, the bulk ones then the express one (tests): payload bytes queued or
+  // unanswered, and requests ever queued.
   std::vector<uint64_t> load_bytes() const;
+  std::vector<uint64_t> ops_queued() const;
 
  private:
   TcpEndpoint(std::string address, std::vector<std::shared_ptr<TcpConnection>> connections,

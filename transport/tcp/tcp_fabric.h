@@ -39,8 +39,8 @@ struct TcpOptions {
   uint32_t connections = 4;
   // Ops of at most this many bytes leave on one more connection of the endpoint, the express
   // one, which carries nothing larger: a small op then never waits behind megabytes of bulk
-  // slices in a socket's queue (as UCX keeps apart lanes for small and bulk traffic). 0: no
-  // express connection, every op on the bulk ones.
+  // slices in a socket's queue. A burst of them spills onto the bulk connections once the
+  // express one holds 512 KiB (tcp_endpoint.cc). 0: no express connection.
   uint64_t express_max_bytes = 64 << 10;
   // Ops of at least twice this size are split into parts of at least this size.
   uint64_t stripe_min_bytes = 1ull << 20;
