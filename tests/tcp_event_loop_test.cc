@@ -262,6 +262,46 @@ TEST(TcpEventLoopTest, AQuarterGibibyteWriteAndReadSpanManyPartialSends) {
   (*ep)->Close();
 }
 
+// Two fabrics with the express connection as asked, `size` filled bytes to WRITE from and
+// as many zeros to WRITE into, and one endpoint between them.
+struct WritePair {
+  std::unique_ptr<TcpFabric> target, initiator;
+  std::vector<char> src, dst;
+  std::unique_ptr<fabric::MemoryRegion> src_mr, dst_mr;
+  std::shared_ptr<Endpoint> ep;
+  TcpEndpoint* tcp = nullptr;
+
+  // Slices of `length` bytes at `at` in both buffers.
+  fabric::LocalSlice from(uint64_t at, uint64_t length) const {
+    return {src_mr.get(), at, length};
+  }
+  fabric::RemoteSlice to(uint64_t at) const {
+    return {dst_mr->remote_address() + at, dst_mr->key()};
+  }
+};
+
+absl::StatusOr<std::unique_ptr<WritePair>> MakeWritePair(uint64_t size, uint64_t express) {
+  auto pair = std::make_unique<WritePair>();
+  pair->target = MakeFabric(2, 4, express);
+  pair->initiator = MakeFabric(2, 4, express);
+  if (!pair->target || !pair->initiator) return absl::InternalError("no fabric");
+  pair->src.resize(size);
+  pair->dst.assign(size, 0);
+  Fill(pair->src, size);
+  auto src_mr = pair->initiator->Register(pair->src.data(), size, fabric::kLocal);
+  auto dst_mr = pair->target->Register(pair->dst.data(), size, fabric::kRemoteWrite);
+  if (!src_mr.ok()) return src_mr.status();
+  if (!dst_mr.ok()) return dst_mr.status();
+  pair->src_mr = std::move(*src_mr);
+  pair->dst_mr = std::move(*dst_mr);
+  auto ep = fabric::ConnectDirect(*pair->initiator, *pair->target);
+  if (!ep.ok()) return ep.status();
+  pair->ep = std::move(*ep);
+  pair->tcp = dynamic_cast<TcpEndpoint*>(pair->ep.get());
+  if (pair->tcp == nullptr) return absl::InternalError("not a tcp endpoint");
+  return pair;
+}
+
 // Which socket each op takes is decided when it is posted: counted there, it does not depend
 // on how fast the bytes move (how long a small op waits beside bulk ones is measured by
 // `ferry-bench --suite fairness`, not here).
@@ -273,32 +313,19 @@ TEST(TcpEventLoopTest, SmallOpsTakeTheExpressConnectionAndLargerOnesTheBulkOnes)
                                        kExpress, 4 << 10, kBulkOp, kExpress + (4 << 10)};
   const uint64_t total = std::accumulate(sizes.begin(), sizes.end(), uint64_t{0});
   for (uint64_t express : {kExpress, uint64_t{0}}) {
-    auto target = MakeFabric(2, 4, express);
-    auto initiator = MakeFabric(2, 4, express);
-    ASSERT_TRUE(target && initiator);
-    std::vector<char> src(total), dst(total, 0);
-    Fill(src, 21);
-    auto src_mr = initiator->Register(src.data(), src.size(), fabric::kLocal);
-    auto dst_mr = target->Register(dst.data(), dst.size(), fabric::kRemoteWrite);
-    ASSERT_TRUE(src_mr.ok() && dst_mr.ok());
-    auto ep = fabric::ConnectDirect(*initiator, *target);
-    ASSERT_TRUE(ep.ok()) << ep.status();
-    auto* tcp = dynamic_cast<TcpEndpoint*>(ep->get());
-    ASSERT_NE(tcp, nullptr);
-
+    auto pair = MakeWritePair(total, express);
+    ASSERT_TRUE(pair.ok()) << pair.status();
+    WritePair& p = **pair;
     Tally tally(static_cast<int>(sizes.size()));
     uint64_t at = 0;
     for (size_t i = 0; i < sizes.size(); ++i) {
-      ASSERT_TRUE((*ep)
-                      ->PostWrite({src_mr->get(), at, sizes[i]},
-                                  {(*dst_mr)->remote_address() + at, (*dst_mr)->key()},
-                                  tally.Callback(static_cast<int>(i)))
-                      .ok());
+      ASSERT_TRUE(p.ep->PostWrite(p.from(at, sizes[i]), p.to(at),
+                                  tally.Callback(static_cast<int>(i))).ok());
       at += sizes[i];
     }
     // 5 bulk ops striped in 4 parts each, and the one over 64 KiB: 21 requests on the bulk
     // sockets; the two small ones on the express socket, or on the bulk ones without it.
-    const std::vector<uint64_t> ops = tcp->ops_queued();
+    const std::vector<uint64_t> ops = p.tcp->ops_queued();
     const uint64_t on_bulk = std::accumulate(ops.begin(), ops.begin() + 4, uint64_t{0});
     if (express > 0) {
       ASSERT_EQ(ops.size(), 5u);
@@ -310,9 +337,9 @@ TEST(TcpEventLoopTest, SmallOpsTakeTheExpressConnectionAndLargerOnesTheBulkOnes)
     }
     ASSERT_TRUE(tally.Wait(absl::Seconds(60)));
     EXPECT_EQ(tally.failed(), 0);
-    EXPECT_EQ(src, dst);
-    for (uint64_t load : tcp->load_bytes()) EXPECT_EQ(load, 0u) << "bytes still counted";
-    (*ep)->Close();
+    EXPECT_EQ(p.src, p.dst);
+    for (uint64_t load : p.tcp->load_bytes()) EXPECT_EQ(load, 0u) << "bytes still counted";
+    p.ep->Close();
   }
 }
 
@@ -337,37 +364,23 @@ TEST(TcpEventLoopTest, TheExpressConnectionIsOneMoreSocketAndOptional) {
 TEST(TcpEventLoopTest, ABurstOfSmallOpsSpillsFromTheExpressConnectionAndLoadsReturnToZero) {
   constexpr int kOps = 64;
   constexpr uint64_t kOp = 64 << 10;  // the largest express op: 4 MiB in all
-  auto target = MakeFabric(2, 4);
-  auto initiator = MakeFabric(2, 4);
-  ASSERT_TRUE(target && initiator);
-  std::vector<char> src(kOps * kOp), dst(kOps * kOp, 0);
-  Fill(src, 31);
-  auto src_mr = initiator->Register(src.data(), src.size(), fabric::kLocal);
-  auto dst_mr = target->Register(dst.data(), dst.size(), fabric::kRemoteWrite);
-  ASSERT_TRUE(src_mr.ok() && dst_mr.ok());
-  auto ep = fabric::ConnectDirect(*initiator, *target);
-  ASSERT_TRUE(ep.ok()) << ep.status();
-  auto* tcp = dynamic_cast<TcpEndpoint*>(ep->get());
-  ASSERT_NE(tcp, nullptr);
-
+  auto pair = MakeWritePair(kOps * kOp, TcpOptions{}.express_max_bytes);
+  ASSERT_TRUE(pair.ok()) << pair.status();
+  WritePair& p = **pair;
   Tally tally(kOps);
   for (int i = 0; i < kOps; ++i) {
-    ASSERT_TRUE((*ep)
-                    ->PostWrite({src_mr->get(), i * kOp, kOp},
-                                {(*dst_mr)->remote_address() + i * kOp, (*dst_mr)->key()},
-                                tally.Callback(i))
-                    .ok());
+    ASSERT_TRUE(p.ep->PostWrite(p.from(i * kOp, kOp), p.to(i * kOp), tally.Callback(i)).ok());
   }
   // Loads only fall while ops complete: the express socket took ops until it held 512 KiB,
   // the bulk ones the rest (all 4 MiB on one socket would be far over).
-  const std::vector<uint64_t> loads = tcp->load_bytes();
+  const std::vector<uint64_t> loads = p.tcp->load_bytes();
   ASSERT_EQ(loads.size(), 5u);
   EXPECT_LT(loads.back(), (512u << 10) + kOp);
   ASSERT_TRUE(tally.Wait(absl::Seconds(60)));
   EXPECT_EQ(tally.failed(), 0);
-  EXPECT_EQ(src, dst);
-  for (uint64_t load : tcp->load_bytes()) EXPECT_EQ(load, 0u) << "bytes still counted";
-  (*ep)->Close();
+  EXPECT_EQ(p.src, p.dst);
+  for (uint64_t load : p.tcp->load_bytes()) EXPECT_EQ(load, 0u) << "bytes still counted";
+  p.ep->Close();
 }
 
 TEST(TcpEventLoopTest, APeerLeavingMidOpFailsEveryOutstandingOpUnavailableOnce) {
