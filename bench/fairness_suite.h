@@ -1,9 +1,10 @@
 #pragma once
 // The fairness suite: what a small op waits while a large batch runs to the same peer.
 // One 4 KiB WRITE at a time, idle and then beside a 4 GiB batch (64 x 64 MiB, submitted
-// again as each ends), with the agents' slicing as configured and then with slicing off
-// (one slice per op, no window: every op queued on the wire at Submit, as before slicing),
-// in the same run; and the batch's own throughput in both.
+// again as each ends), with 1 MiB slices in a 16 MiB window (the default) and a 64 MiB one,
+// 512 KiB slices in a 4 MiB window, and slicing off (one slice per op, no window: every op
+// queued on the wire at Submit, as before slicing), in the same run; and the batch's own
+// throughput in each.
 
 #include <cstdint>
 
