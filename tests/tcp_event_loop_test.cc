@@ -271,7 +271,7 @@ struct WritePair {
   std::shared_ptr<Endpoint> ep;
   TcpEndpoint* tcp = nullptr;
 
-  // Slices of `length` bytes at `at` in both buffers.
+  // The source slice of `length` bytes at `at`, and the destination at the same offset.
   fabric::LocalSlice from(uint64_t at, uint64_t length) const {
     return {src_mr.get(), at, length};
   }
