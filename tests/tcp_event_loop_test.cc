@@ -278,6 +278,15 @@ struct WritePair {
   fabric::RemoteSlice to(uint64_t at) const {
     return {dst_mr->remote_address() + at, dst_mr->key()};
   }
+  // Once every op `tally` counts has completed: none failed, every byte landed, and no
+  // socket counts bytes any more. Then closes the endpoint.
+  void ExpectAllLanded(Tally& tally) {
+    ASSERT_TRUE(tally.Wait(absl::Seconds(60)));
+    EXPECT_EQ(tally.failed(), 0);
+    EXPECT_EQ(src, dst);
+    for (const auto& s : tcp->socket_counts()) EXPECT_EQ(s.load_bytes, 0u) << "bytes counted";
+    ep->Close();
+  }
 };
 
 absl::StatusOr<std::unique_ptr<WritePair>> MakeWritePair(uint64_t size, uint64_t express) {
@@ -325,21 +334,18 @@ TEST(TcpEventLoopTest, SmallOpsTakeTheExpressConnectionAndLargerOnesTheBulkOnes)
     }
     // 5 bulk ops striped in 4 parts each, and the one over 64 KiB: 21 requests on the bulk
     // sockets; the two small ones on the express socket, or on the bulk ones without it.
-    const std::vector<uint64_t> ops = p.tcp->ops_queued();
-    const uint64_t on_bulk = std::accumulate(ops.begin(), ops.begin() + 4, uint64_t{0});
+    const auto sockets = p.tcp->socket_counts();
+    uint64_t on_bulk = 0;
+    for (size_t i = 0; i < 4; ++i) on_bulk += sockets[i].ops_queued;
     if (express > 0) {
-      ASSERT_EQ(ops.size(), 5u);
+      ASSERT_EQ(sockets.size(), 5u);
       EXPECT_EQ(on_bulk, 21u);
-      EXPECT_EQ(ops.back(), 2u);
+      EXPECT_EQ(sockets.back().ops_queued, 2u);
     } else {
-      ASSERT_EQ(ops.size(), 4u);
+      ASSERT_EQ(sockets.size(), 4u);
       EXPECT_EQ(on_bulk, 23u);
     }
-    ASSERT_TRUE(tally.Wait(absl::Seconds(60)));
-    EXPECT_EQ(tally.failed(), 0);
-    EXPECT_EQ(p.src, p.dst);
-    for (uint64_t load : p.tcp->load_bytes()) EXPECT_EQ(load, 0u) << "bytes still counted";
-    p.ep->Close();
+    p.ExpectAllLanded(tally);
   }
 }
 
@@ -373,14 +379,10 @@ TEST(TcpEventLoopTest, ABurstOfSmallOpsSpillsFromTheExpressConnectionAndLoadsRet
   }
   // Loads only fall while ops complete: the express socket took ops until it held 512 KiB,
   // the bulk ones the rest (all 4 MiB on one socket would be far over).
-  const std::vector<uint64_t> loads = p.tcp->load_bytes();
-  ASSERT_EQ(loads.size(), 5u);
-  EXPECT_LT(loads.back(), (512u << 10) + kOp);
-  ASSERT_TRUE(tally.Wait(absl::Seconds(60)));
-  EXPECT_EQ(tally.failed(), 0);
-  EXPECT_EQ(p.src, p.dst);
-  for (uint64_t load : p.tcp->load_bytes()) EXPECT_EQ(load, 0u) << "bytes still counted";
-  p.ep->Close();
+  const auto sockets = p.tcp->socket_counts();
+  ASSERT_EQ(sockets.size(), 5u);
+  EXPECT_LT(sockets.back().load_bytes, (512u << 10) + kOp);
+  p.ExpectAllLanded(tally);
 }
 
 TEST(TcpEventLoopTest, APeerLeavingMidOpFailsEveryOutstandingOpUnavailableOnce) {

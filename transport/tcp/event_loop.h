@@ -22,6 +22,11 @@
 
 namespace ferry::tcp {
 
+// Bytes one connection moves per wakeup in each direction before its loop's other connections
+// get their turn (level-triggered epoll calls it again at once). Small: an express
+// connection's op waits for at most this much of each bulk one on its loop.
+inline constexpr uint64_t kLoopRoundBytes = 1 << 20;
+
 class EventLoop {
  public:
   class Handler {

@@ -13,10 +13,6 @@
 namespace ferry::tcp {
 namespace {
 
-// Bytes one connection moves per wakeup in each direction before the loop's other
-// connections get their turn (level-triggered epoll calls it again at once). Small: an
-// express connection's op waits for at most this much of each bulk one on its loop.
-constexpr uint64_t kRoundBytes = 1 << 20;
 constexpr size_t kSinkBytes = 64 << 10;
 // After a refusal: how long the peer has to read it and close before we close anyway.
 constexpr absl::Duration kDiscardTimeout = absl::Seconds(2);
@@ -131,7 +127,7 @@ void IncomingConnection::UpdateInterest() {
 
 void IncomingConnection::ReadRequests() {
   uint64_t received = 0;
-  while (phase_ != Phase::kClosed && !output_pending() && received < kRoundBytes) {
+  while (phase_ != Phase::kClosed && !output_pending() && received < kLoopRoundBytes) {
     ssize_t n;
     if (phase_ == Phase::kDiscard) {
       n = recv(fd_.get(), sink_.data(), sink_.size(), MSG_DONTWAIT);
@@ -387,7 +383,7 @@ void IncomingConnection::QueueOutput(char* payload, uint64_t length,
 void IncomingConnection::Flush() {
   const uint64_t header_bytes = out_headers_.size() * sizeof(ResponseHeader);
   uint64_t sent = 0;
-  while (output_pending() && sent < kRoundBytes) {
+  while (output_pending() && sent < kLoopRoundBytes) {
     iovec iov[2];
     size_t count = 0;
     if (out_sent_ < header_bytes) {

@@ -19,10 +19,6 @@ namespace {
 // payloads still straight from their regions.
 constexpr size_t kMaxBatch = 32;
 constexpr uint64_t kMaxBatchBytes = 1 << 20;
-// Bytes one connection moves per wakeup in each direction before the loop's other
-// connections get their turn (level-triggered epoll calls it again at once). Small: an
-// express connection's op waits for at most this much of each bulk one on its loop.
-constexpr uint64_t kRoundBytes = 1 << 20;
 // The largest request a posting thread sends itself when the connection is idle
 // (SendNowLocked): a small op's latency without the hop to the loop.
 constexpr uint64_t kSendNowBytes = 64 << 10;
@@ -80,13 +76,18 @@ bool TcpConnection::failed() const {
   return failed_;
 }
 
+uint64_t TcpConnection::ops_queued() const {
+  absl::MutexLock lock(&mu_);
+  return ops_queued_;
+}
+
 absl::Status TcpConnection::Enqueue(Request request) {
   absl::MutexLock lock(&mu_);
   if (failed_) {
     return absl::UnavailableError(absl::StrCat("tcp: connection to ", peer_, " is broken"));
   }
   load_bytes_.fetch_add(request.header.length, std::memory_order_relaxed);
-  ops_queued_.fetch_add(1, std::memory_order_relaxed);
+  ++ops_queued_;
   queue_.push_back(std::move(request));
   if (sending_) return absl::OkStatus();
   sending_ = true;
@@ -251,7 +252,7 @@ ssize_t TcpConnection::SendWireLocked() {
 void TcpConnection::SendLocked(Finished& finished) {
   uint64_t sent = 0;
   while (!failed_) {
-    if (sent >= kRoundBytes) {
+    if (sent >= kLoopRoundBytes) {
       SetWantOutLocked(true);
       return;
     }
@@ -281,7 +282,7 @@ void TcpConnection::SendLocked(Finished& finished) {
 void TcpConnection::ReceiveLocked(Finished& finished) {
   char* buf = reinterpret_cast<char*>(acks_.data());
   uint64_t received = 0;
-  while (!failed_ && received < kRoundBytes) {
+  while (!failed_ && received < kLoopRoundBytes) {
     ssize_t n;
     if (read_left_ > 0) {
       // READ payload goes straight into the destination region.

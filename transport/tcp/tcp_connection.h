@@ -61,7 +61,7 @@ class TcpConnection : public EventLoop::Handler,
   // the lock: a hint that may be a moment old).
   uint64_t load_bytes() const { return load_bytes_.load(std::memory_order_relaxed); }
   // Any thread: requests ever queued here (tests: which socket an op took).
-  uint64_t ops_queued() const { return ops_queued_.load(std::memory_order_relaxed); }
+  uint64_t ops_queued() const;
 
   void OnEvents(uint32_t events) override;
 
@@ -103,7 +103,6 @@ class TcpConnection : public EventLoop::Handler,
   const std::string peer_;
   EventLoop* const loop_;
   std::atomic<uint64_t> load_bytes_{0};
-  std::atomic<uint64_t> ops_queued_{0};
 
   mutable absl::Mutex mu_;
   UniqueFd fd_ ABSL_GUARDED_BY(mu_);
@@ -117,6 +116,7 @@ class TcpConnection : public EventLoop::Handler,
   bool sending_ ABSL_GUARDED_BY(mu_) = false;
   bool want_out_ ABSL_GUARDED_BY(mu_) = false;  // EPOLLOUT armed
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t ops_queued_ ABSL_GUARDED_BY(mu_) = 0;
 
   // The batch being sent: headers, and iovecs of header i then payload i (straight from the
   // region; a kWriteList's frame table, then its pieces), consumed as sendmsg takes them.

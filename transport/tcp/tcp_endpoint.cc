@@ -73,16 +73,10 @@ bool TcpEndpoint::broken() const {
                      [](const auto& c) { return c->failed(); });
 }
 
-std::vector<uint64_t> TcpEndpoint::load_bytes() const {
-  std::vector<uint64_t> loads;
-  for (const auto& c : connections_) loads.push_back(c->load_bytes());
-  return loads;
-}
-
-std::vector<uint64_t> TcpEndpoint::ops_queued() const {
-  std::vector<uint64_t> ops;
-  for (const auto& c : connections_) ops.push_back(c->ops_queued());
-  return ops;
+std::vector<TcpEndpoint::SocketCounts> TcpEndpoint::socket_counts() const {
+  std::vector<SocketCounts> counts;
+  for (const auto& c : connections_) counts.push_back({c->load_bytes(), c->ops_queued()});
+  return counts;
 }
 
 void TcpEndpoint::Close() {

@@ -54,10 +54,12 @@ class TcpEndpoint : public fabric::Endpoint {
                              fabric::Completion done) override;
   bool broken() const override;
   void Close() override;
-  // By socket, the bulk ones then the express one (tests): payload bytes queued or
-  // unanswered, and requests ever queued.
-  std::vector<uint64_t> load_bytes() const;
-  std::vector<uint64_t> ops_queued() const;
+  // By socket, the bulk ones then the express one (tests).
+  struct SocketCounts {
+    uint64_t load_bytes;  // payload bytes queued or unanswered
+    uint64_t ops_queued;  // requests ever queued
+  };
+  std::vector<SocketCounts> socket_counts() const;
 
  private:
   TcpEndpoint(std::string address, std::vector<std::shared_ptr<TcpConnection>> connections,
