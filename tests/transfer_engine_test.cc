@@ -33,6 +33,8 @@ using fake::FakeFabric;
 
 constexpr uint64_t kSlice = 64 << 10;
 constexpr uint64_t kWindow = 2 * kSlice;
+// Slices on the wire while one transfer has the peer to itself (EngineLimits::kSoloWindows).
+constexpr uint64_t kSoloSlices = EngineLimits::kSoloWindows * kWindow / kSlice;
 constexpr uint64_t kLanding = 16 * kSlice;  // the peer's exported buffer
 constexpr absl::Duration kPatience = absl::Seconds(10);
 
@@ -309,33 +311,41 @@ TEST_F(TransferEngineTest, WriteAndReadMoveVerifiedBytes) {
                                        << engine_->finished() << " finished";
 }
 
-// An op larger than a slice goes as slices; at most the window is on the wire to the peer,
-// whatever the number of transfers.
+// An op larger than a slice goes as slices. Alone to its peer a transfer keeps kSoloWindows
+// windows on the wire; once another one waits, a newcomer's slices go only when what is in
+// flight fits one window, and a small op passes at once.
 TEST_F(TransferEngineTest, OpsAreSlicedAndWindowedPerPeer) {
-  constexpr uint64_t kLength = 5 * kSlice + 1000;  // 6 slices
+  constexpr uint64_t kLength = 11 * kSlice + 1000;  // 12 slices
   auto src = Local(kLength, 5);
   local_.HoldCompletions();
   ferry::v1::SubmitRequest big;
   *big.add_ops() = Op(ferry::v1::WRITE, *src, 0, kLength, 0);
   auto first = engine_->Submit(big);
   ASSERT_TRUE(first.ok()) << first.status();
-  // Slices are posted as Submit queues them: the window's worth, no more.
-  EXPECT_EQ(local_.stats().outstanding, kWindow / kSlice);
-  ferry::v1::SubmitRequest small;
-  *small.add_ops() = Op(ferry::v1::WRITE, *src, 0, 100, 8 * kSlice);
-  auto second = engine_->Submit(small);
+  // Slices are posted as Submit queues them: the solo window's worth, no more.
+  EXPECT_EQ(local_.stats().outstanding, kSoloSlices);
+  ferry::v1::SubmitRequest next;
+  *next.add_ops() = Op(ferry::v1::WRITE, *src, 0, 2 * kSlice, 12 * kSlice);
+  auto second = engine_->Submit(next);
   ASSERT_TRUE(second.ok()) << second.status();
-  EXPECT_EQ(local_.stats().outstanding, kWindow / kSlice) << "the window is per peer";
-  EXPECT_EQ(local_.stats().posts, kWindow / kSlice);
+  EXPECT_EQ(local_.stats().outstanding, kSoloSlices) << "the window is per peer";
+  ferry::v1::SubmitRequest small;
+  *small.add_ops() = Op(ferry::v1::WRITE, *src, 0, 100, 15 * kSlice);
+  auto third = engine_->Submit(small);
+  ASSERT_TRUE(third.ok()) << third.status();
+  EXPECT_EQ(local_.stats().outstanding, kSoloSlices + 1) << "the small op waited for a turn";
+  EXPECT_EQ(local_.stats().posts, kSoloSlices + 1);
   local_.ReleaseCompletions();
-  ferry::v1::TransferResult a = AwaitEnd(*first);
-  ferry::v1::TransferResult b = AwaitEnd(*second);
-  EXPECT_EQ(a.state(), ferry::v1::SUCCEEDED) << a.message();
-  EXPECT_EQ(b.state(), ferry::v1::SUCCEEDED) << b.message();
+  for (uint64_t id : {*first, *second, *third}) {
+    ferry::v1::TransferResult r = AwaitEnd(id);
+    EXPECT_EQ(r.state(), ferry::v1::SUCCEEDED) << r.message();
+  }
   EXPECT_TRUE(local_.AwaitIdle(kPatience));
-  EXPECT_EQ(local_.stats().posts, 6u + 1u);
-  EXPECT_EQ(local_.stats().bytes_written, kLength + 100);
+  EXPECT_EQ(local_.stats().posts, 12u + 2u + 1u);
+  EXPECT_EQ(local_.stats().bytes_written, kLength + 2 * kSlice + 100);
   EXPECT_EQ(Mismatch(landing_.data(), kLength, 5), -1);
+  EXPECT_EQ(Mismatch(landing_.data() + 12 * kSlice, 2 * kSlice, 5), -1);
+  EXPECT_EQ(Mismatch(landing_.data() + 15 * kSlice, 100, 5), -1);
 }
 
 // The blocks of a batch between the same two buffers ride as one fabric op up to a slice (a
@@ -558,7 +568,7 @@ TEST_F(TransferEngineTest, ScatteredBlocksAreGatheredIntoOpsOfAtMost256Pieces) {
 // Cancel settles what is open at once; the buffers stay held until the fabric is done with
 // them, even once freed, and come back when it completes.
 TEST_F(TransferEngineTest, CancelSettlesAtOnceButBuffersWaitForTheFabric) {
-  constexpr uint64_t kLength = 3 * kSlice;
+  constexpr uint64_t kLength = (kSoloSlices + 2) * kSlice;  // two slices wait for the window
   auto src = Local(kLength, 6);
   const uint64_t used = pool_->used();
   local_.HoldCompletions();
@@ -566,7 +576,7 @@ TEST_F(TransferEngineTest, CancelSettlesAtOnceButBuffersWaitForTheFabric) {
   *request.add_ops() = Op(ferry::v1::WRITE, *src, 0, kLength, 0);
   auto id = engine_->Submit(request);
   ASSERT_TRUE(id.ok()) << id.status();
-  ASSERT_TRUE(local_.AwaitHeld(2, kPatience));
+  ASSERT_TRUE(local_.AwaitHeld(kSoloSlices, kPatience));
   auto cancelled = engine_->Cancel(*id);
   ASSERT_TRUE(cancelled.ok()) << cancelled.status();
   EXPECT_TRUE((*cancelled)->finished());
@@ -575,14 +585,14 @@ TEST_F(TransferEngineTest, CancelSettlesAtOnceButBuffersWaitForTheFabric) {
   EXPECT_EQ(r.code(), static_cast<int>(absl::StatusCode::kCancelled));
   EXPECT_THAT(r.message(), HasSubstr(absl::StrCat("transfer ", *id, " was cancelled")));
   EXPECT_EQ(engine_->active(), 0u);
-  // Freed by its owner while two slices are on the wire: the memory stays.
+  // Freed by its owner while slices are on the wire: the memory stays.
   ASSERT_TRUE(registry_->Free(src->id()).ok());
   src.reset();
   EXPECT_EQ(pool_->used(), used) << "the buffer went back while the fabric still had it";
-  EXPECT_EQ(local_.stats().held, 2u);
+  EXPECT_EQ(local_.stats().held, kSoloSlices);
   local_.ReleaseCompletions();
   EXPECT_TRUE(AwaitPoolUsed(0));
-  EXPECT_EQ(local_.stats().posts, 2u) << "a slice went on the wire after Cancel";
+  EXPECT_EQ(local_.stats().posts, kSoloSlices) << "a slice went on the wire after Cancel";
   // A finished transfer is left as it was; an unknown one is NOT_FOUND.
   auto again = engine_->Cancel(*id);
   ASSERT_TRUE(again.ok()) << again.status();
@@ -669,10 +679,12 @@ TEST_F(TransferEngineTest, ADrainingEngineRefusesNewTransfersAndEndsTheRunningOn
 }
 
 TEST_F(TransferEngineTest, DestroyingTheEngineSettlesRunningTransfersUnavailable) {
-  auto src = Local(3 * kSlice, 9);
+  // More slices than the solo window: some are on the wire, the rest never go.
+  constexpr uint64_t kLength = (kSoloSlices + 2) * kSlice;
+  auto src = Local(kLength, 9);
   local_.HoldCompletions();
   ferry::v1::SubmitRequest request;
-  *request.add_ops() = Op(ferry::v1::WRITE, *src, 0, 3 * kSlice, 0);
+  *request.add_ops() = Op(ferry::v1::WRITE, *src, 0, kLength, 0);
   *request.add_ops() = Op(ferry::v1::READ, *src, 0, kSlice, kSlice);
   auto id = engine_->Submit(request);
   ASSERT_TRUE(id.ok()) << id.status();
@@ -689,7 +701,7 @@ TEST_F(TransferEngineTest, DestroyingTheEngineSettlesRunningTransfersUnavailable
   // completions find every op settled already).
   peers_->CloseAll();
   EXPECT_TRUE(local_.AwaitIdle(kPatience));
-  EXPECT_EQ(local_.stats().failed_completions, 2u);
+  EXPECT_EQ(local_.stats().failed_completions, kSoloSlices);
   local_.ReleaseCompletions();
 }
 

@@ -582,7 +582,10 @@ std::shared_ptr<FairQueue> TransferEngine::QueueFor(const std::string& node,
   auto& queue = queues_[node];
   if (!queue || queue->window_bytes() < window) {
     // A queue made for fewer routes is replaced; slices already in it run out there.
-    queue = std::make_shared<FairQueue>(window);
+    constexpr uint64_t kSolo = EngineLimits::kSoloWindows;
+    const uint64_t solo = window > UINT64_MAX / kSolo ? UINT64_MAX : kSolo * window;
+    queue = std::make_shared<FairQueue>(
+        FairQueueWindows{.window_bytes = window, .solo_window_bytes = solo});
   }
   return queue;
 }

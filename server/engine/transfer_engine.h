@@ -46,6 +46,8 @@ struct EngineLimits {
   // are on the wire to one peer at once, transfers taking turns (server/engine/fair_queue).
   uint64_t slice_bytes = 1 << 20;
   uint64_t peer_window_bytes = 16 << 20;
+  // ...and kSoloWindows of them while one transfer has the peer to itself (FairQueueWindows).
+  static constexpr uint64_t kSoloWindows = 4;
   // How long a drain (SIGTERM) lets running transfers finish before it cancels them.
   absl::Duration shutdown_grace = absl::Seconds(30);
 };
