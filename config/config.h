@@ -114,7 +114,7 @@ struct Config {
   // rest are cancelled (server/drain.h). 0: cancel them at once.
   uint32_t shutdown_grace_ms = 30000;
   // Direct ops are cut into slices; at most peer_window_bytes of them are on the wire to
-  // one peer at once (four windows while one transfer has the peer to itself), and
+  // one peer at once (four while one transfer has had the peer to itself for 50 ms), and
   // concurrent transfers take turns slice by slice (server/engine/fair_queue.h).
   uint64_t slice_bytes = 1 << 20;
   uint64_t peer_window_bytes = 16 << 20;

@@ -3,6 +3,7 @@
 #include <utility>
 
 #include "absl/status/status.h"
+#include "absl/time/clock.h"
 
 namespace ferry::server {
 
@@ -12,11 +13,9 @@ void FairQueue::Enqueue(uint64_t id, std::vector<SliceWork> slices, Wanted wante
     absl::MutexLock lock(&mu_);
     auto [it, fresh] = pending_.try_emplace(id);
     if (fresh) {
+      if (!turns_.empty() || in_flight_ > 0) shared_until_ = absl::Now() + shared_hold_;
       it->second.wanted = std::move(wanted);
-      it->second.small = slices.size() == 1 && slices.front().local.length <= kSmallOpBytes;
       turns_.push_back(id);
-    } else {
-      it->second.small = false;
     }
     queued_ += slices.size();
     for (auto& s : slices) it->second.slices.push_back(std::move(s));
@@ -35,23 +34,15 @@ bool FairQueue::ClaimPumpLocked() {
 }
 
 uint64_t FairQueue::WindowLocked() const {
-  return turns_.size() > 1 ? window_bytes_ : solo_window_bytes_;
-}
-
-FairQueue::Taken FairQueue::TakeLocked(Pending& pending) {
-  Taken taken{std::move(pending.slices.front()), pending.wanted, pending.small};
-  pending.slices.pop_front();
-  --queued_;
-  in_flight_ += taken.work.local.length;
-  if (taken.small) small_in_flight_ += taken.work.local.length;
-  return taken;
+  if (turns_.size() > 1 || solo_window_bytes_ == window_bytes_) return window_bytes_;
+  return absl::Now() < shared_until_ ? window_bytes_ : solo_window_bytes_;
 }
 
 void FairQueue::Pump() {
   // Taken out of the queue a few at a time: a window of 4 KiB slices is 4096 of them, and
   // one vector that large per pump was allocated, grown and faulted in every time.
   constexpr size_t kBatch = 64;
-  std::vector<Taken> batch;
+  std::vector<std::pair<SliceWork, Wanted>> batch;
   batch.reserve(kBatch);
   while (true) {
     batch.clear();
@@ -60,29 +51,21 @@ void FairQueue::Pump() {
       // One slice per transfer per turn, while the next one fits in the window (and always
       // one, so a slice larger than the window still goes).
       while (!turns_.empty() && batch.size() < kBatch) {
-        const uint64_t id = turns_.front();
+        uint64_t id = turns_.front();
         Pending& p = pending_.at(id);
         const uint64_t next = p.slices.front().local.length;
         if (in_flight_ > 0 && in_flight_ + next > WindowLocked()) break;
-        batch.push_back(TakeLocked(p));
+        SliceWork work = std::move(p.slices.front());
+        p.slices.pop_front();
+        --queued_;
+        in_flight_ += work.local.length;
+        batch.emplace_back(std::move(work), p.wanted);
         if (p.slices.empty()) {
           pending_.erase(id);
           turns_.pop_front();
         } else {
           turns_.splice(turns_.end(), turns_, turns_.begin());  // last in line, same node
         }
-      }
-      // The window is full: small ops pass it, in line, while their own budget allows.
-      for (auto turn = turns_.begin(); turn != turns_.end() && batch.size() < kBatch;) {
-        Pending& p = pending_.at(*turn);
-        const uint64_t next = p.slices.front().local.length;
-        if (!p.small || small_in_flight_ + next > kSmallWindowBytes) {
-          ++turn;
-          continue;
-        }
-        batch.push_back(TakeLocked(p));  // its one slice
-        pending_.erase(*turn);
-        turn = turns_.erase(turn);
       }
       if (batch.empty()) {
         if (!again_) {
@@ -96,21 +79,21 @@ void FairQueue::Pump() {
     // here): each answer takes the transfer's lock.
     const std::function<bool()>* asked = nullptr;
     bool answer = true;
-    for (auto& [work, wanted, small] : batch) {
+    for (auto& [work, wanted] : batch) {
       const std::function<bool()>* f = wanted && *wanted ? wanted.get() : nullptr;
       if (f != asked) {
         asked = f;
         answer = f == nullptr || (*f)();
       }
-      Post(std::move(work), answer, small);
+      Post(std::move(work), answer);
     }
   }
 }
 
-void FairQueue::Post(SliceWork work, bool wanted, bool small) {
+void FairQueue::Post(SliceWork work, bool wanted) {
   const uint64_t bytes = work.local.length;
   if (!wanted) {
-    Release(bytes, small);
+    Release(bytes);
     std::move(work.done)(absl::CancelledError("the transfer ended before this slice was posted"));
     return;
   }
@@ -119,13 +102,11 @@ void FairQueue::Post(SliceWork work, bool wanted, bool small) {
   struct Posted {
     std::shared_ptr<FairQueue> queue;
     uint64_t bytes;
-    bool small;
     fabric::Completion done;
   };
-  auto held =
-      std::make_shared<Posted>(Posted{shared_from_this(), bytes, small, std::move(work.done)});
+  auto held = std::make_shared<Posted>(Posted{shared_from_this(), bytes, std::move(work.done)});
   fabric::Completion on_done = [held](absl::Status s) {
-    held->queue->Release(held->bytes, held->small);
+    held->queue->Release(held->bytes);
     std::move(held->done)(std::move(s));
   };
   fabric::Endpoint& to = *work.endpoint;
@@ -140,16 +121,15 @@ void FairQueue::Post(SliceWork work, bool wanted, bool small) {
                        : to.PostWrite(work.local, work.remote, std::move(on_done));
   }
   if (!posted.ok()) {
-    Release(bytes, small);
+    Release(bytes);
     std::move(held->done)(std::move(posted));
   }
 }
 
-void FairQueue::Release(uint64_t bytes, bool small) {
+void FairQueue::Release(uint64_t bytes) {
   {
     absl::MutexLock lock(&mu_);
     in_flight_ -= bytes;
-    if (small) small_in_flight_ -= bytes;
     // Nothing waits for the room: no pump (a completion takes the queue's lock once).
     if (turns_.empty() || !ClaimPumpLocked()) return;
   }

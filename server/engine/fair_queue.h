@@ -1,18 +1,17 @@
 #pragma once
-// The slices waiting for the wire to one peer. Transfers take turns slice by slice, so a
-// small op never queues behind a huge batch and a cancelled transfer stops at its posted
-// slices. One per peer, shared by every transfer to it. How much is posted and not yet
-// complete (FairQueueWindows):
-// - `window_bytes` while two or more transfers have slices waiting: what a newcomer's first
-//   slice queues behind on the wire;
-// - `solo_window_bytes` (larger) while one transfer has the peer to itself: slices wait for
-//   their acks a round trip each, and with a window of them in flight that round trip, not
-//   the copies, sets one large transfer's rate. A newcomer then waits for the excess to
-//   drain before large slices of its own go;
-// - a small op (a transfer whose one slice to the peer is at most kSmallOpBytes) goes past
-//   either window while fewer than kSmallWindowBytes of them are in flight, so it waits for
-//   no turn (tcp then sends it on its express connection). The slices of larger ops, however
-//   small `limits.slice_bytes` makes them, wait for the window.
+// The slices waiting for the wire to one peer. At most `window_bytes` are posted and not yet
+// complete; transfers take turns slice by slice, so a small op never queues behind a huge
+// batch and a cancelled transfer stops at its posted slices. One per peer, shared by every
+// transfer to it.
+//
+// One transfer that has had the peer to itself for `shared_hold` may keep
+// `solo_window_bytes` (larger) on the wire: its slices wait for their acks a round trip
+// each, and with one window of them in flight that round trip, not the copies, sets a large
+// transfer's rate. A transfer that starts while another one has slices waiting or on the
+// wire makes the peer shared for `shared_hold`, so a stream of small ops beside a batch keeps
+// the batch at `window_bytes` (a fuller wire keeps the CPUs busier, and the small ops wait
+// for them: p99 2 x on a 2-core loopback). A newcomer to a solo transfer waits for the
+// excess to drain before its first slice goes.
 //
 // Threads: Enqueue from any thread; slices are posted by whichever thread pumps the queue
 // (the enqueuer, or the one completing a slice), never with the queue's lock held, and at
@@ -30,6 +29,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "transport/fabric.h"
 
 namespace ferry::server {
@@ -57,19 +57,18 @@ inline Wanted MakeWanted(std::function<bool()> wanted) {
 struct FairQueueWindows {
   uint64_t window_bytes = 16 << 20;
   uint64_t solo_window_bytes = 64 << 20;  // below window_bytes: window_bytes
+  absl::Duration shared_hold = absl::Milliseconds(50);
 };
 
 class FairQueue : public std::enable_shared_from_this<FairQueue> {
  public:
-  // The tcp provider's express size (TcpOptions::express_max_bytes).
-  static constexpr uint64_t kSmallOpBytes = 64 << 10;
-  static constexpr uint64_t kSmallWindowBytes = 1 << 20;
-
   explicit FairQueue(FairQueueWindows windows)
       : window_bytes_(windows.window_bytes),
-        solo_window_bytes_(std::max(windows.solo_window_bytes, windows.window_bytes)) {}
+        solo_window_bytes_(std::max(windows.solo_window_bytes, windows.window_bytes)),
+        shared_hold_(windows.shared_hold) {}
   // One window, alone or not.
-  explicit FairQueue(uint64_t window_bytes) : FairQueue(FairQueueWindows{window_bytes, 0}) {}
+  explicit FairQueue(uint64_t window_bytes)
+      : FairQueue(FairQueueWindows{.window_bytes = window_bytes, .solo_window_bytes = 0}) {}
 
   // Queues the slices of transfer `id` (in order) and posts what the window allows.
   // `wanted` is asked before they are posted: false (the transfer ended) skips the slices
@@ -85,29 +84,23 @@ class FairQueue : public std::enable_shared_from_this<FairQueue> {
   struct Pending {
     std::deque<SliceWork> slices;
     Wanted wanted;
-    bool small = false;  // one slice of at most kSmallOpBytes, all the transfer enqueued
-  };
-  struct Taken {
-    SliceWork work;
-    Wanted wanted;
-    bool small;  // counted in small_in_flight_
   };
   // True when the caller is now the one thread that pumps, and must call Pump.
   bool ClaimPumpLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The window for the transfers now in line: solo while one has the peer to itself.
+  // The window now: solo while one transfer has slices waiting and none other has started
+  // since shared_until_.
   uint64_t WindowLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Takes `pending`'s first slice and counts it in flight.
-  Taken TakeLocked(Pending& pending) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Pump();
   // Posts `work`, or completes it CANCELLED when its transfer no longer wants it.
-  void Post(SliceWork work, bool wanted, bool small);
-  void Release(uint64_t bytes, bool small);
+  void Post(SliceWork work, bool wanted);
+  void Release(uint64_t bytes);
 
   const uint64_t window_bytes_;
   const uint64_t solo_window_bytes_;
+  const absl::Duration shared_hold_;
   mutable absl::Mutex mu_;
   uint64_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;
-  uint64_t small_in_flight_ ABSL_GUARDED_BY(mu_) = 0;  // of in_flight_, small ops' bytes
+  absl::Time shared_until_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   absl::flat_hash_map<uint64_t, Pending> pending_ ABSL_GUARDED_BY(mu_);
   std::list<uint64_t> turns_ ABSL_GUARDED_BY(mu_);  // transfers with slices, next first
   size_t queued_ ABSL_GUARDED_BY(mu_) = 0;
