@@ -76,7 +76,6 @@ class FairQueue : public std::enable_shared_from_this<FairQueue> {
   void Enqueue(uint64_t id, std::vector<SliceWork> slices, Wanted wanted);
 
   uint64_t window_bytes() const { return window_bytes_; }
-  uint64_t solo_window_bytes() const { return solo_window_bytes_; }
   uint64_t in_flight_bytes() const;
   size_t queued() const;
 
