@@ -49,12 +49,15 @@ void FairQueue::Pump() {
     {
       absl::MutexLock lock(&mu_);
       // One slice per transfer per turn, while the next one fits in the window (and always
-      // one, so a slice larger than the window still goes).
+      // one, so a slice larger than the window still goes). The window is read once a pass
+      // (it reads the clock): a line that shrinks to one transfer meanwhile keeps the shared
+      // window until the next pass.
+      const uint64_t window = turns_.empty() ? window_bytes_ : WindowLocked();
       while (!turns_.empty() && batch.size() < kBatch) {
         uint64_t id = turns_.front();
         Pending& p = pending_.at(id);
         const uint64_t next = p.slices.front().local.length;
-        if (in_flight_ > 0 && in_flight_ + next > WindowLocked()) break;
+        if (in_flight_ > 0 && in_flight_ + next > window) break;
         SliceWork work = std::move(p.slices.front());
         p.slices.pop_front();
         --queued_;
