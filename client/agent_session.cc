@@ -22,20 +22,23 @@ absl::StatusOr<std::shared_ptr<AgentSession>> AgentSession::Open(const std::stri
   req.set_client(client);
   req.set_pid(static_cast<uint32_t>(getpid()));
   auto stub = ferry::v1::Agent::NewStub(session->channel_);
-  auto reader = std::shared_ptr<grpc::ClientReader<ferry::v1::SessionEvent>>(
+  session->reader_ = std::unique_ptr<grpc::ClientReader<ferry::v1::SessionEvent>>(
       stub->OpenSession(&session->call_, req));
   std::promise<absl::StatusOr<uint64_t>> first;
   auto opened = first.get_future();
-  session->reader_ = std::thread([reader, first = std::move(first)]() mutable {
+  // Only the first event is read (the session's id; the agent sends nothing else), on a
+  // thread so that Open can give up on an agent that never answers. No read stays pending
+  // after it: a thread blocked in a read would be one more poller of gRPC's, and it, not
+  // the caller, would then read most calls' answers and hand each over.
+  session->first_reader_ = std::thread([session = session.get(),
+                                        first = std::move(first)]() mutable {
     ferry::v1::SessionEvent event;
-    if (reader->Read(&event)) {
+    if (session->reader_->Read(&event)) {
       first.set_value(event.session());
-      while (reader->Read(&event)) {
-      }
-      reader->Finish().IgnoreError();
       return;
     }
-    absl::Status why = FromGrpcStatus(reader->Finish());
+    absl::Status why = FromGrpcStatus(session->reader_->Finish());
+    session->finished_ = true;
     first.set_value(why.ok() ? absl::UnavailableError("OpenSession ended without a session id")
                              : why);
   });
@@ -55,7 +58,8 @@ absl::StatusOr<std::shared_ptr<AgentSession>> AgentSession::Open(const std::stri
 
 AgentSession::~AgentSession() {
   call_.TryCancel();
-  if (reader_.joinable()) reader_.join();
+  if (first_reader_.joinable()) first_reader_.join();
+  if (!finished_) reader_->Finish().IgnoreError();  // CANCELLED: it ends at once
 }
 
 void AgentSession::Attach(grpc::ClientContext* ctx) const {

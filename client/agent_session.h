@@ -11,6 +11,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "ferry/v1/agent.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 
 namespace ferry {
@@ -38,8 +39,10 @@ class AgentSession {
   std::shared_ptr<grpc::Channel> channel_;
   grpc::ClientContext call_;
   uint64_t id_ = 0;
-  // Reads the call to its end, so that its end (the agent stopping) is noticed.
-  std::thread reader_;
+  std::unique_ptr<grpc::ClientReader<ferry::v1::SessionEvent>> reader_;
+  // Reads the first event (the session's id), then ends.
+  std::thread first_reader_;
+  bool finished_ = false;  // reader_->Finish was called (by first_reader_, before it ended)
 };
 
 }  // namespace ferry
