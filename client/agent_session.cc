@@ -29,7 +29,9 @@ absl::StatusOr<std::shared_ptr<AgentSession>> AgentSession::Open(const std::stri
   // Only the first event is read (the session's id; the agent sends nothing else), on a
   // thread so that Open can give up on an agent that never answers. No read stays pending
   // after it: a thread blocked in a read would be one more poller of gRPC's, and it, not
-  // the caller, would then read most calls' answers and hand each over.
+  // the caller, would then read most calls' answers and hand each over. An idle client's
+  // connection is still served (the agent's keepalive pings acked, its GOAWAY seen): gRPC's
+  // client channels poll every 5 s when no call does (its backup poller; strace shows it).
   session->first_reader_ = std::thread([session = session.get(),
                                         first = std::move(first)]() mutable {
     ferry::v1::SessionEvent event;
