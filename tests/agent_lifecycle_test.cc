@@ -1,7 +1,8 @@
 // A long-running agent, through real ferryd processes: memory comes back however clients
-// leave, one agent per socket and port, restarts at once, a data listener that survives a
-// flood of idle connections under a low fd limit, cancel and capped deadlines, honest codes
-// and bounded messages, SIGHUP and flags. Each test reproduces what was seen to break.
+// leave (and stays while an idle client's session is left unread), one agent per socket and
+// port, restarts at once, a data listener that survives a flood of idle connections under a
+// low fd limit, cancel and capped deadlines, honest codes and bounded messages, SIGHUP and
+// flags. Each test reproduces what was seen to break.
 
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -175,6 +176,26 @@ TEST(AgentLifecycleTest, BuffersOfAClientThatCrashesOrExitsAreFreedAndPersisting
   grpc::Status s = stub->AllocBuffer(&ctx, req, &resp);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
   EXPECT_THAT(s.error_message(), HasSubstr("persist:"));
+}
+
+// libferry reads a session's first event only (client/agent_session.cc): the call then stays
+// open unread. It must outlive a client that makes no call for longer than gRPC's backup
+// poll (5 s), and still end with the client.
+TEST(AgentLifecycleTest, AnIdleClientsUnreadSessionStaysOpenAndEndsWithTheClient) {
+  Pair pair;
+  ASSERT_TRUE(pair.Start().ok());
+  auto idle = Client::Connect(pair.a->socket());
+  ASSERT_TRUE(idle.ok());
+  auto buffer = (*idle)->Alloc(1 << 20, "idle");
+  ASSERT_TRUE(buffer.ok());
+  const uint64_t held = HostPoolUsed(*pair.ca);
+  EXPECT_GE(held, uint64_t{1} << 20);
+  absl::SleepFor(absl::Seconds(6));
+  EXPECT_EQ(HostPoolUsed(*pair.ca), held) << "the idle client's buffer was freed";
+  EXPECT_TRUE((*idle)->GetInfo().ok());
+  buffer->reset();
+  idle->reset();
+  EXPECT_TRUE(PoolReturnsTo(*pair.ca, 0)) << "pool at " << HostPoolUsed(*pair.ca);
 }
 
 TEST(AgentLifecycleTest, ASecondAgentOnTheSameSocketOrPortIsRefusedAndTheFirstServesOn) {
