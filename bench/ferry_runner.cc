@@ -165,6 +165,7 @@ absl::StatusOr<Measurement> FerryRunner::Run(const std::string& series, uint64_t
   // Each client thread has its own connection and runs batches until time is up.
   absl::Mutex mu;
   std::vector<double> latencies;
+  std::vector<double> agent_us;  // each batch's duration as the agent measured it
   uint64_t iterations = 0;
   absl::Status failure;
   absl::Time start = absl::Now();
@@ -182,6 +183,7 @@ absl::StatusOr<Measurement> FerryRunner::Run(const std::string& series, uint64_t
         return;
       }
       latencies.push_back(us);
+      agent_us.push_back(static_cast<double>(result->duration_us()));
       ++iterations;
       ++done;
       bool enough_time = absl::Now() >= until && done >= options.min_iterations;
@@ -212,6 +214,10 @@ absl::StatusOr<Measurement> FerryRunner::Run(const std::string& series, uint64_t
   for (const auto& op : batch) batch_bytes += op.length;
   m.bytes = iterations * batch_bytes;
   SetTimings(m, seconds, latencies);
+  if (!agent_us.empty()) {
+    std::nth_element(agent_us.begin(), agent_us.begin() + agent_us.size() / 2, agent_us.end());
+    m.agent_p50_us = agent_us[agent_us.size() / 2];
+  }
   if (options.clients > 1) m.note = absl::StrCat(options.clients, " clients");
   return m;
 }

@@ -18,6 +18,10 @@ struct Measurement {
   double p50_us = 0;       // latency of one batch (Submit..Wait), or one push for grpc
   double p99_us = 0;
   uint64_t batch = 1;      // ops per batch
+  // The agent's own duration of a batch (TransferResult.duration_us), p50; 0 when not known.
+  // Beside p50_us it says how much of a round trip is outside the transfer (the call, the
+  // request's parsing and planning, the answer).
+  double agent_p50_us = 0;
   std::string note;
 };
 
