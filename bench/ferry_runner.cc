@@ -214,10 +214,7 @@ absl::StatusOr<Measurement> FerryRunner::Run(const std::string& series, uint64_t
   for (const auto& op : batch) batch_bytes += op.length;
   m.bytes = iterations * batch_bytes;
   SetTimings(m, seconds, latencies);
-  if (!agent_us.empty()) {
-    std::nth_element(agent_us.begin(), agent_us.begin() + agent_us.size() / 2, agent_us.end());
-    m.agent_p50_us = agent_us[agent_us.size() / 2];
-  }
+  m.agent_p50_us = Percentile(std::move(agent_us), 0.5);
   if (options.clients > 1) m.note = absl::StrCat(options.clients, " clients");
   return m;
 }
