@@ -126,6 +126,9 @@ absl::StatusOr<T> Itself(T& resp) {
 // the call ends, so they live here, kept by the completion callback until it has run.
 template <typename Request, typename Response, typename Result>
 struct AsyncUnary {
+  explicit AsyncUnary(CallsInFlight& calls) : hold(calls) {}
+
+  CallsInFlight::Hold hold;  // first, so that it goes last: after ctx and its channel reference
   grpc::ClientContext ctx;
   Request req;
   Response resp;
@@ -137,16 +140,19 @@ struct AsyncUnary {
 // from the response. `session`, when set, names the call's session (see AgentSession).
 template <typename Response, typename Result, typename Request, typename Start,
           typename Convert>
-void StartUnary(Request req, const CallOptions& options, const AgentSession* session,
-                Start start, Convert convert, CallDone<Result> done) {
-  auto call = std::make_shared<AsyncUnary<Request, Response, Result>>();
+void StartUnary(CallsInFlight& calls, Request req, const CallOptions& options,
+                const AgentSession* session, Start start, Convert convert,
+                CallDone<Result> done) {
+  auto call = std::make_shared<AsyncUnary<Request, Response, Result>>(calls);
   call->req = std::move(req);
   call->done = std::move(done);
   if (session != nullptr) session->Attach(&call->ctx);
   call->scope.emplace(options, &call->ctx);
+  call->hold.Started(&call->ctx);
   start(&call->ctx, &call->req, &call->resp, [call, convert](grpc::Status s) {
-    // First: from here on a canceller must not reach the context (it may go with `call`).
+    // First: from here on no canceller may reach the context (it may go with `call`).
     call->scope.reset();
+    call->hold.Ended();
     absl::StatusOr<Result> r =
         s.ok() ? convert(call->resp) : absl::StatusOr<Result>(FromGrpcStatus(s));
     std::move(call->done)(std::move(r));
@@ -243,7 +249,7 @@ void TensorClient::SendAsync(uint64_t buffer, uint64_t offset, const ferry::v1::
                              const std::string& peer, const CallOptions& options,
                              CallDone<ferry::v1::SendResponse> done) {
   StartUnary<ferry::v1::SendResponse, ferry::v1::SendResponse>(
-      SendRequestFor(buffer, offset, meta, peer, options), options, nullptr,
+      calls_, SendRequestFor(buffer, offset, meta, peer, options), options, nullptr,
       [this](auto* ctx, auto* req, auto* resp, std::function<void(grpc::Status)> end) {
         stub_->async()->Send(ctx, req, resp, std::move(end));
       },
@@ -255,7 +261,7 @@ void TensorClient::RecvAsync(const std::string& peer, const std::string& tag,
                              CallDone<ReceivedTensor> done) {
   // As Recv: the session is named so that a landing buffer the agent allocates is ours.
   StartUnary<ferry::v1::RecvResponse, ReceivedTensor>(
-      RecvRequestFor(peer, tag, recv, options), options, session_.get(),
+      calls_, RecvRequestFor(peer, tag, recv, options), options, session_.get(),
       [this](auto* ctx, auto* req, auto* resp, std::function<void(grpc::Status)> end) {
         stub_->async()->Recv(ctx, req, resp, std::move(end));
       },
@@ -268,6 +274,7 @@ void TensorClient::WriteBlocksAsync(uint64_t local_buffer, const std::string& pe
                                     const std::string& notification, const CallOptions& options,
                                     CallDone<ferry::v1::WriteBlocksResponse> done) {
   StartUnary<ferry::v1::WriteBlocksResponse, ferry::v1::WriteBlocksResponse>(
+      calls_,
       WriteBlocksRequestFor(local_buffer, peer, remote_buffer, blocks, notification, options),
       options, nullptr,
       [this](auto* ctx, auto* req, auto* resp, std::function<void(grpc::Status)> end) {
@@ -280,7 +287,7 @@ void TensorClient::WaitNotificationAsync(const std::string& name, const std::str
                                          const CallOptions& options,
                                          CallDone<ferry::v1::Notification> done) {
   StartUnary<ferry::v1::Notification, ferry::v1::Notification>(
-      WaitNotificationRequestFor(name, from_node, options), options, nullptr,
+      calls_, WaitNotificationRequestFor(name, from_node, options), options, nullptr,
       [this](auto* ctx, auto* req, auto* resp, std::function<void(grpc::Status)> end) {
         stub_->async()->WaitNotification(ctx, req, resp, std::move(end));
       },
@@ -343,12 +350,18 @@ class NotificationReader::Reactor : public grpc::ClientReadReactor<ferry::v1::No
  public:
   static constexpr size_t kReadAhead = 64;
 
-  // Starts the stream; it keeps itself alive until gRPC reported its end (OnDone).
-  void Start(ferry::v1::Tensors::Stub* stub, const std::string& prefix, absl::Duration timeout,
-             uint32_t max_count, const std::shared_ptr<Reactor>& self) {
+  // Starts the stream; it keeps itself alive until gRPC reported its end (OnDone), and is
+  // one of `calls` until then.
+  void Start(CallsInFlight& calls, ferry::v1::Tensors::Stub* stub, const std::string& prefix,
+             absl::Duration timeout, uint32_t max_count, const std::shared_ptr<Reactor>& self) {
     self_ = self;
-    req_ = StreamRequestFor(prefix, timeout, max_count, &ctx_);
-    stub->async()->StreamNotifications(&ctx_, &req_, this);
+    hold_.emplace(calls);
+    {
+      absl::MutexLock lock(&mu_);
+      req_ = StreamRequestFor(prefix, timeout, max_count, &*ctx_);
+      hold_->Started(&*ctx_);
+      stub->async()->StreamNotifications(&*ctx_, &req_, this);  // StartCall starts it
+    }
     StartRead(&incoming_);
     StartCall();
   }
@@ -371,9 +384,16 @@ class NotificationReader::Reactor : public grpc::ClientReadReactor<ferry::v1::No
 
   void OnDone(const grpc::Status& s) override {
     std::shared_ptr<Reactor> last = std::move(self_);  // this may go when `last` does
-    absl::MutexLock lock(&mu_);
-    end_ = FromGrpcStatus(s);
-    ended_ = true;
+    hold_->Ended();
+    {
+      absl::MutexLock lock(&mu_);
+      end_ = FromGrpcStatus(s);
+      ended_ = true;
+      // The context goes now, not with the reactor (a NotificationReader may keep that past
+      // its client): its channel reference must be gone before the hold is (CallsInFlight).
+      ctx_.reset();
+    }
+    hold_.reset();
   }
 
   bool WaitUntil(absl::Time deadline) {
@@ -405,16 +425,20 @@ class NotificationReader::Reactor : public grpc::ClientReadReactor<ferry::v1::No
     return n;
   }
 
-  void Cancel() { ctx_.TryCancel(); }
+  void Cancel() {
+    absl::MutexLock lock(&mu_);
+    if (!ended_) ctx_->TryCancel();  // never reports inline (see CallsInFlight::EndAll)
+  }
 
  private:
   bool ReadyLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return ended_ || !ready_.empty(); }
 
-  grpc::ClientContext ctx_;
+  std::optional<CallsInFlight::Hold> hold_;  // from Start until OnDone
   ferry::v1::StreamNotificationsRequest req_;
   ferry::v1::Notification incoming_;  // the read in flight writes here
   std::shared_ptr<Reactor> self_;
   absl::Mutex mu_;
+  std::optional<grpc::ClientContext> ctx_ ABSL_GUARDED_BY(mu_){std::in_place};  // until OnDone
   std::deque<ferry::v1::Notification> ready_ ABSL_GUARDED_BY(mu_);
   bool reading_ ABSL_GUARDED_BY(mu_) = true;
   bool ended_ ABSL_GUARDED_BY(mu_) = false;
@@ -435,7 +459,7 @@ std::unique_ptr<NotificationReader> TensorClient::OpenNotificationReader(const s
                                                                          absl::Duration timeout,
                                                                          uint32_t max_count) {
   auto reactor = std::make_shared<NotificationReader::Reactor>();
-  reactor->Start(stub_.get(), prefix, timeout, max_count, reactor);
+  reactor->Start(calls_, stub_.get(), prefix, timeout, max_count, reactor);
   return std::unique_ptr<NotificationReader>(new NotificationReader(std::move(reactor)));
 }
 

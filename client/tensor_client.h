@@ -21,6 +21,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "client/calls_in_flight.h"
 #include "client/ferry_client.h"
 #include "ferry/v1/tensor.grpc.pb.h"
 #include "grpcpp/client_context.h"
@@ -111,6 +112,7 @@ class NotificationReader {
 // Runs once when an asynchronous call (TensorClient::SendAsync, ...) ends, on one of gRPC's
 // threads, or inline on the caller's when the request cannot even be sent. It must not
 // block: gRPC's few callback threads end every other call too. Hand the result on instead.
+// Nor may it destroy the TensorClient that started it: that waits for its calls to end.
 template <typename T>
 using CallDone = absl::AnyInvocable<void(absl::StatusOr<T>) &&>;
 
@@ -155,7 +157,8 @@ class TensorClient {
 
   // The calls above without a thread waiting on each: they return at once and `done` gets
   // what the blocking form would return. Any number may be outstanding; options.canceller
-  // cancels one at the agent (`done` then gets CANCELLED).
+  // cancels one at the agent (`done` then gets CANCELLED). Those still outstanding when the
+  // client goes are cancelled, and the destructor returns once their `done` has run.
   void SendAsync(uint64_t buffer, uint64_t offset, const ferry::v1::TensorMeta& meta,
                  const std::string& peer, const CallOptions& options,
                  CallDone<ferry::v1::SendResponse> done);
@@ -168,7 +171,8 @@ class TensorClient {
   void WaitNotificationAsync(const std::string& name, const std::string& from_node,
                              const CallOptions& options,
                              CallDone<ferry::v1::Notification> done);
-  // OpenNotifications on gRPC's callback API.
+  // OpenNotifications on gRPC's callback API. A reader kept past the client reports
+  // CANCELLED: the client ended its stream when it went.
   std::unique_ptr<NotificationReader> OpenNotificationReader(const std::string& prefix,
                                                              absl::Duration timeout,
                                                              uint32_t max_count = 0);
@@ -176,6 +180,9 @@ class TensorClient {
  private:
   std::shared_ptr<AgentSession> session_;
   std::unique_ptr<ferry::v1::Tensors::Stub> stub_;
+  // Last, so that it goes first: the calls still in flight are cancelled and waited for
+  // while the channel is still ours (calls_in_flight.h says why).
+  CallsInFlight calls_;
 };
 
 }  // namespace ferry

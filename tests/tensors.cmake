@@ -1,6 +1,7 @@
 # Tensors: tagged Send/Recv, KV-block notifications (C++), the Python package (pytest) and
 # the examples, all against real agents.
 ferry_test(tensor_integration_test LABELS integration LIBS ferry_launch ferry_tensor_client)
+ferry_test(tensor_client_lifetime_test LABELS integration LIBS ferry_launch ferry_tensor_client)
 
 if(TARGET ferry_python)
   # The Python side finds the package in the build tree and the agent through $FERRYD.
