@@ -81,12 +81,12 @@ TEST(ResolveCacheTest, ForgetDropsOnlyTheAnswerThatFailed) {
   ResolveCache cache;
   auto old_answer = Answer("b", "x");
   cache.Keep(cache.Epoch("b"), old_answer);
-  cache.Forget(old_answer);
+  cache.Forget(old_answer.get());
   EXPECT_EQ(cache.Find("b", "x"), nullptr);
   // A transfer on the old answer failing after a newer one was kept leaves the newer.
   auto newer = Answer("b", "x");
   cache.Keep(cache.Epoch("b"), newer);
-  cache.Forget(old_answer);
+  cache.Forget(old_answer.get());
   EXPECT_EQ(cache.Find("b", "x"), newer);
   cache.Forget(nullptr);
 }

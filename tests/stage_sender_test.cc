@@ -172,16 +172,30 @@ class StageSenderTest : public ::testing::Test {
     return r;
   }
 
-  static PlannedOp Op(ferry::v1::OpType type, std::shared_ptr<Buffer> local, uint64_t local_offset,
-                      uint64_t length, std::shared_ptr<const RemoteBuffer> remote,
-                      uint64_t remote_offset) {
-    return {type, std::move(local), local_offset, length, std::move(remote), remote_offset};
+  // An op of the batch Prepare makes, with the buffers it will keep for it.
+  struct TestOp {
+    PlannedOp op;
+    std::shared_ptr<Buffer> local;
+    std::shared_ptr<const RemoteBuffer> remote;
+  };
+  static TestOp Op(ferry::v1::OpType type, std::shared_ptr<Buffer> local, uint64_t local_offset,
+                   uint64_t length, std::shared_ptr<const RemoteBuffer> remote,
+                   uint64_t remote_offset) {
+    return {{type, nullptr, local_offset, length, nullptr, remote_offset},
+            std::move(local),
+            std::move(remote)};
   }
 
   // Makes the transfer and its sender; every op is staged on our side iff its buffer is on
   // the GPU. The peer's calls are FakeStageCalls (held: copies wait for ReleaseCopies).
-  void Prepare(std::vector<PlannedOp> ops, bool hold_copies = false,
+  void Prepare(std::vector<TestOp> test_ops, bool hold_copies = false,
                absl::Duration timeout = kPatience) {
+    PlannedBatch ops;
+    for (TestOp& t : test_ops) {
+      t.op.local = ops.Keep(std::move(t.local));
+      t.op.remote = ops.Keep(std::move(t.remote));
+      ops.ops.push_back(t.op);
+    }
     const size_t n = ops.size();
     std::vector<StagedOp> staged;
     for (size_t i = 0; i < n; ++i) {

@@ -17,25 +17,24 @@ std::vector<uint64_t> Lengths(const std::vector<PlannedOp>& ops) {
 
 }  // namespace
 
-Transfer::Transfer(uint64_t id, std::vector<PlannedOp> ops, absl::Time deadline,
+Transfer::Transfer(uint64_t id, PlannedBatch ops, absl::Time deadline,
                    std::shared_ptr<const PolicySnapshot> policy)
-    : id_(id), lengths_(Lengths(ops)), start_(absl::Now()), deadline_(deadline),
-      policy_(std::move(policy)),
-      ops_(std::make_shared<const std::vector<PlannedOp>>(std::move(ops))),
+    : id_(id), lengths_(Lengths(ops.ops)), start_(absl::Now()), deadline_(deadline),
+      policy_(std::move(policy)), ops_(std::make_shared<const PlannedBatch>(std::move(ops))),
       states_(lengths_.size()) {
   for (uint64_t length : lengths_) bytes_total_ += length;
   op_peer_.reserve(lengths_.size());
   op_read_.reserve(lengths_.size());
   const RemoteBuffer* previous = nullptr;  // ops on the previous op's buffer: its peer
-  for (const PlannedOp& op : *ops_) {
-    if (op_peer_.empty() || op.remote.get() != previous) {
+  for (const PlannedOp& op : ops_->ops) {
+    if (op_peer_.empty() || op.remote != previous) {
       // Batches name few peers: a linear search beats a map.
       static const std::string kNone;
       const std::string& node = op.remote ? op.remote->node : kNone;
       auto it = std::find(peers_.begin(), peers_.end(), node);
       if (it == peers_.end()) it = peers_.insert(peers_.end(), node);
       op_peer_.push_back(static_cast<uint32_t>(it - peers_.begin()));
-      previous = op.remote.get();
+      previous = op.remote;
     } else {
       op_peer_.push_back(op_peer_.back());
     }

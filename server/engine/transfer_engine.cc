@@ -82,9 +82,8 @@ TransferEngine::Visit::~Visit() {
   if (entered_) life_.visits.fetch_sub(1);
 }
 
-absl::StatusOr<std::vector<PlannedOp>> TransferEngine::Plan(const ferry::v1::SubmitRequest& request,
-                                                           const EngineLimits& limits,
-                                                           absl::Time deadline) {
+absl::StatusOr<PlannedBatch> TransferEngine::Plan(const ferry::v1::SubmitRequest& request,
+                                                 const EngineLimits& limits, absl::Time deadline) {
   if (request.ops_size() == 0) return absl::InvalidArgumentError("ops: the batch is empty");
   if (static_cast<uint64_t>(request.ops_size()) > limits.max_ops_per_submit) {
     return absl::InvalidArgumentError(absl::StrCat("ops: ", request.ops_size(),
@@ -92,9 +91,11 @@ absl::StatusOr<std::vector<PlannedOp>> TransferEngine::Plan(const ferry::v1::Sub
                                                    limits.max_ops_per_submit, ")"));
   }
   // One answer per distinct remote buffer in the batch, not per op: kept from an earlier
-  // transfer where the peer allows (no call), else one ResolveBuffer.
-  std::map<std::pair<std::string, std::string>, std::shared_ptr<const RemoteBuffer>> remotes;
-  std::vector<PlannedOp> planned(request.ops_size());
+  // transfer where the peer allows (no call), else one ResolveBuffer. The batch holds it.
+  std::map<std::pair<std::string, std::string>, const RemoteBuffer*> remotes;
+  PlannedBatch batch;
+  std::vector<PlannedOp>& planned = batch.ops;
+  planned.resize(request.ops_size());
   for (int i = 0; i < request.ops_size(); ++i) {
     const ferry::v1::Op& op = request.ops(i);
     // The field prefix of error messages, built only for an error (not for 4096 good ops).
@@ -123,7 +124,7 @@ absl::StatusOr<std::vector<PlannedOp>> TransferEngine::Plan(const ferry::v1::Sub
       if (!local.ok()) {
         return absl::Status(local.status().code(), absl::StrCat(f(), local.status().message()));
       }
-      p.local = *std::move(local);
+      p.local = batch.Keep(*std::move(local));
     }
     if (!RangeFits(op.local_offset(), op.length(), p.local->size())) {
       return RangeError(f() + "local_offset", op.local_offset(), op.length(),
@@ -158,7 +159,7 @@ absl::StatusOr<std::vector<PlannedOp>> TransferEngine::Plan(const ferry::v1::Sub
           return absl::Status(resolved.status().code(),
                               absl::StrCat(f(), "remote_buffer: ", resolved.status().message()));
         }
-        it = remotes.emplace(key, *std::move(resolved)).first;
+        it = remotes.emplace(key, batch.Keep(*std::move(resolved))).first;
       }
       p.remote = it->second;
     }
@@ -168,7 +169,7 @@ absl::StatusOr<std::vector<PlannedOp>> TransferEngine::Plan(const ferry::v1::Sub
     }
     p.remote_offset = op.remote_offset();
   }
-  return planned;
+  return batch;
 }
 
 absl::StatusOr<uint64_t> TransferEngine::Submit(const ferry::v1::SubmitRequest& request,
@@ -185,7 +186,7 @@ absl::StatusOr<uint64_t> TransferEngine::Submit(const ferry::v1::SubmitRequest& 
         absl::ToInt64Milliseconds(limits.max_timeout), " ms)"));
   }
   absl::Time deadline = absl::Now() + timeout;
-  ASSIGN_OR_RETURN(std::vector<PlannedOp> ops, Plan(request, limits, deadline));
+  ASSIGN_OR_RETURN(PlannedBatch ops, Plan(request, limits, deadline));
   std::shared_ptr<Transfer> transfer;
   {
     absl::MutexLock lock(&mu_);
@@ -381,12 +382,12 @@ void TransferEngine::Post(const std::shared_ptr<Transfer>& transfer, absl::Time 
   for (size_t i = 0; i < ops.size(); ++i) {
     const PlannedOp& op = ops[i];
     const std::string& node = op.remote->node;
-    if (rails_for != op.remote.get()) {
+    if (rails_for != op.remote) {
       it = rails.find(node);
       if (it == rails.end()) {
         it = rails.emplace(node, peers_->Rails(node, op.remote->incarnation, deadline)).first;
       }
-      rails_for = op.remote.get();
+      rails_for = op.remote;
     }
     if (!it->second.ok()) {
       Settle(transfer, i, it->second.status(), "");
@@ -405,7 +406,7 @@ void TransferEngine::Post(const std::shared_ptr<Transfer>& transfer, absl::Time 
     // Ops between the same two buffers plan alike: the first of them plans, the others
     // share its legs and lanes (a KV batch of 4096 blocks plans once, not 4096 times).
     bool fresh = false;
-    if (const std::pair<const Buffer*, const RemoteBuffer*> key{op.local.get(), op.remote.get()};
+    if (const std::pair<const Buffer*, const RemoteBuffer*> key{op.local, op.remote};
         key != plan_for) {
       plan_for = key;
       std::tie(shared, fresh) = plans.try_emplace(key);

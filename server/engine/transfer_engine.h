@@ -130,8 +130,8 @@ class TransferEngine {
   std::vector<std::shared_ptr<Transfer>> Recent(size_t recent) const;
 
  private:
-  absl::StatusOr<std::vector<PlannedOp>> Plan(const ferry::v1::SubmitRequest& request,
-                                              const EngineLimits& limits, absl::Time deadline);
+  absl::StatusOr<PlannedBatch> Plan(const ferry::v1::SubmitRequest& request,
+                                    const EngineLimits& limits, absl::Time deadline);
   void Post(const std::shared_ptr<Transfer>& transfer, absl::Time deadline);
   void OnFinished(uint64_t id);
   // The queue of direct slices to `node`, made on first use, with a window for `routes`.

@@ -28,14 +28,14 @@ std::shared_ptr<const Answer> ResolveCache::KeepIn(Kept<Answer> Peer::*kind, uin
 }
 
 template <typename Answer>
-void ResolveCache::ForgetIn(Kept<Answer> Peer::*kind, const std::shared_ptr<const Answer>& answer) {
+void ResolveCache::ForgetIn(Kept<Answer> Peer::*kind, const Answer* answer) {
   if (answer == nullptr) return;
   absl::MutexLock lock(&mu_);
   auto peer = peers_.find(answer->node);
   if (peer == peers_.end()) return;
   Kept<Answer>& kept = peer->second.*kind;
   auto it = kept.find(answer->name);
-  if (it != kept.end() && it->second == answer) kept.erase(it);
+  if (it != kept.end() && it->second.get() == answer) kept.erase(it);
 }
 
 template <typename Answer>
@@ -55,7 +55,7 @@ std::shared_ptr<const RemoteBuffer> ResolveCache::Keep(
   return KeepIn(&Peer::answers, epoch, std::move(answer));
 }
 
-void ResolveCache::Forget(const std::shared_ptr<const RemoteBuffer>& answer) {
+void ResolveCache::Forget(const RemoteBuffer* answer) {
   ForgetIn(&Peer::answers, answer);
 }
 
@@ -79,7 +79,7 @@ std::shared_ptr<const RemoteList> ResolveCache::KeepList(uint64_t epoch,
 }
 
 void ResolveCache::ForgetList(const std::shared_ptr<const RemoteList>& answer) {
-  ForgetIn(&Peer::lists, answer);
+  ForgetIn(&Peer::lists, answer.get());
 }
 
 size_t ResolveCache::ListsKeptFrom(const std::string& node) const {

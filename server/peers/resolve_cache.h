@@ -57,7 +57,8 @@ class ResolveCache {
       const std::vector<std::string>& lists = {},
       std::vector<std::weak_ptr<const RemoteList>>* lists_dropped = nullptr);
   // Drops `answer` if it is still the kept one for its buffer (a transfer on it failed).
-  void Forget(const std::shared_ptr<const RemoteBuffer>& answer);
+  // The caller holds `answer` (its batch does), so no newer answer can have its address.
+  void Forget(const RemoteBuffer* answer);
   // How many answers from `node` are kept.
   size_t KeptFrom(const std::string& node) const;
 
@@ -103,7 +104,7 @@ class ResolveCache {
   std::shared_ptr<const Answer> KeepIn(Kept<Answer> Peer::*kind, uint64_t epoch,
                                        std::shared_ptr<const Answer> answer);
   template <typename Answer>
-  void ForgetIn(Kept<Answer> Peer::*kind, const std::shared_ptr<const Answer>& answer);
+  void ForgetIn(Kept<Answer> Peer::*kind, const Answer* answer);
   template <typename Answer>
   size_t CountIn(Kept<Answer> Peer::*kind, const std::string& node) const;
 
