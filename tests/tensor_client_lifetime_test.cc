@@ -8,7 +8,7 @@
 #include <dirent.h>
 #include <stdlib.h>
 
-#include <atomic>
+#include <fstream>
 #include <memory>
 #include <string>
 
@@ -22,22 +22,31 @@
 namespace ferry {
 namespace {
 
-// Threads of this process (gRPC's callback threads come and go with the last channel).
-int ThreadCount() {
+// Threads of this process serving gRPC's callback queue (CallbackAlternativeCQ, named
+// "nexting_thread"): they exist while a channel that made callback calls does, and the last
+// such channel joins them as it goes.
+int CallbackThreads() {
   int n = 0;
   DIR* d = opendir("/proc/self/task");
   if (d == nullptr) return -1;
-  while (dirent* e = readdir(d)) n += e->d_name[0] != '.';
+  while (dirent* e = readdir(d)) {
+    if (e->d_name[0] == '.') continue;
+    std::ifstream comm(absl::StrCat("/proc/self/task/", e->d_name, "/comm"));
+    std::string name;
+    std::getline(comm, name);
+    n += name == "nexting_thread";
+  }
   closedir(d);
   return n;
 }
 
-// Polls until this process has `n` threads; false after a few seconds.
-bool ThreadsReturnTo(int n) {
+// Polls until there are callback threads (`some`) or none: a thread names itself once it
+// runs, and a joined one leaves /proc a moment after its join returned. False after 5 s.
+bool CallbackThreadsAre(bool some) {
   absl::Time deadline = absl::Now() + absl::Seconds(5);
-  while (ThreadCount() != n) {
+  while ((CallbackThreads() > 0) != some) {
     if (absl::Now() > deadline) return false;
-    absl::SleepFor(absl::Milliseconds(10));
+    absl::SleepFor(absl::Milliseconds(1));
   }
   return true;
 }
@@ -95,27 +104,27 @@ TEST_F(TensorClientLifetimeTest, ACallInFlightIsCancelledAndEndedBeforeTheClient
   client.reset();
   // The client waited for the call's end: its callback has run, with CANCELLED.
   ASSERT_TRUE(ended->done.HasBeenNotified());
+  EXPECT_TRUE(CallbackThreadsAre(false)) << CallbackThreads();
   EXPECT_EQ(ended->status.code(), absl::StatusCode::kCancelled) << ended->status;
   ExpectAccountingAtZero(agent_->socket(), "node-a");
 }
 
 // What the example did, many times over: the notification stream closed, and at once its
-// client goes. Each time the process's threads return to what they were (gRPC's callback
-// threads went with the last channel, on this thread, not on one of their own).
+// client goes. Each time gRPC's callback threads are gone once the client is: the channel
+// went on this thread, which joined them, not on one of them.
 TEST_F(TensorClientLifetimeTest, AClientGoingRightAfterItsNotificationReaderNeverAborts) {
-  const int threads_before = ThreadCount();
   for (int i = 0; i < 100; ++i) {
     auto client = Connect();
     ASSERT_NE(client, nullptr);
     auto reader = client->OpenNotificationReader(absl::StrCat("round-", i), absl::Seconds(60));
+    ASSERT_TRUE(CallbackThreadsAre(true)) << "round " << i;
     if (i % 2 == 1) {
       auto first = reader->WaitUntil(absl::Now() + absl::Milliseconds(1));
       EXPECT_FALSE(first) << "nothing was sent";
     }
     reader.reset();  // cancels the stream; gRPC ends it on one of its threads
     client.reset();
-    ASSERT_TRUE(ThreadsReturnTo(threads_before))
-        << "round " << i << ": " << ThreadCount() << " threads, " << threads_before << " before";
+    ASSERT_TRUE(CallbackThreadsAre(false)) << "round " << i << ": " << CallbackThreads();
   }
   ExpectAccountingAtZero(agent_->socket(), "node-a");
 }
