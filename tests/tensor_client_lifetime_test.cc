@@ -18,6 +18,7 @@
 #include "client/tensor_client.h"
 #include "gtest/gtest.h"
 #include "tests/accounting.h"
+#include "tests/agent_pair.h"
 
 namespace ferry {
 namespace {
@@ -54,23 +55,18 @@ bool CallbackThreadsAre(bool some) {
 class TensorClientLifetimeTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    char tmpl[] = "/tmp/ferry-client-lifetime-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    dir_ = new std::string(tmpl);
+    dir_ = MakeTempDir();
     AgentSpec spec;
     spec.node = "node-a";
-    spec.dir = *dir_;
+    spec.dir = dir_;
     spec.extra_yaml = "host_pool:\n  size: 64MiB\n";
     auto agent = AgentProcess::Start(spec);
     ASSERT_TRUE(agent.ok()) << agent.status();
-    agent_ = agent->release();
+    agent_ = *std::move(agent);
   }
   static void TearDownTestSuite() {
-    delete agent_;
-    agent_ = nullptr;
-    if (dir_ != nullptr) std::system(absl::StrCat("rm -rf ", *dir_).c_str());
-    delete dir_;
-    dir_ = nullptr;
+    agent_.reset();
+    if (!dir_.empty()) std::system(("rm -rf " + dir_).c_str());
   }
 
   static std::unique_ptr<TensorClient> Connect() {
@@ -79,8 +75,8 @@ class TensorClientLifetimeTest : public ::testing::Test {
     return c.ok() ? *std::move(c) : nullptr;
   }
 
-  static inline std::string* dir_ = nullptr;
-  static inline AgentProcess* agent_ = nullptr;
+  static inline std::string dir_;
+  static inline std::unique_ptr<AgentProcess> agent_;
 };
 
 TEST_F(TensorClientLifetimeTest, ACallInFlightIsCancelledAndEndedBeforeTheClientIsGone) {
