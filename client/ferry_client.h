@@ -139,6 +139,15 @@ class Client {
   absl::StatusOr<ferry::v1::RegisterMemoryResponse> RegisterFd(
       int fd, uint64_t offset, uint64_t length, const std::string& device = "host",
       const std::string& name = "", const std::vector<std::string>& allowed_peers = {});
+  // [offset, offset + length) of a CUDA VMM allocation of `allocation_size` bytes
+  // (cuMemCreate's size), `fd` its shareable handle (cuMemExportToShareableHandle, POSIX
+  // fd) or, on a simulated GPU, its allocation's file. The agent maps the handle whole, as
+  // the driver requires; RegisterFd with a "cuda:N" device does the same for a range that
+  // runs to the allocation's end.
+  absl::StatusOr<ferry::v1::RegisterMemoryResponse> RegisterCudaVmm(
+      int fd, uint64_t allocation_size, uint64_t offset, uint64_t length,
+      const std::string& device, const std::string& name = "",
+      const std::vector<std::string>& allowed_peers = {});
   // GPU memory by CUDA IPC handle (cudaIpcGetMemHandle bytes), `offset` into its allocation.
   absl::StatusOr<ferry::v1::RegisterMemoryResponse> RegisterCudaIpc(
       const std::string& handle, uint64_t offset, uint64_t length, const std::string& device,
@@ -167,6 +176,12 @@ class Client {
   // Appends the per-op results after `result`'s page (from its ops_next), by Wait.
   absl::Status FetchRemainingOps(ferry::v1::TransferResult& result);
 
+  // RegisterMemory for `fd`, passed over the agent's fd socket (allocation_size: 0 but for
+  // a VMM handle, RegisterCudaVmm).
+  absl::StatusOr<ferry::v1::RegisterMemoryResponse> RegisterDescriptor(
+      int fd, uint64_t allocation_size, uint64_t offset, uint64_t length,
+      const std::string& device, const std::string& name,
+      const std::vector<std::string>& allowed_peers);
   // RegisterMemory with the request's memory fields set.
   absl::StatusOr<ferry::v1::RegisterMemoryResponse> Register(ferry::v1::RegisterMemoryRequest req);
   // The agent's fd socket (GetInfo.fd_socket), asked once.

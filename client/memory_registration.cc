@@ -52,14 +52,30 @@ ferry::v1::RegisterMemoryRequest RangeRequest(uint64_t offset, uint64_t length,
 
 }  // namespace
 
-absl::StatusOr<ferry::v1::RegisterMemoryResponse> Client::RegisterFd(
-    int fd, uint64_t offset, uint64_t length, const std::string& device, const std::string& name,
-    const std::vector<std::string>& allowed_peers) {
+absl::StatusOr<ferry::v1::RegisterMemoryResponse> Client::RegisterDescriptor(
+    int fd, uint64_t allocation_size, uint64_t offset, uint64_t length, const std::string& device,
+    const std::string& name, const std::vector<std::string>& allowed_peers) {
   ASSIGN_OR_RETURN(std::string socket, FdSocket());
   ASSIGN_OR_RETURN(uint64_t ticket, PassFd(socket, fd));
   ferry::v1::RegisterMemoryRequest req = RangeRequest(offset, length, device, name, allowed_peers);
   req.set_fd_ticket(ticket);
+  req.set_allocation_size(allocation_size);
   return Register(std::move(req));
+}
+
+absl::StatusOr<ferry::v1::RegisterMemoryResponse> Client::RegisterFd(
+    int fd, uint64_t offset, uint64_t length, const std::string& device, const std::string& name,
+    const std::vector<std::string>& allowed_peers) {
+  return RegisterDescriptor(fd, 0, offset, length, device, name, allowed_peers);
+}
+
+absl::StatusOr<ferry::v1::RegisterMemoryResponse> Client::RegisterCudaVmm(
+    int fd, uint64_t allocation_size, uint64_t offset, uint64_t length, const std::string& device,
+    const std::string& name, const std::vector<std::string>& allowed_peers) {
+  if (allocation_size == 0) {
+    return absl::InvalidArgumentError("allocation_size: the VMM allocation's size, not 0");
+  }
+  return RegisterDescriptor(fd, allocation_size, offset, length, device, name, allowed_peers);
 }
 
 absl::StatusOr<ferry::v1::RegisterMemoryResponse> Client::RegisterMemory(

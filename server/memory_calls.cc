@@ -37,6 +37,7 @@ grpc::Status AgentService::RegisterMemory(grpc::ServerContext* ctx,
   spec.ipc_handle = req->cuda_ipc_handle();
   spec.offset = req->offset();
   spec.length = req->length();
+  spec.allocation_size = req->allocation_size();
   spec.device = req->device().empty() ? "host" : req->device();
   spec.name = req->name();
   spec.allowed_peers.assign(req->allowed_peers().begin(), req->allowed_peers().end());

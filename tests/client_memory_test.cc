@@ -174,7 +174,7 @@ TEST_F(ClientMemoryTest, PrivateOrUnshareableMemoryIsRefusedWithWhatToDo) {
   EXPECT_THAT(piped.status().message(), HasSubstr("fd_ticket"));
   ASSERT_FALSE(piped_gpu.ok());
   EXPECT_EQ(piped_gpu.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(piped_gpu.status().message(), HasSubstr("not a simulated allocation"));
+  EXPECT_THAT(piped_gpu.status().message(), HasSubstr("not a simulated VMM allocation"));
   SharedRegion small(64 << 10);
   auto past = a_.client->RegisterFd(small.fd.get(), 32 << 10, 64 << 10);
   ASSERT_FALSE(past.ok());
@@ -323,6 +323,53 @@ TEST_F(ClientMemoryTest, BadBlockRequestsAreRefusedNamingTheField) {
          absl::StatusCode::kNotFound, "pl");
 }
 
+// A range inside a client's VMM allocation (simulated: mapped whole, as the driver maps a
+// handle): registered with the allocation's size, it moves the range's bytes; without the
+// size, or with a host descriptor, the agent says which field is wrong.
+TEST_F(ClientMemoryTest, ARangeOfAVmmAllocationRegistersWithTheAllocationsSize) {
+  constexpr uint64_t kOffset = 3 << 20, kLength = 5 << 20;
+  SharedRegion gpu_mem(16 << 20), host_mem(kLength);
+  gpu_mem.Fill(9);
+  // Refused first (a range registered already would be found before the GPU is asked).
+  auto short_of_end = a_.client->RegisterFd(gpu_mem.fd.get(), kOffset, kLength, "cuda:0");
+  ASSERT_FALSE(short_of_end.ok());
+  EXPECT_EQ(short_of_end.status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_THAT(short_of_end.status().message(), HasSubstr("allocation_size"));
+  auto wrong = a_.client->RegisterCudaVmm(gpu_mem.fd.get(), 32 << 20, kOffset, kLength, "cuda:0");
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_EQ(wrong.status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_THAT(wrong.status().message(), HasSubstr("allocation_size"));
+  auto host = a_.client->RegisterCudaVmm(host_mem.fd.get(), host_mem.bytes, 0, 4096, "host");
+  ASSERT_FALSE(host.ok());
+  EXPECT_EQ(host.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(host.status().message(), HasSubstr("allocation_size"));
+  EXPECT_FALSE(a_.client->RegisterCudaVmm(gpu_mem.fd.get(), 0, 0, 4096, "cuda:0").ok());
+  auto reg = a_.client->RegisterCudaVmm(gpu_mem.fd.get(), gpu_mem.bytes, kOffset, kLength,
+                                        "cuda:0", "vmm-range");
+  ASSERT_TRUE(reg.ok()) << reg.status();
+  EXPECT_EQ(reg->buffer().size(), kLength);
+  auto dst = b_.client->RegisterMemory(host_mem.data, host_mem.bytes);
+  ASSERT_TRUE(dst.ok()) << dst.status();
+  auto theirs = a_.blocks->Prepare({Extent(reg->buffer().id(), 0, kBlock, kLength / kBlock)},
+                                   "vmm-kv");
+  ASSERT_TRUE(theirs.ok()) << theirs.status();
+  auto ours = b_.blocks->Prepare({Extent(dst->buffer().id(), 0, kBlock, kLength / kBlock)});
+  ASSERT_TRUE(ours.ok()) << ours.status();
+  std::vector<uint64_t> all(kLength / kBlock);
+  for (uint64_t i = 0; i < all.size(); ++i) all[i] = i;
+  auto moved = b_.blocks->Move(ferry::v1::READ, ours->list(), all, "node-a", "vmm-kv", all);
+  ASSERT_TRUE(moved.ok()) << moved.status();
+  EXPECT_EQ(AwaitByPoll(*b_.client, moved->transfer_id()).state(), ferry::v1::SUCCEEDED);
+  EXPECT_EQ(std::memcmp(host_mem.data, gpu_mem.data + kOffset, kLength), 0);
+
+  ASSERT_TRUE(a_.blocks->Release(theirs->list()).ok());
+  ASSERT_TRUE(b_.blocks->Release(ours->list()).ok());
+  ASSERT_TRUE(a_.client->DeregisterMemory(reg->buffer().id()).ok());
+  auto info = a_.client->GetInfo();
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(info->registered_bytes(), 0u) << "the refused registrations left nothing behind";
+}
+
 // GPU memory the client allocated (a simulated GPU's, shared by fd as a VMM handle is on
 // CUDA), staged through the copy engine at a set rate, so that a cancel lands mid-transfer.
 TEST_F(ClientMemoryTest, SimGpuRegistrationMovesAndCancelsMidTransfer) {
@@ -428,7 +475,8 @@ TEST_F(ClientMemoryTest, WaitAnswersWhenTheMoveEndedOrRunningBeforeTheDeadline) 
 // both hold their source's bytes: the check fails the one (or both, if their bytes
 // interleaved) by index, DATA_LOSS naming both checksums, and tells the peer so.
 TEST_F(ClientMemoryTest, VerifyChecksumsEveryPairAndFailsThoseThatDiffer) {
-  SharedRegion gpu_mem(16 * kBlock), host_mem(16 * kBlock);
+  // 2 MiB: a VMM allocation is a multiple of the granularity.
+  SharedRegion gpu_mem(2 << 20), host_mem(16 * kBlock);
   gpu_mem.Fill(11);
   auto reg = a_.client->RegisterFd(gpu_mem.fd.get(), 0, gpu_mem.bytes, "cuda:0", "vg");
   ASSERT_TRUE(reg.ok()) << reg.status();

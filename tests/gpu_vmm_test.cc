@@ -1,9 +1,10 @@
 // CudaGpu::Import of a CUDA VMM allocation by its shareable fd (label `gpu`): what PyTorch's
 // expandable segments hand out. The test allocates with cuMemCreate (driver entry points
 // looked up through the runtime, as the backend does), exports a POSIX fd, imports a range of
-// it and checks that the imported slab reads the allocation's bytes; a range past the end,
-// a closed fd and another GPU's memory are refused. Skips, saying why, without a GPU or in a
-// build without CUDA.
+// it (the handle mapped whole: with the allocation's size, or running to its end) and checks
+// that the imported slab reads the allocation's bytes; a range short of the end without the
+// size, a wrong size, a range past the end, a closed fd and another GPU's memory are refused.
+// Skips, saying why, without a GPU or in a build without CUDA.
 
 #include <unistd.h>
 
@@ -114,7 +115,10 @@ TEST(GpuVmmImportTest, ARangeOfAVmmAllocationImportsByFdAndReadsItsBytes) {
                                           pattern.data(), kBytes)
                   .ok());
 
-  auto slab = gpu.Import({.kind = "fd", .fd = vmm.fd, .offset = kOffset, .length = kLength});
+  // The handle maps whole (the driver refuses a shorter mapping), so the range needs the
+  // allocation's size, or to run to its end.
+  auto slab = gpu.Import({.kind = "fd", .fd = vmm.fd, .offset = kOffset, .length = kLength,
+                          .allocation_size = kBytes});
   ASSERT_TRUE(slab.ok()) << slab.status();
   EXPECT_EQ((*slab)->size(), kLength);
   ASSERT_TRUE(ferry::memory::CopyAndWait(gpu, true, back.data(), (*slab)->data(), kLength).ok());
@@ -122,6 +126,24 @@ TEST(GpuVmmImportTest, ARangeOfAVmmAllocationImportsByFdAndReadsItsBytes) {
   // Not re-exported: the client maps it by its own fd.
   EXPECT_FALSE((*slab)->Export(0, kLength).ok());
 
+  auto tail =
+      gpu.Import({.kind = "fd", .fd = vmm.fd, .offset = kOffset, .length = kBytes - kOffset});
+  ASSERT_TRUE(tail.ok()) << tail.status();
+  ASSERT_TRUE(ferry::memory::CopyAndWait(gpu, true, back.data(), (*tail)->data(), kLength).ok());
+  EXPECT_EQ(ferry::testing::FirstMismatch(back.data(), kLength, 5, kOffset), kLength);
+  auto short_of_end =
+      gpu.Import({.kind = "fd", .fd = vmm.fd, .offset = kOffset, .length = kLength});
+  EXPECT_EQ(short_of_end.status().code(), absl::StatusCode::kOutOfRange) << short_of_end.status();
+  EXPECT_NE(std::string(short_of_end.status().message()).find("allocation_size"),
+            std::string::npos)
+      << short_of_end.status();
+  std::printf("a range short of the allocation's end, without its size: %s\n",
+              short_of_end.status().ToString().c_str());
+  for (uint64_t wrong : {kBytes / 2, kBytes * 2}) {
+    auto r = gpu.Import({.kind = "fd", .fd = vmm.fd, .offset = kOffset, .length = kLength,
+                         .allocation_size = wrong});
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kOutOfRange) << wrong << ": " << r.status();
+  }
   auto past = gpu.Import({.kind = "fd", .fd = vmm.fd, .offset = kOffset, .length = kBytes});
   EXPECT_EQ(past.status().code(), absl::StatusCode::kOutOfRange) << past.status();
   auto closed = gpu.Import({.kind = "fd", .fd = 1 << 20, .offset = 0, .length = kLength});

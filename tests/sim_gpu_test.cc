@@ -16,12 +16,15 @@
 #include <vector>
 
 #include "absl/synchronization/notification.h"
+#include "base/unique_fd.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/fakes/gpu_copies.h"
 #include "tests/gpu_pattern.h"
 #include "transport/memory/device_ranges.h"
 #include "transport/memory/gpu_device.h"
 #include "transport/memory/peer_memory.h"
+#include "transport/memory/vmm_mapping.h"
 
 namespace ferry::memory {
 namespace {
@@ -131,6 +134,81 @@ TEST_F(SimGpuTest, AClientMapsTheExportAndSeesTheDeviceBytes) {
   ASSERT_TRUE(ReadGpu(*gpu_, back, device_ + 8192, 16).ok());
   EXPECT_EQ(std::string(back, 16), std::string(16, 'c'));
   munmap(p, e->length);
+}
+
+// The mapping rule both backends share: a handle maps whole, so the size mapped is the
+// allocation's, given or reached by the range's end.
+TEST(VmmMappingTest, AHandleMapsWholeFromTheGivenSizeOrTheRangesRoundedEnd) {
+  constexpr uint64_t kG = 2 << 20;
+  EXPECT_EQ(*VmmMappingSize({.kind = "fd", .offset = 3 << 20, .length = 17 << 20}, kG), 20u << 20);
+  EXPECT_EQ(*VmmMappingSize({.kind = "fd", .offset = 0, .length = 1}, kG), kG);
+  EXPECT_EQ(*VmmMappingSize(
+                {.kind = "fd", .offset = 3 << 20, .length = 17 << 20, .allocation_size = 64 << 20},
+                kG),
+            64u << 20);
+  auto past = VmmMappingSize(
+      {.kind = "fd", .offset = 3 << 20, .length = 62 << 20, .allocation_size = 64 << 20}, kG);
+  EXPECT_EQ(past.status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_THAT(past.status().message(), ::testing::HasSubstr("past allocation_size"));
+  auto odd = VmmMappingSize({.kind = "fd", .length = 1, .allocation_size = 3 << 20}, kG);
+  EXPECT_EQ(odd.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(odd.status().message(), ::testing::HasSubstr("allocation_size"));
+  EXPECT_EQ(VmmMappingSize({.kind = "fd", .offset = UINT64_MAX - 4, .length = 4}, kG)
+                .status()
+                .code(),
+            absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(VmmMappingSize({.kind = "fd", .offset = 4, .length = UINT64_MAX - 2}, kG)
+                .status()
+                .code(),
+            absl::StatusCode::kOutOfRange);
+}
+
+// A client's simulated allocation imports as a VMM handle does on an H200: mapped whole, so a
+// range short of its end needs the allocation's size, and a wrong size is refused.
+TEST(SimGpuImportTest, ARangeImportsOnlyWithTheWholeAllocationMapped) {
+  auto gpu = CreateSimGpu(0, "0000:3b:00.0", 0);
+  constexpr uint64_t kBytes = 64 << 20, kOffset = 3 << 20, kLength = 17 << 20;
+  UniqueFd fd(memfd_create("client-vmm", MFD_CLOEXEC));
+  ASSERT_TRUE(fd.valid());
+  ASSERT_EQ(ftruncate(fd.get(), kBytes), 0);
+  void* client = mmap(nullptr, kBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
+  ASSERT_NE(client, MAP_FAILED);
+  FillPattern(client, kBytes, 5, 0);
+
+  auto slab = gpu->Import({.kind = "fd",
+                           .fd = fd.get(),
+                           .offset = kOffset,
+                           .length = kLength,
+                           .allocation_size = kBytes});
+  ASSERT_TRUE(slab.ok()) << slab.status();
+  EXPECT_EQ((*slab)->size(), kLength);
+  std::vector<char> back(kLength);
+  ASSERT_TRUE(ReadGpu(*gpu, back.data(), (*slab)->data(), kLength).ok());
+  EXPECT_EQ(FirstMismatch(back.data(), kLength, 5, kOffset), kLength);
+  // Running to the allocation's end needs no size.
+  auto tail =
+      gpu->Import({.kind = "fd", .fd = fd.get(), .offset = kOffset, .length = kBytes - kOffset});
+  EXPECT_TRUE(tail.ok()) << tail.status();
+
+  // Short of the end without the size: what the driver answers to a partial mapping.
+  auto short_of_end =
+      gpu->Import({.kind = "fd", .fd = fd.get(), .offset = kOffset, .length = kLength});
+  EXPECT_EQ(short_of_end.status().code(), absl::StatusCode::kOutOfRange);
+  EXPECT_THAT(short_of_end.status().message(), ::testing::HasSubstr("CUDA_ERROR_NOT_SUPPORTED"));
+  EXPECT_THAT(short_of_end.status().message(), ::testing::HasSubstr("give allocation_size"));
+  for (uint64_t wrong : {kBytes / 2, kBytes * 2}) {
+    auto r = gpu->Import({.kind = "fd", .fd = fd.get(), .offset = kOffset, .length = kLength,
+                          .allocation_size = wrong});
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kOutOfRange) << wrong;
+    EXPECT_THAT(r.status().message(), ::testing::HasSubstr("allocation_size")) << wrong;
+  }
+  // No VMM allocation is a size cuMemCreate would not make.
+  UniqueFd odd(memfd_create("client-odd", MFD_CLOEXEC));
+  ASSERT_EQ(ftruncate(odd.get(), 3 << 19), 0);
+  auto r = gpu->Import({.kind = "fd", .fd = odd.get(), .offset = 0, .length = 3 << 19});
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(r.status().message(), ::testing::HasSubstr("not a simulated VMM allocation"));
+  munmap(client, kBytes);
 }
 
 TEST_F(SimGpuTest, PeerMemoryMapsLiveSlabsAndPinsWhatItHandsOut) {

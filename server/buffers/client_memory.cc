@@ -134,6 +134,10 @@ absl::StatusOr<ClientRegistration> ClientMemory::Register(ClientMemorySpec spec,
   } else if (spec.length == 0) {
     return absl::InvalidArgumentError("length: must be positive");
   }
+  if (spec.allocation_size != 0 && (by_handle || gpu < 0)) {
+    return absl::InvalidArgumentError(
+        "allocation_size: only for a GPU allocation's descriptor (a CUDA VMM handle)");
+  }
   const RangeKey key{owner.session, gpu < 0 ? "host" : spec.device, dev, ino, spec.ipc_handle,
                      spec.offset, spec.length};
   if (!vmm_fd) {
@@ -169,6 +173,7 @@ absl::StatusOr<ClientRegistration> ClientMemory::Register(ClientMemorySpec spec,
     what.handle = spec.ipc_handle;
     what.offset = spec.offset;
     what.length = spec.length;
+    what.allocation_size = spec.allocation_size;
     ASSIGN_OR_RETURN(mem, gpus_->Import(gpu, what));
   }
   ASSIGN_OR_RETURN(std::shared_ptr<Buffer> buffer,

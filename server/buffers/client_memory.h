@@ -31,6 +31,7 @@ struct ClientMemorySpec {
   std::string ipc_handle;    // or a CUDA IPC handle (cudaIpcMemHandle_t bytes)
   uint64_t offset = 0;       // in the file, or in the allocation the handle names
   uint64_t length = 0;
+  uint64_t allocation_size = 0;  // a GPU descriptor's whole allocation (GpuImport)
   std::string device = "host";  // "host" or "cuda:N"
   std::string name;          // optional: exported to peers, as AllocBuffer's name
   std::vector<std::string> allowed_peers;

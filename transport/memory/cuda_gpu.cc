@@ -29,6 +29,7 @@
 #include "spdlog/spdlog.h"
 #include "transport/memory/cuda_status.h"
 #include "transport/memory/gpu_device.h"
+#include "transport/memory/vmm_mapping.h"
 
 namespace ferry::memory {
 namespace {
@@ -432,9 +433,12 @@ class CudaGpu : public GpuDevice {
 
   // A client's VMM allocation (cuMemCreate, exported with cuMemExportToShareableHandle as a
   // POSIX fd, as PyTorch's expandable segments make them): imported, mapped into an address
-  // range of our own and made readable and writable by this GPU. cuMemMap maps from the
-  // allocation's start (its offset must be 0, cuMemMap(3)) and fails for a size past its
-  // end, which bounds the range: [0, offset + length) rounded up to the granularity.
+  // range of our own and made readable and writable by this GPU, and [offset, offset +
+  // length) of it registered. cuMemMap maps from the allocation's start (its offset must be
+  // 0, cuMemMap(3)) and maps it whole: on an H200 (driver 580) a size short of the
+  // allocation fails CUDA_ERROR_NOT_SUPPORTED, as a size past its end fails. The handle
+  // does not say its size, so the client does (allocation_size), or the range runs to the
+  // allocation's end.
   absl::StatusOr<std::unique_ptr<DeviceSlab>> ImportVmm(const GpuImport& what) {
     const DriverApi& api = Driver();
     if (!api.why_no_vmm.empty()) {
@@ -477,20 +481,14 @@ class CudaGpu : public GpuDevice {
                          api.mem_get_granularity(&granularity, &prop,
                                                  CU_MEM_ALLOC_GRANULARITY_MINIMUM)));
     if (granularity == 0) granularity = 2 << 20;
-    if (what.length > UINT64_MAX - granularity ||
-        what.offset > UINT64_MAX - granularity - what.length) {
-      return absl::OutOfRangeError("length: offset + length overflows");
-    }
-    const uint64_t bytes =
-        (what.offset + what.length + granularity - 1) / granularity * granularity;
+    ASSIGN_OR_RETURN(const uint64_t bytes, VmmMappingSize(what, granularity));
     CUdeviceptr base = 0;
     RETURN_IF_ERROR(call("cuMemAddressReserve", api.mem_address_reserve(&base, bytes, 0, 0, 0)));
     if (CUresult r = api.mem_map(base, bytes, 0, handle, 0); r != CUDA_SUCCESS) {
       api.mem_address_free(base, bytes);
       return absl::OutOfRangeError(absl::StrCat(
-          "length: cuMemMap(GPU ", index_, ", ", FormatByteSize(bytes), "): ",
-          DriverErrorString(r), " (is [", what.offset, ", +", what.length,
-          ") inside the allocation?)"));
+          "allocation_size: cuMemMap(GPU ", index_, ", ", FormatByteSize(bytes), "): ",
+          DriverErrorString(r), " (", VmmMappingHint(what), ")"));
     }
     DeviceMemory memory(reinterpret_cast<void*>(base), DeviceMemoryDeleter{index_, false, bytes});
     CUmemAccessDesc access = {};

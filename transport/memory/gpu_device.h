@@ -23,6 +23,9 @@ struct GpuExport {
   std::string path;
   uint64_t offset = 0;
   uint64_t length = 0;
+  // kind "fd": the size of the allocation the handle names (cuMemCreate's size); 0: offset +
+  // length rounded up to the allocation granularity, right when the range runs to its end.
+  uint64_t allocation_size = 0;
 };
 
 // A DMA-BUF exporting device memory, for NIC registration (ibv_reg_dmabuf_mr). The caller
@@ -49,7 +52,9 @@ class DeviceSlab {
 // Device memory that another process allocated, as that process shares it.
 //   kind "fd": a file descriptor. CUDA: a VMM shareable handle (cuMemExportToShareableHandle,
 //     CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, as expandable segments give). The simulation:
-//     the shared memory behind the client's simulated device memory.
+//     the shared memory behind the client's simulated device memory. A handle is mapped
+//     whole (the driver refuses a mapping shorter than its allocation), so [offset, offset +
+//     length) is a range inside [0, allocation_size).
 //   kind "cuda_ipc": `handle` is a cudaIpcMemHandle_t (cudaIpcGetMemHandle) of an allocation;
 //     [offset, offset + length) of it is imported.
 struct GpuImport {
@@ -58,6 +63,9 @@ struct GpuImport {
   std::string handle;
   uint64_t offset = 0;
   uint64_t length = 0;
+  // kind "fd": the size of the allocation the handle names (cuMemCreate's size); 0: offset +
+  // length rounded up to the allocation granularity, right when the range runs to its end.
+  uint64_t allocation_size = 0;
 };
 
 // Runs exactly once when a copy finished (or failed), on the device's copy thread.

@@ -33,6 +33,7 @@
 #include "transport/memory/device_ranges.h"
 #include "transport/memory/gpu_device.h"
 #include "transport/memory/peer_memory.h"
+#include "transport/memory/vmm_mapping.h"
 
 namespace ferry::memory {
 namespace {
@@ -136,11 +137,23 @@ class SimGpu : public GpuDevice {
     // VMM handle's descriptor (CUDA_ERROR_INVALID_VALUE for any other).
     struct stat st = {};
     if (fstat(what.fd, &st) != 0) return absl::ErrnoToStatus(errno, "fd: fstat");
-    if (!S_ISREG(st.st_mode) || what.offset > static_cast<uint64_t>(st.st_size) ||
-        what.length > static_cast<uint64_t>(st.st_size) - what.offset) {
+    const uint64_t allocation = S_ISREG(st.st_mode) ? static_cast<uint64_t>(st.st_size) : 0;
+    if (allocation == 0 || allocation % kSimVmmGranularity != 0) {
+      // cuMemCreate makes only sizes that are multiples of the granularity.
       return absl::InvalidArgumentError(absl::StrCat(
-          "fd: simulated GPU ", index_, ": not a simulated allocation's shared memory covering [",
-          what.offset, ", +", what.length, ")"));
+          "fd: simulated GPU ", index_, ": not a simulated VMM allocation (shared memory, a "
+          "multiple of ", FormatByteSize(kSimVmmGranularity), " long)"));
+    }
+    // Mapped whole, as cuMemMap maps a handle (vmm_mapping.h): short of the allocation the
+    // driver answers CUDA_ERROR_NOT_SUPPORTED (seen on an H200), past its end
+    // CUDA_ERROR_INVALID_VALUE (cuMemMap(3): offset + size within the allocation).
+    ASSIGN_OR_RETURN(const uint64_t mapped, VmmMappingSize(what, kSimVmmGranularity));
+    if (mapped != allocation) {
+      return absl::OutOfRangeError(absl::StrCat(
+          "allocation_size: cuMemMap(sim GPU ", index_, ", ", FormatByteSize(mapped), "): ",
+          mapped < allocation ? "operation not supported (CUDA_ERROR_NOT_SUPPORTED)"
+                              : "invalid argument (CUDA_ERROR_INVALID_VALUE)",
+          " (", VmmMappingHint(what), ")"));
     }
     UniqueFd fd(fcntl(what.fd, F_DUPFD_CLOEXEC, 0));
     if (!fd.valid()) return absl::ErrnoToStatus(errno, "fcntl(F_DUPFD_CLOEXEC)");
