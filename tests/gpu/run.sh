@@ -173,10 +173,14 @@ echo
 echo "== summary ($(($(date +%s) - start)) s; results in $out)"
 echo "build: $status_build ($mode)"
 echo "tests: $status_tests"
-if [ -f "$out/tests.xml" ]; then
-  echo "  $(grep -c '<testcase' "$out/tests.xml") test(s), $(grep -c '<failure' "$out/tests.xml") failure(s)," \
-       "$(grep -c '<skipped' "$out/tests.xml") skipped"
-  grep -A2 '<failure' "$out/tests.xml" | head -40 || true
+# Every test report: ctest's, or the pack's one per test binary.
+xmls=()
+for x in "$out/tests.xml" "$out/vmm-tests.xml"; do [ -f "$x" ] && xmls+=("$x"); done
+if [ "${#xmls[@]}" -gt 0 ]; then
+  echo "  $(cat "${xmls[@]}" | grep -c '<testcase') test(s)," \
+       "$(cat "${xmls[@]}" | grep -c '<failure') failure(s)," \
+       "$(cat "${xmls[@]}" | grep -c '<skipped') skipped"
+  cat "${xmls[@]}" | grep -A2 '<failure' | head -40 || true
 fi
 echo "bench: $status_bench"
 [ -f "$out/bench.txt" ] && grep -E "peak|best:|host memory|skipped" "$out/bench.txt"
