@@ -1,7 +1,8 @@
 // The simulated GPU is as strict as a real one about who touches device memory: the agent's
 // CPU faults on a device address, copies go through the copy engine and must lie inside one
 // live allocation (else cudaErrorInvalidValue, nothing touched), a client maps the export,
-// and a NIC reaches the memory only through the peer-memory table.
+// a client's allocation imports only mapped whole (as cuMemMap maps a VMM handle), and a NIC
+// reaches the memory only through the peer-memory table.
 
 #include <fcntl.h>
 #include <signal.h>

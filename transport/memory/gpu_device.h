@@ -23,9 +23,6 @@ struct GpuExport {
   std::string path;
   uint64_t offset = 0;
   uint64_t length = 0;
-  // kind "fd": the size of the allocation the handle names (cuMemCreate's size); 0: offset +
-  // length rounded up to the allocation granularity, right when the range runs to its end.
-  uint64_t allocation_size = 0;
 };
 
 // A DMA-BUF exporting device memory, for NIC registration (ibv_reg_dmabuf_mr). The caller
