@@ -135,7 +135,8 @@ class Client {
       const std::vector<std::string>& allowed_peers = {});
   // [offset, offset + length) of file `fd` (a memfd, a shm file); `device` "cuda:N": the
   // memory is that GPU's, `fd` a CUDA VMM shareable handle (cuMemExportToShareableHandle,
-  // POSIX fd) or, on a simulated GPU, its allocation's file.
+  // POSIX fd) or, on a simulated GPU, its allocation's file; the range must then run to the
+  // allocation's end (else RegisterCudaVmm, which says the allocation's size).
   absl::StatusOr<ferry::v1::RegisterMemoryResponse> RegisterFd(
       int fd, uint64_t offset, uint64_t length, const std::string& device = "host",
       const std::string& name = "", const std::vector<std::string>& allowed_peers = {});
