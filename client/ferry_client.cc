@@ -12,6 +12,7 @@
 #include "base/unique_fd.h"
 #include "client/agent_channel.h"
 #include "client/gpu_mapping.h"
+#include "client/transfer_line.h"
 #include "client/transfer_stream.h"
 #include "grpcpp/grpcpp.h"
 #include "base/grpc_status.h"
@@ -226,19 +227,48 @@ absl::Status Client::Watch(
 
 absl::StatusOr<ferry::v1::TransferResult> Client::Run(const std::vector<OpSpec>& ops,
                                                       absl::Duration timeout, bool include_ops) {
-  // One round trip: the Transfer call submits and waits.
+  if (ops.size() > kLineOps) return RunCall(ops, timeout, include_ops);
+  // The agent ends the transfer at its deadline; wait a little past it for the verdict.
+  const absl::Duration wait = timeout + absl::Seconds(5);
+  // A line that ended unseen (the agent restarted while it was idle) takes no request: the
+  // second try has a new one.
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    TransferLine::Outcome outcome = Line()->Run(ops, timeout, include_ops, wait);
+    if (!outcome.sent) continue;
+    if (outcome.result.ok() && include_ops) {
+      RETURN_IF_ERROR(FetchRemainingOps(*outcome.result));  // later pages come by Wait
+    }
+    return outcome.result;
+  }
+  // No line takes it (the agent is gone, or refuses the stream): a call of its own says why.
+  return RunCall(ops, timeout, include_ops);
+}
+
+absl::StatusOr<ferry::v1::TransferResult> Client::RunCall(const std::vector<OpSpec>& ops,
+                                                          absl::Duration timeout,
+                                                          bool include_ops) {
   // In an arena: freeing a batch is on the caller's way to its next one.
   google::protobuf::Arena arena(BatchArenaOptions());
   auto* req = google::protobuf::Arena::CreateMessage<ferry::v1::TransferRequest>(&arena);
   FillSubmitRequest(ops, timeout, req->mutable_submit());
   req->set_include_ops(include_ops);
   ferry::v1::TransferResult resp;
-  // The agent ends the transfer at its deadline; wait a little past it for the verdict.
   auto ctx = Context(timeout + absl::Seconds(5));
   grpc::Status s = stub_->Transfer(ctx.get(), *req, &resp);
   if (!s.ok()) return FromGrpcStatus(s);
   if (include_ops) RETURN_IF_ERROR(FetchRemainingOps(resp));  // later pages come by Wait
   return resp;
+}
+
+std::shared_ptr<TransferLine> Client::Line() {
+  absl::MutexLock lock(&mu_);
+  if (line_ == nullptr || line_->ended()) {
+    // No deadline: the line lives as long as the client; each transfer has its own.
+    auto ctx = std::make_unique<grpc::ClientContext>();
+    session_->Attach(ctx.get());
+    line_ = std::make_shared<TransferLine>(*stub_, std::move(ctx));
+  }
+  return line_;
 }
 
 absl::StatusOr<std::unique_ptr<TransferStream>> Client::OpenTransferStream() {

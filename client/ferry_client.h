@@ -70,6 +70,7 @@ struct OpSpec {
 void FillSubmitRequest(const std::vector<OpSpec>& ops, absl::Duration timeout,
                        ferry::v1::SubmitRequest* request);
 
+class TransferLine;
 class TransferStream;
 
 class Client {
@@ -110,8 +111,12 @@ class Client {
   absl::Status Watch(uint64_t transfer_id,
                      const std::function<void(const ferry::v1::TransferProgress&)>& on_progress);
 
-  // Submit + Wait for one batch, in one round trip (the Transfer call); the status is the
-  // transfer's own (OK when every op landed).
+  // Submit + Wait for one batch, in one round trip; the status is the transfer's own (OK
+  // when every op landed). A batch of at most kLineOps ops rides one TransferStream call
+  // that the client's threads share (client/transfer_line.h: no call set-up per transfer);
+  // a larger one has a Transfer call of its own (so it never holds up a small one behind
+  // its request). DEADLINE_EXCEEDED when the agent has not answered by `timeout` + 5 s.
+  static constexpr size_t kLineOps = 64;
   absl::StatusOr<ferry::v1::TransferResult> Run(const std::vector<OpSpec>& ops,
                                                 absl::Duration timeout = absl::Seconds(60),
                                                 bool include_ops = false);
@@ -174,6 +179,11 @@ class Client {
  private:
   // A call's context: its deadline and this client's session.
   std::unique_ptr<grpc::ClientContext> Context(absl::Duration timeout = absl::Seconds(30)) const;
+  // Run on a Transfer call of its own.
+  absl::StatusOr<ferry::v1::TransferResult> RunCall(const std::vector<OpSpec>& ops,
+                                                    absl::Duration timeout, bool include_ops);
+  // The client's transfer line; a new one when there is none yet or it ended.
+  std::shared_ptr<TransferLine> Line();
   // Appends the per-op results after `result`'s page (from its ops_next), by Wait.
   absl::Status FetchRemainingOps(ferry::v1::TransferResult& result);
 
@@ -192,6 +202,8 @@ class Client {
   std::unique_ptr<ferry::v1::Agent::Stub> stub_;
   absl::Mutex mu_;
   std::string fd_socket_ ABSL_GUARDED_BY(mu_);
+  // After the channel and stub it uses: it ends its call when it goes.
+  std::shared_ptr<TransferLine> line_ ABSL_GUARDED_BY(mu_);
 };
 
 // The transfer's own outcome as a status (OK, or the first failing op's code and message).

@@ -1,0 +1,154 @@
+// Client::Run of small batches over the client's shared transfer line (client/transfer_line.h)
+// between two real agents: threads sharing a client each get their own answers, refusals
+// included; a caller whose agent stopped answering gets DEADLINE_EXCEEDED at its own
+// deadline while the line lives on; an agent that died gives UNAVAILABLE, not a hang.
+
+#include <signal.h>
+
+#include <cstring>
+#include <thread>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "client/ferry_client.h"
+#include "client/transfer_line.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "tests/agent_pair.h"
+
+namespace ferry {
+namespace {
+
+using ::testing::HasSubstr;
+
+constexpr uint64_t kBlock = 4096;
+constexpr absl::Duration kTimeout = absl::Seconds(60);
+
+// A line of `client`'s own (not the one Client::Run uses, so no fallback hides a fault).
+std::unique_ptr<TransferLine> OpenLine(Client& client) {
+  auto ctx = std::make_unique<grpc::ClientContext>();
+  client.session().Attach(ctx.get());
+  return std::make_unique<TransferLine>(client.stub(), std::move(ctx));
+}
+
+// 6 threads on one client, 150 one-block WRITEs each (every 10th one refused for its
+// length): each gets its own answer, refusals name the field, and every block lands where
+// its op put it. The threads take turns reading the line's answers, so each answer must
+// reach the thread that sent it, whoever read it.
+TEST(ClientTransferLineTest, ThreadsSharingAClientEachGetTheirOwnAnswer) {
+  Pair pair;
+  ASSERT_TRUE(pair.Start("host_pool:\n  size: 256MiB\n").ok());
+  constexpr int kThreads = 6, kEach = 150;
+  auto src = pair.ca->Alloc(kThreads * kEach * kBlock);
+  auto dst = pair.cb->Alloc(kThreads * kEach * kBlock, "lined");
+  ASSERT_TRUE(src.ok() && dst.ok());
+  Fill(**src, 3);
+  auto line = OpenLine(*pair.ca);
+  std::vector<std::thread> threads;
+  std::vector<int> moved(kThreads, 0), refused(kThreads, 0);
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kEach; ++i) {
+        const uint64_t slot = static_cast<uint64_t>(t) * kEach + i;
+        const bool bad = i % 10 == 9;
+        // Block `slot` lands in the mirrored slot of the target.
+        const uint64_t to = (kThreads * kEach - 1 - slot) * kBlock;
+        TransferLine::Outcome outcome =
+            line->Run({{ferry::v1::WRITE, (*src)->id(), slot * kBlock, "node-b", "lined", to,
+                        bad ? 0 : kBlock}},
+                      kTimeout, false, kTimeout);
+        EXPECT_TRUE(outcome.sent);
+        const auto& result = outcome.result;
+        if (bad) {
+          EXPECT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument)
+              << result.status();
+          EXPECT_THAT(std::string(result.status().message()), HasSubstr("ops[0].length"));
+          ++refused[t];
+          continue;
+        }
+        EXPECT_TRUE(result.ok()) << result.status();
+        if (!result.ok()) return;
+        EXPECT_TRUE(TransferStatus(*result).ok()) << TransferStatus(*result);
+        EXPECT_EQ(result->bytes(), kBlock);
+        ++moved[t];
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_FALSE(line->ended());
+  for (int t = 0; t < kThreads; ++t) {
+    EXPECT_EQ(moved[t], kEach - kEach / 10) << "thread " << t;
+    EXPECT_EQ(refused[t], kEach / 10) << "thread " << t;
+  }
+  for (uint64_t slot = 0; slot < kThreads * kEach; ++slot) {
+    if (slot % kEach % 10 == 9) continue;
+    const uint64_t to = (kThreads * kEach - 1 - slot) * kBlock;
+    ASSERT_EQ(std::memcmp((*src)->data() + slot * kBlock, (*dst)->data() + to, kBlock), 0)
+        << "slot " << slot;
+  }
+}
+
+// An agent that stops answering (SIGSTOP): the caller gets DEADLINE_EXCEEDED once its
+// transfer's timeout and the 5 s grace have passed, not later; once the agent runs again
+// the same client's next Run goes through (the late answer is dropped).
+TEST(ClientTransferLineTest, ACallerGetsDeadlineExceededAtItsOwnDeadlineAndTheLineLivesOn) {
+  Pair pair;
+  ASSERT_TRUE(pair.Start().ok());
+  auto src = pair.ca->Alloc(1 << 20);
+  auto dst = pair.cb->Alloc(1 << 20, "paused");
+  ASSERT_TRUE(src.ok() && dst.ok());
+  const OpSpec op{ferry::v1::WRITE, (*src)->id(), 0, "node-b", "paused", 0, kBlock};
+  auto line = OpenLine(*pair.ca);
+  ASSERT_TRUE(line->Run({op}, kTimeout, false, kTimeout).result.ok());
+  kill(pair.a->pid(), SIGSTOP);
+  const absl::Time start = absl::Now();
+  // What Client::Run waits for a 1 s transfer: 6 s.
+  TransferLine::Outcome stalled = line->Run({op}, absl::Seconds(1), false, absl::Seconds(6));
+  const absl::Duration took = absl::Now() - start;
+  kill(pair.a->pid(), SIGCONT);
+  EXPECT_EQ(stalled.result.status().code(), absl::StatusCode::kDeadlineExceeded)
+      << stalled.result.status();
+  EXPECT_TRUE(stalled.sent);
+  EXPECT_GE(took, absl::Seconds(6));
+  EXPECT_LT(took, absl::Seconds(20));
+  TransferLine::Outcome after = line->Run({op}, kTimeout, false, kTimeout);
+  ASSERT_TRUE(after.result.ok()) << after.result.status();
+  EXPECT_TRUE(TransferStatus(*after.result).ok());
+  EXPECT_FALSE(line->ended());
+  // Client::Run's own line says the same.
+  auto stopped_again = [&] {
+    kill(pair.a->pid(), SIGSTOP);
+    const absl::Time t0 = absl::Now();
+    auto r = pair.ca->Run({op}, absl::Seconds(1));
+    kill(pair.a->pid(), SIGCONT);
+    EXPECT_GE(absl::Now() - t0, absl::Seconds(6));
+    return r.status().code();
+  };
+  EXPECT_EQ(stopped_again(), absl::StatusCode::kDeadlineExceeded);
+}
+
+// An agent that died: Run answers UNAVAILABLE at once (the line ended; the call of its own
+// it falls back to cannot connect), not at its deadline.
+TEST(ClientTransferLineTest, AnAgentThatDiedGivesUnavailableNotAHang) {
+  Pair pair;
+  ASSERT_TRUE(pair.Start().ok());
+  auto src = pair.ca->Alloc(1 << 20);
+  auto dst = pair.cb->Alloc(1 << 20, "gone");
+  ASSERT_TRUE(src.ok() && dst.ok());
+  const OpSpec op{ferry::v1::WRITE, (*src)->id(), 0, "node-b", "gone", 0, kBlock};
+  auto line = OpenLine(*pair.ca);
+  ASSERT_TRUE(line->Run({op}, kTimeout, false, kTimeout).result.ok());
+  ASSERT_TRUE(pair.ca->Run({op}).ok());
+  pair.a->Kill();
+  const absl::Time start = absl::Now();
+  auto result = pair.ca->Run({op}, absl::Seconds(30));
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kUnavailable) << result.status();
+  TransferLine::Outcome on_line = line->Run({op}, absl::Seconds(30), false, absl::Seconds(35));
+  EXPECT_EQ(on_line.result.status().code(), absl::StatusCode::kUnavailable)
+      << on_line.result.status();
+  EXPECT_TRUE(line->ended());
+  EXPECT_LT(absl::Now() - start, absl::Seconds(20));
+}
+
+}  // namespace
+}  // namespace ferry
