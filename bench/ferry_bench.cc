@@ -244,7 +244,8 @@ void Judge(Report& r, const Options& o) {
   const Measurement* ucx_lat = Find(r, "ucx put_lat", 4096);
   if (lat && unary) {
     r.findings.push_back(absl::StrFormat(
-        "one 4 KiB WRITE: p50 %.0f us = %.2f x gRPC unary ping-pong (p50 %.0f us); goal <= 2",
+        "one 4 KiB WRITE (Client::Run, on the client's transfer line): p50 %.0f us = %.2f x "
+        "gRPC unary ping-pong (p50 %.0f us); goal <= 2",
         lat->p50_us, lat->p50_us / unary->p50_us, unary->p50_us));
   }
   const Measurement* streamed = Find(r, "ferry stream lat", 4096);
@@ -442,7 +443,7 @@ int Run(int argc, char** argv) {
     auto m = (*runner)->RunSize(size, one);
     if (!m.ok()) return fail(m.status());
     m->series = "ferry lat";
-    m->note = "one WRITE at a time";
+    m->note = "one WRITE at a time (Client::Run)";
     report.rows.push_back(*m);
     std::fprintf(stderr, "  ferry lat %s: p50 %.0f us\n", FormatByteSize(size).c_str(), m->p50_us);
   }
