@@ -58,7 +58,9 @@ TransferLine::Outcome TransferLine::Run(const std::vector<OpSpec>& ops, absl::Du
   request->mutable_transfer()->set_include_ops(include_ops);
   Waiter waiter;
   absl::MutexLock lock(&mu_);
-  if (!reading_queue_) DrainLocked();
+  // A line that sat idle may have ended unseen (the agent restarted): look before sending.
+  // While answers keep coming it cannot have.
+  if (!reading_queue_ && absl::Now() - last_answer_ > kIdle) DrainLocked();
   if (ending_ || ended_) return {absl::UnavailableError("the transfer line has ended"), false};
   const uint64_t tag = next_tag_++;
   request->set_tag(tag);
@@ -168,6 +170,7 @@ void TransferLine::DeliverLocked() {
     Waiter* waiter = it->second;
     waiters_.erase(it);
     waiter->answered = true;
+    last_answer_ = absl::Now();
     if (r.code() != 0) {
       waiter->answer = absl::Status(static_cast<absl::StatusCode>(r.code()), r.message());
     } else {

@@ -57,6 +57,8 @@ class TransferLine {
     bool answered = false;  // the agent answered it
   };
   enum class Op : intptr_t { kStart = 1, kRead, kWrite, kFinish };
+  // Idle this long, a line is checked for an end no one saw before a request goes on it.
+  static constexpr absl::Duration kIdle = absl::Milliseconds(20);
 
   // Takes the events already on the queue without blocking (the call may have ended while
   // no one read it). Only with no reader.
@@ -90,6 +92,7 @@ class TransferLine {
   std::deque<std::unique_ptr<ferry::v1::StreamedTransfer>> to_write_ ABSL_GUARDED_BY(mu_);
   ferry::v1::StreamedResults read_ ABSL_GUARDED_BY(mu_);  // the read in progress fills it
   uint64_t next_tag_ ABSL_GUARDED_BY(mu_) = 1;
+  absl::Time last_answer_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   absl::flat_hash_map<uint64_t, Waiter*> waiters_ ABSL_GUARDED_BY(mu_);
 };
 
