@@ -1,5 +1,6 @@
 #include "client/transfer_line.h"
 
+#include <algorithm>
 #include <chrono>
 #include <string>
 #include <utility>
@@ -84,6 +85,8 @@ TransferLine::Outcome TransferLine::Run(const std::vector<OpSpec>& ops, absl::Du
   }
   if (!waiter.answer.has_value()) {
     waiters_.erase(tag);  // an answer that comes later is dropped
+    // Not written yet: it never will be, so no transfer starts after its caller gave up.
+    std::erase_if(to_write_, [tag](const auto& queued) { return queued->tag() == tag; });
     return {absl::DeadlineExceededError(absl::StrCat(
                 "no answer from the agent within ", absl::FormatDuration(wait),
                 " (the transfer's timeout and 5 s)")),

@@ -38,12 +38,14 @@ class TransferLine {
     // What Client::Run returns: the transfer's result, its refusal, DEADLINE_EXCEEDED when
     // no answer came by `wait`, or UNAVAILABLE when the call ended first.
     absl::StatusOr<ferry::v1::TransferResult> result;
-    // False when the call had ended before the request was given to it: nothing reached the
-    // agent, and the caller may run the transfer on a new line.
+    // False when the call ended before gRPC took the request whole (so the agent did not
+    // start it, or, for a write cut short by the end, at most read part of it): the caller
+    // may run the transfer on a new line. Running a transfer twice moves the same bytes.
     bool sent = false;
   };
-  // Any thread: sends the transfer and waits for its answer, at most `wait`. Calls from
-  // several threads run at once (their answers come in the order their transfers end).
+  // Any thread: sends the transfer and waits for its answer, at most `wait` (a request not
+  // yet written by then is dropped). Calls from several threads run at once (their answers
+  // come in the order their transfers end).
   Outcome Run(const std::vector<OpSpec>& ops, absl::Duration timeout, bool include_ops,
               absl::Duration wait);
   // Whether the call has ended (a Run on it would not be sent).

@@ -6,6 +6,9 @@
 #include <signal.h>
 
 #include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -23,6 +26,28 @@ using ::testing::HasSubstr;
 
 constexpr uint64_t kBlock = 4096;
 constexpr absl::Duration kTimeout = absl::Seconds(60);
+
+// SIGSTOP, then waits until every thread of `pid` is stopped: kill() only queues the signal,
+// and on a loaded machine a thread may answer one more request first.
+void StopProcess(pid_t pid) {
+  kill(pid, SIGSTOP);
+  const std::string tasks = "/proc/" + std::to_string(pid) + "/task";
+  for (int i = 0; i < 2000; ++i) {
+    bool all = true;
+    for (const auto& task : std::filesystem::directory_iterator(tasks)) {
+      std::ifstream stat(task.path() / "stat");
+      std::string line;
+      std::getline(stat, line);
+      const size_t paren = line.rfind(')');
+      if (paren != std::string::npos && paren + 2 < line.size() && line[paren + 2] != 'T') {
+        all = false;
+      }
+    }
+    if (all) return;
+    absl::SleepFor(absl::Milliseconds(1));
+  }
+  ADD_FAILURE() << "process " << pid << " did not stop";
+}
 
 // A line of `client`'s own (not the one Client::Run uses, so no fallback hides a fault).
 std::unique_ptr<TransferLine> OpenLine(Client& client) {
@@ -100,7 +125,7 @@ TEST(ClientTransferLineTest, ACallerGetsDeadlineExceededAtItsOwnDeadlineAndTheLi
   const OpSpec op{ferry::v1::WRITE, (*src)->id(), 0, "node-b", "paused", 0, kBlock};
   auto line = OpenLine(*pair.ca);
   ASSERT_TRUE(line->Run({op}, kTimeout, false, kTimeout).result.ok());
-  kill(pair.a->pid(), SIGSTOP);
+  StopProcess(pair.a->pid());
   const absl::Time start = absl::Now();
   // What Client::Run waits for a 1 s transfer: 6 s.
   TransferLine::Outcome stalled = line->Run({op}, absl::Seconds(1), false, absl::Seconds(6));
@@ -117,7 +142,7 @@ TEST(ClientTransferLineTest, ACallerGetsDeadlineExceededAtItsOwnDeadlineAndTheLi
   EXPECT_FALSE(line->ended());
   // Client::Run's own line says the same.
   auto stopped_again = [&] {
-    kill(pair.a->pid(), SIGSTOP);
+    StopProcess(pair.a->pid());
     const absl::Time t0 = absl::Now();
     auto r = pair.ca->Run({op}, absl::Seconds(1));
     kill(pair.a->pid(), SIGCONT);
