@@ -92,7 +92,9 @@ class TransferLine {
   // The message being written (gRPC holds on to it until kWrite) and those queued after it.
   std::unique_ptr<ferry::v1::StreamedTransfer> writing_ ABSL_GUARDED_BY(mu_);
   std::deque<std::unique_ptr<ferry::v1::StreamedTransfer>> to_write_ ABSL_GUARDED_BY(mu_);
-  ferry::v1::StreamedResults read_ ABSL_GUARDED_BY(mu_);  // the read in progress fills it
+  // The read in progress fills it: gRPC writes it inside the reading caller's AsyncNext
+  // (outside mu_, but only one caller reads at a time), which then delivers it under mu_.
+  ferry::v1::StreamedResults read_ ABSL_GUARDED_BY(mu_);
   uint64_t next_tag_ ABSL_GUARDED_BY(mu_) = 1;
   absl::Time last_answer_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   absl::flat_hash_map<uint64_t, Waiter*> waiters_ ABSL_GUARDED_BY(mu_);
