@@ -1,7 +1,6 @@
 #include "client/transfer_line.h"
 
 #include <algorithm>
-#include <chrono>
 #include <string>
 #include <utility>
 
@@ -11,7 +10,15 @@
 namespace ferry {
 namespace {
 
-void* TagOf(intptr_t op) { return reinterpret_cast<void*>(op); }
+// The queue's tags are the ops themselves.
+template <typename Op>
+void* TagOf(Op op) {
+  return reinterpret_cast<void*>(static_cast<intptr_t>(op));
+}
+template <typename Op>
+Op OpOf(void* tag) {
+  return static_cast<Op>(reinterpret_cast<intptr_t>(tag));
+}
 
 }  // namespace
 
@@ -21,8 +28,8 @@ TransferLine::TransferLine(ferry::v1::Agent::Stub& stub, std::unique_ptr<grpc::C
   call_ = stub.PrepareAsyncTransferStream(ctx_.get(), &cq_);
   // A read may start at once; writes wait for kStart (StartCall sends the initial metadata
   // with the ops a write uses, and one of those may run at a time).
-  call_->StartCall(TagOf(static_cast<intptr_t>(Op::kStart)));
-  call_->Read(&read_, TagOf(static_cast<intptr_t>(Op::kRead)));
+  call_->StartCall(TagOf(Op::kStart));
+  call_->Read(&read_, TagOf(Op::kRead));
   pending_ = 2;
 }
 
@@ -30,14 +37,7 @@ TransferLine::~TransferLine() {
   absl::MutexLock lock(&mu_);
   // No Run runs, so nobody reads the queue: end the call and take every event gRPC owes.
   EndLocked();
-  while (pending_ > 0) {
-    void* tag = nullptr;
-    bool ok = false;
-    mu_.Unlock();
-    const bool got = cq_.Next(&tag, &ok);
-    mu_.Lock();
-    if (!got) break;  // cannot happen before Shutdown; never spin on it
-    OnEventLocked(static_cast<Op>(reinterpret_cast<intptr_t>(tag)), ok);
+  while (pending_ > 0 && ReadQueueLocked(absl::InfiniteFuture())) {
   }
   cq_.Shutdown();
   void* tag = nullptr;
@@ -96,17 +96,9 @@ TransferLine::Outcome TransferLine::Run(const std::vector<OpSpec>& ops, absl::Du
 }
 
 void TransferLine::DrainLocked() {
-  while (!ended_) {
-    void* tag = nullptr;
-    bool ok = false;
-    reading_queue_ = true;
-    mu_.Unlock();
-    // A deadline in the past: only what is there now (gRPC polls the channel's socket once).
-    const auto status = cq_.AsyncNext(&tag, &ok, std::chrono::system_clock::time_point());
-    mu_.Lock();
-    reading_queue_ = false;
-    if (status != grpc::CompletionQueue::GOT_EVENT) return;
-    OnEventLocked(static_cast<Op>(reinterpret_cast<intptr_t>(tag)), ok);
+  // A deadline in the past (the epoch: gRPC reads a negative time as no deadline): only what
+  // is there now, after gRPC polled the channel's socket once.
+  while (!ended_ && ReadQueueLocked(absl::UnixEpoch())) {
   }
 }
 
@@ -118,9 +110,9 @@ bool TransferLine::ReadQueueLocked(absl::Time deadline) {
   const auto status = cq_.AsyncNext(&tag, &ok, absl::ToChronoTime(deadline));
   mu_.Lock();
   reading_queue_ = false;
-  // SHUTDOWN cannot come: only the destructor shuts the queue down.
+  // SHUTDOWN cannot come: only the destructor shuts the queue down, after its last read.
   if (status != grpc::CompletionQueue::GOT_EVENT) return false;
-  OnEventLocked(static_cast<Op>(reinterpret_cast<intptr_t>(tag)), ok);
+  OnEventLocked(OpOf<Op>(tag), ok);
   return true;
 }
 
@@ -153,7 +145,7 @@ void TransferLine::OnEventLocked(Op op, bool ok) {
       }
       DeliverLocked();
       if (!ending_) {
-        call_->Read(&read_, TagOf(static_cast<intptr_t>(Op::kRead)));
+        call_->Read(&read_, TagOf(Op::kRead));
         ++pending_;
       }
       break;
@@ -173,20 +165,20 @@ void TransferLine::DeliverLocked() {
     Waiter* waiter = it->second;
     waiters_.erase(it);
     waiter->answered = true;
-    last_answer_ = absl::Now();
     if (r.code() != 0) {
       waiter->answer = absl::Status(static_cast<absl::StatusCode>(r.code()), r.message());
     } else {
       waiter->answer = std::move(*r.mutable_result());
     }
   }
+  if (read_.results_size() > 0) last_answer_ = absl::Now();
   read_.Clear();
 }
 
 void TransferLine::StartWriteLocked() {
   writing_ = std::move(to_write_.front());
   to_write_.pop_front();
-  call_->Write(*writing_, TagOf(static_cast<intptr_t>(Op::kWrite)));
+  call_->Write(*writing_, TagOf(Op::kWrite));
   ++pending_;
 }
 
@@ -195,7 +187,7 @@ void TransferLine::EndLocked() {
   ending_ = true;
   // Whatever ended it, make sure every op still open completes, then ask for the status.
   ctx_->TryCancel();
-  call_->Finish(&end_status_, TagOf(static_cast<intptr_t>(Op::kFinish)));
+  call_->Finish(&end_status_, TagOf(Op::kFinish));
   ++pending_;
   // Not written: their callers may send them on a new line.
   to_write_.clear();

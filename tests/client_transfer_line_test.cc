@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/time/clock.h"
+#include "base/status_macros.h"
 #include "client/ferry_client.h"
 #include "client/transfer_line.h"
 #include "gmock/gmock.h"
@@ -48,6 +49,37 @@ void StopProcess(pid_t pid) {
   }
   ADD_FAILURE() << "process " << pid << " did not stop";
 }
+
+// Runs `run` while `pid` is stopped (StopProcess, then SIGCONT); how long `run` took.
+template <typename Run>
+absl::Duration WhileStopped(pid_t pid, Run run) {
+  StopProcess(pid);
+  const absl::Time start = absl::Now();
+  run();
+  const absl::Duration took = absl::Now() - start;
+  kill(pid, SIGCONT);
+  return took;
+}
+
+// Two agents, a 1 MiB source on node-a, a target on node-b named `target`, and one 4 KiB
+// WRITE from the one to the other.
+struct OneBlockPair {
+  Pair pair;
+  std::unique_ptr<Buffer> src, dst;
+  OpSpec op;
+
+  absl::Status Start(const std::string& target) {
+    RETURN_IF_ERROR(pair.Start());
+    auto s = pair.ca->Alloc(1 << 20);
+    auto d = pair.cb->Alloc(1 << 20, target);
+    if (!s.ok()) return s.status();
+    if (!d.ok()) return d.status();
+    src = *std::move(s);
+    dst = *std::move(d);
+    op = {ferry::v1::WRITE, src->id(), 0, "node-b", target, 0, kBlock};
+    return absl::OkStatus();
+  }
+};
 
 // A line of `client`'s own (not the one Client::Run uses, so no fallback hides a fault).
 std::unique_ptr<TransferLine> OpenLine(Client& client) {
@@ -117,58 +149,47 @@ TEST(ClientTransferLineTest, ThreadsSharingAClientEachGetTheirOwnAnswer) {
 // transfer's timeout and the 5 s grace have passed, not later; once the agent runs again
 // the same client's next Run goes through (the late answer is dropped).
 TEST(ClientTransferLineTest, ACallerGetsDeadlineExceededAtItsOwnDeadlineAndTheLineLivesOn) {
-  Pair pair;
-  ASSERT_TRUE(pair.Start().ok());
-  auto src = pair.ca->Alloc(1 << 20);
-  auto dst = pair.cb->Alloc(1 << 20, "paused");
-  ASSERT_TRUE(src.ok() && dst.ok());
-  const OpSpec op{ferry::v1::WRITE, (*src)->id(), 0, "node-b", "paused", 0, kBlock};
-  auto line = OpenLine(*pair.ca);
-  ASSERT_TRUE(line->Run({op}, kTimeout, false, kTimeout).result.ok());
-  StopProcess(pair.a->pid());
-  const absl::Time start = absl::Now();
-  // What Client::Run waits for a 1 s transfer: 6 s.
-  TransferLine::Outcome stalled = line->Run({op}, absl::Seconds(1), false, absl::Seconds(6));
-  const absl::Duration took = absl::Now() - start;
-  kill(pair.a->pid(), SIGCONT);
+  OneBlockPair p;
+  ASSERT_TRUE(p.Start("paused").ok());
+  auto line = OpenLine(*p.pair.ca);
+  ASSERT_TRUE(line->Run({p.op}, kTimeout, false, kTimeout).result.ok());
+  TransferLine::Outcome stalled;
+  const absl::Duration took = WhileStopped(p.pair.a->pid(), [&] {
+    // What Client::Run waits for a 1 s transfer: 6 s.
+    stalled = line->Run({p.op}, absl::Seconds(1), false, absl::Seconds(6));
+  });
   EXPECT_EQ(stalled.result.status().code(), absl::StatusCode::kDeadlineExceeded)
       << stalled.result.status();
   EXPECT_TRUE(stalled.sent);
   EXPECT_GE(took, absl::Seconds(6));
   EXPECT_LT(took, absl::Seconds(20));
-  TransferLine::Outcome after = line->Run({op}, kTimeout, false, kTimeout);
+  TransferLine::Outcome after = line->Run({p.op}, kTimeout, false, kTimeout);
   ASSERT_TRUE(after.result.ok()) << after.result.status();
   EXPECT_TRUE(TransferStatus(*after.result).ok());
   EXPECT_FALSE(line->ended());
   // Client::Run's own line says the same.
-  auto stopped_again = [&] {
-    StopProcess(pair.a->pid());
-    const absl::Time t0 = absl::Now();
-    auto r = pair.ca->Run({op}, absl::Seconds(1));
-    kill(pair.a->pid(), SIGCONT);
-    EXPECT_GE(absl::Now() - t0, absl::Seconds(6));
-    return r.status().code();
-  };
-  EXPECT_EQ(stopped_again(), absl::StatusCode::kDeadlineExceeded);
+  absl::Status through_client;
+  const absl::Duration took_client = WhileStopped(p.pair.a->pid(), [&] {
+    through_client = p.pair.ca->Run({p.op}, absl::Seconds(1)).status();
+  });
+  EXPECT_GE(took_client, absl::Seconds(6));
+  EXPECT_EQ(through_client.code(), absl::StatusCode::kDeadlineExceeded) << through_client;
 }
 
 // An agent that died: Run answers UNAVAILABLE at once (the line ended; the call of its own
 // it falls back to cannot connect), not at its deadline.
 TEST(ClientTransferLineTest, AnAgentThatDiedGivesUnavailableNotAHang) {
-  Pair pair;
-  ASSERT_TRUE(pair.Start().ok());
-  auto src = pair.ca->Alloc(1 << 20);
-  auto dst = pair.cb->Alloc(1 << 20, "gone");
-  ASSERT_TRUE(src.ok() && dst.ok());
-  const OpSpec op{ferry::v1::WRITE, (*src)->id(), 0, "node-b", "gone", 0, kBlock};
-  auto line = OpenLine(*pair.ca);
-  ASSERT_TRUE(line->Run({op}, kTimeout, false, kTimeout).result.ok());
-  ASSERT_TRUE(pair.ca->Run({op}).ok());
-  pair.a->Kill();
+  OneBlockPair p;
+  ASSERT_TRUE(p.Start("gone").ok());
+  auto line = OpenLine(*p.pair.ca);
+  ASSERT_TRUE(line->Run({p.op}, kTimeout, false, kTimeout).result.ok());
+  ASSERT_TRUE(p.pair.ca->Run({p.op}).ok());
+  p.pair.a->Kill();
   const absl::Time start = absl::Now();
-  auto result = pair.ca->Run({op}, absl::Seconds(30));
+  auto result = p.pair.ca->Run({p.op}, absl::Seconds(30));
   EXPECT_EQ(result.status().code(), absl::StatusCode::kUnavailable) << result.status();
-  TransferLine::Outcome on_line = line->Run({op}, absl::Seconds(30), false, absl::Seconds(35));
+  TransferLine::Outcome on_line =
+      line->Run({p.op}, absl::Seconds(30), false, absl::Seconds(35));
   EXPECT_EQ(on_line.result.status().code(), absl::StatusCode::kUnavailable)
       << on_line.result.status();
   EXPECT_TRUE(line->ended());
