@@ -4,6 +4,10 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <string_view>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -147,13 +151,30 @@ absl::StatusOr<uint64_t> Client::StatRemoteBuffer(const std::string& node,
 void FillSubmitRequest(const std::vector<OpSpec>& ops, absl::Duration timeout,
                        ferry::v1::SubmitRequest* req) {
   req->mutable_ops()->Reserve(static_cast<int>(ops.size()));
+  // Each remote buffer is named once, in `targets`, and its ops name it by index: a batch
+  // names a few buffers thousands of times, and each name is an allocation for the agent to
+  // parse before the transfer starts. Runs of ops to one buffer skip the lookup.
+  absl::flat_hash_map<std::pair<std::string_view, std::string_view>, uint32_t> targets;
+  const OpSpec* previous = nullptr;
+  uint32_t target = 0;
   for (const OpSpec& o : ops) {
+    if (!previous || o.peer != previous->peer || o.remote_buffer != previous->remote_buffer) {
+      auto [it, added] = targets.try_emplace(std::make_pair(std::string_view(o.peer),
+                                                            std::string_view(o.remote_buffer)),
+                                             static_cast<uint32_t>(targets.size()));
+      if (added) {
+        ferry::v1::Target* t = req->add_targets();
+        t->set_peer(o.peer);
+        t->set_remote_buffer(o.remote_buffer);
+      }
+      target = it->second;
+    }
+    previous = &o;
     ferry::v1::Op* op = req->add_ops();
     op->set_type(o.type);
     op->set_local_buffer(o.local_buffer);
     op->set_local_offset(o.local_offset);
-    op->set_peer(o.peer);
-    op->set_remote_buffer(o.remote_buffer);
+    op->set_target(target);
     op->set_remote_offset(o.remote_offset);
     op->set_length(o.length);
   }

@@ -12,6 +12,7 @@
 #include "server/agent_core.h"
 #include "server/await_transfer.h"
 #include "server/info_protos.h"
+#include "server/engine/op_target.h"
 #include "server/nic_info.h"
 #include "server/views.h"
 #include "server/runtime_peers.h"
@@ -311,11 +312,14 @@ TransferCalls AgentService::CallsFor(const grpc::ServerContextBase& ctx) {
   calls.may_block = [this](const ferry::v1::TransferRequest& req) {
     const std::string* peer = nullptr;
     const std::string* name = nullptr;
-    for (const ferry::v1::Op& op : req.submit().ops()) {
-      if (peer && *peer == op.peer() && *name == op.remote_buffer()) continue;
-      const bool new_peer = !peer || *peer != op.peer();
-      peer = &op.peer();
-      name = &op.remote_buffer();
+    const ferry::v1::SubmitRequest& submit = req.submit();
+    for (int i = 0; i < submit.ops_size(); ++i) {
+      auto target = TargetOf(submit, i);
+      if (!target.ok()) return false;  // refused by Plan, which asks no peer first
+      if (peer && *peer == *target->peer && *name == *target->remote_buffer) continue;
+      const bool new_peer = !peer || *peer != *target->peer;
+      peer = target->peer;
+      name = target->remote_buffer;
       if (!core_->peers().Known(*peer)) continue;
       if (new_peer && !core_->peers().RailsFresh(*peer)) return true;
       if (!core_->peers().Kept(*peer, *name)) return true;

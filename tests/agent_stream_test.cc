@@ -114,7 +114,7 @@ TEST_F(AgentStreamTest, ARefusedRequestIsAnsweredWithTheFieldNamedAndTheStreamGo
   EXPECT_THAT(answers.at(2).status().message(), HasSubstr("ops[1].remote_offset"));
   ASSERT_FALSE(answers.at(3).ok());
   EXPECT_EQ(answers.at(3).status().code(), absl::StatusCode::kNotFound);
-  EXPECT_THAT(answers.at(3).status().message(), HasSubstr("ops[0].peer"));
+  EXPECT_THAT(answers.at(3).status().message(), HasSubstr("ops[0].target: targets[0].peer"));
   ASSERT_FALSE(answers.at(4).ok());
   EXPECT_EQ(answers.at(4).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(answers.at(4).status().message(), HasSubstr("ops[0].length"));

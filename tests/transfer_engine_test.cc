@@ -227,9 +227,15 @@ TEST_F(TransferEngineTest, ValidationNamesTheFieldAndNothingMoves) {
   };
   std::vector<Case> cases;
   auto with = [&](const char* what, std::vector<ferry::v1::Op> ops, absl::StatusCode code,
-                  const char* field, uint32_t timeout_ms = 0) {
+                  const char* field, uint32_t timeout_ms = 0,
+                  std::vector<std::pair<std::string, std::string>> targets = {}) {
     ferry::v1::SubmitRequest r;
     for (auto& op : ops) *r.add_ops() = op;
+    for (auto& [peer, name] : targets) {
+      ferry::v1::Target* t = r.add_targets();
+      t->set_peer(peer);
+      t->set_remote_buffer(name);
+    }
     r.set_timeout_ms(timeout_ms);
     cases.push_back({what, r, code, field});
   };
@@ -259,6 +265,25 @@ TEST_F(TransferEngineTest, ValidationNamesTheFieldAndNothingMoves) {
        "ops[1].local_buffer");
   with("unknown remote buffer", {good, missing}, absl::StatusCode::kNotFound,
        "ops[1].remote_buffer");
+  // Ops that name their remote buffer by index into the request's targets.
+  ferry::v1::Op by_target = good;
+  by_target.clear_peer();
+  by_target.clear_remote_buffer();
+  by_target.set_target(1);
+  ferry::v1::Op by_target_and_name = good;
+  by_target_and_name.set_target(0);
+  const std::pair<std::string, std::string> landing{"node-b", "landing"};
+  with("target past the list", {good, by_target}, absl::StatusCode::kInvalidArgument,
+       "ops[1].target: 1 is not an index of targets (1 given)", 0, {landing});
+  with("target and names both", {by_target_and_name}, absl::StatusCode::kInvalidArgument,
+       "ops[0].target: names targets[0], so peer and remote_buffer must be empty", 0,
+       {landing});
+  with("target on an unknown peer", {good, by_target}, absl::StatusCode::kNotFound,
+       "ops[1].target: targets[1].peer: unknown node", 0, {landing, {"node-z", "landing"}});
+  with("target with no peer", {by_target}, absl::StatusCode::kInvalidArgument,
+       "ops[0].target: targets[1].peer: must name a node", 0, {landing, {"", "landing"}});
+  with("target on an unknown buffer", {by_target}, absl::StatusCode::kNotFound,
+       "ops[0].target: targets[1].remote_buffer", 0, {landing, {"node-b", "nope"}});
   with("timeout above the limit", {good}, absl::StatusCode::kInvalidArgument, "timeout_ms",
        /*timeout_ms=*/31000);
   with("too many ops", {good, good, good}, absl::StatusCode::kInvalidArgument,
@@ -309,6 +334,44 @@ TEST_F(TransferEngineTest, WriteAndReadMoveVerifiedBytes) {
   EXPECT_EQ(Mismatch(dst->data(), 7, 4), -1) << "bytes before the op changed";
   EXPECT_TRUE(AwaitEngineCounts(0, 2)) << engine_->active() << " active, "
                                        << engine_->finished() << " finished";
+}
+
+// Ops that name their remote buffer by index into SubmitRequest.targets move the same bytes as
+// ops that name it themselves, mixed in one batch, READs and WRITEs.
+TEST_F(TransferEngineTest, OpsNamingATargetMoveVerifiedBytes) {
+  constexpr uint64_t kLength = 3000;
+  auto src = Local(kSlice, 6);
+  auto by_target = [&](ferry::v1::OpType type, const Buffer& local, uint64_t local_offset,
+                       uint64_t remote_offset) {
+    ferry::v1::Op op = Op(type, local, local_offset, kLength, remote_offset);
+    op.clear_peer();
+    op.clear_remote_buffer();
+    op.set_target(0);
+    return op;
+  };
+  ferry::v1::SubmitRequest write;
+  ferry::v1::Target* landing = write.add_targets();
+  landing->set_peer("node-b");
+  landing->set_remote_buffer("landing");
+  // Scattered, the named op between two by target: no run of them is one op.
+  *write.add_ops() = by_target(ferry::v1::WRITE, *src, 0, 3 * kLength);
+  *write.add_ops() = Op(ferry::v1::WRITE, *src, kLength, kLength, 0);
+  *write.add_ops() = by_target(ferry::v1::WRITE, *src, 2 * kLength, kLength);
+  ferry::v1::TransferResult w = RunToEnd(write);
+  EXPECT_EQ(w.state(), ferry::v1::SUCCEEDED) << w.message();
+  EXPECT_EQ(w.bytes(), 3 * kLength);
+  EXPECT_EQ(Mismatch(landing_.data() + 3 * kLength, kLength, 6, 0), -1);
+  EXPECT_EQ(Mismatch(landing_.data(), kLength, 6, kLength), -1);
+  EXPECT_EQ(Mismatch(landing_.data() + kLength, kLength, 6, 2 * kLength), -1);
+
+  auto dst = Local(kSlice, 7);
+  ferry::v1::SubmitRequest read;
+  *read.add_targets() = *landing;
+  *read.add_ops() = by_target(ferry::v1::READ, *dst, 0, 0);
+  ferry::v1::TransferResult r = RunToEnd(read);
+  EXPECT_EQ(r.state(), ferry::v1::SUCCEEDED) << r.message();
+  EXPECT_EQ(Mismatch(dst->data(), kLength, 6, kLength), -1);
+  EXPECT_TRUE(AwaitEngineCounts(0, 2));
 }
 
 // An op larger than a slice goes as slices. Alone to its peer a transfer keeps kSoloWindows

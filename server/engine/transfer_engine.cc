@@ -13,6 +13,7 @@
 #include "base/byte_range.h"
 #include "base/echo.h"
 #include "base/status_macros.h"
+#include "server/engine/op_target.h"
 #include "server/engine/route_choice.h"
 #include "server/engine/slice_planner.h"
 #include "server/engine/stage_sender.h"
@@ -131,33 +132,38 @@ absl::StatusOr<PlannedBatch> TransferEngine::Plan(const ferry::v1::SubmitRequest
                         absl::StrCat("local buffer ", p.local->id()), p.local->size());
     }
     p.local_offset = op.local_offset();
-    if (op.peer().empty())
-      return absl::InvalidArgumentError(absl::StrCat(f(), "peer: must name a node"));
-    const bool same_peer = previous && previous->remote->node == op.peer();
-    if (!same_peer && !peers_->Known(op.peer())) {
-      return absl::NotFoundError(absl::StrCat(f(), "peer: unknown node ", Echo(op.peer())));
+    ASSIGN_OR_RETURN(const OpTarget target, TargetOf(request, i));
+    const std::string& peer = *target.peer;
+    const std::string& name = *target.remote_buffer;
+    // The prefix for the target's fields, likewise built only for an error.
+    auto t = [&](absl::string_view field) { return absl::StrCat(target.Field(i, field), ": "); };
+    if (peer.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(t("peer"), "must name a node"));
     }
-    if (op.remote_buffer().empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(f(), "remote_buffer: must name a buffer"));
+    const bool same_peer = previous && previous->remote->node == peer;
+    if (!same_peer && !peers_->Known(peer)) {
+      return absl::NotFoundError(absl::StrCat(t("peer"), "unknown node ", Echo(peer)));
     }
-    if (op.remote_buffer().size() > kMaxBufferName) {
-      return absl::InvalidArgumentError(absl::StrCat(f(),
-                                                     "remote_buffer: ", op.remote_buffer().size(),
+    if (name.empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(t("remote_buffer"), "must name a buffer"));
+    }
+    if (name.size() > kMaxBufferName) {
+      return absl::InvalidArgumentError(absl::StrCat(t("remote_buffer"), name.size(),
                                                      " characters is longer than any buffer "
                                                      "name (at most ",
                                                      kMaxBufferName, ")"));
     }
     // Likewise the previous op's remote buffer: no key to build for them.
-    if (same_peer && previous->remote->name == op.remote_buffer()) {
+    if (same_peer && previous->remote->name == name) {
       p.remote = previous->remote;
     } else {
-      auto key = std::make_pair(op.peer(), op.remote_buffer());
+      auto key = std::make_pair(peer, name);
       auto it = remotes.find(key);
       if (it == remotes.end()) {
-        auto resolved = peers_->ResolveKept(op.peer(), op.remote_buffer(), deadline);
+        auto resolved = peers_->ResolveKept(peer, name, deadline);
         if (!resolved.ok()) {
           return absl::Status(resolved.status().code(),
-                              absl::StrCat(f(), "remote_buffer: ", resolved.status().message()));
+                              absl::StrCat(t("remote_buffer"), resolved.status().message()));
         }
         it = remotes.emplace(key, batch.Keep(*std::move(resolved))).first;
       }
@@ -165,7 +171,7 @@ absl::StatusOr<PlannedBatch> TransferEngine::Plan(const ferry::v1::SubmitRequest
     }
     if (!RangeFits(op.remote_offset(), op.length(), p.remote->size)) {
       return RangeError(f() + "remote_offset", op.remote_offset(), op.length(),
-                        absl::StrCat(Echo(op.remote_buffer()), " on ", op.peer()), p.remote->size);
+                        absl::StrCat(Echo(name), " on ", peer), p.remote->size);
     }
     p.remote_offset = op.remote_offset();
   }

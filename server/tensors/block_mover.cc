@@ -1,6 +1,7 @@
 #include "server/tensors/block_mover.h"
 
 #include <algorithm>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/match.h"
@@ -161,6 +162,7 @@ absl::StatusOr<ferry::v1::MoveBlocksResponse> BlockMover::MoveOn(
   uint64_t bytes = 0;
   std::shared_ptr<VerifyPlan> plan;
   absl::flat_hash_map<uint64_t, std::shared_ptr<const Buffer>> held;  // by id, for the plan
+  std::vector<int> extent_targets(remote.extents_size(), -1);  // into submit.targets
   if (req.verify()) {
     plan = std::make_shared<VerifyPlan>();
     plan->peer = req.peer();
@@ -189,8 +191,15 @@ absl::StatusOr<ferry::v1::MoveBlocksResponse> BlockMover::MoveOn(
     op->set_type(req.type());
     op->set_local_buffer(local.buffer);
     op->set_local_offset(local.offset);
-    op->set_peer(req.peer());
-    op->set_remote_buffer(e.buffer());
+    // Each extent's buffer is named once, as a target: not one name per block to copy.
+    int& target = extent_targets[extent];
+    if (target < 0) {
+      target = submit.targets_size();
+      ferry::v1::Target* t = submit.add_targets();
+      t->set_peer(req.peer());
+      t->set_remote_buffer(e.buffer());
+    }
+    op->set_target(static_cast<uint32_t>(target));
     op->set_remote_offset(e.offset() + j * e.block_bytes());
     op->set_length(local.length);
     bytes += local.length;
