@@ -162,6 +162,16 @@ def op(type_, length, local_offset=0, remote_offset=0, peer="node-b", remote="la
                    (6, remote_offset), (7, length))
 
 
+def target_op(type_, length, target, local_offset=0, remote_offset=0, local=1):
+    """An op naming its remote buffer by index into SubmitRequest.targets (Op.target)."""
+    return message((1, type_), (2, local), (3, local_offset), (6, remote_offset), (7, length),
+                   (8, target))
+
+
+def target(peer="node-b", remote="landing"):
+    return message((1, peer), (2, remote))
+
+
 def meta(dtype=1, shape=(), strides=(), device="", tag="t"):
     return message((1, dtype), (2, list(shape)), (3, list(strides)), (4, device), (5, tag))
 
@@ -176,6 +186,12 @@ rq = {
     "submit_unknown_buffer": b"\0" + message((1, op(1, 8, remote="nothing"))),
     "submit_empty": b"\0",
     "submit_timeout": b"\0" + message((1, op(1, 8)), (2, 0xFFFFFFFF)),
+    "submit_targets": b"\0" + message((1, [target_op(1, 100, i % 2, i * 100, i * 1000)
+                                           for i in range(8)]),
+                                      (3, [target(), target("node-z")])),
+    "submit_target_past": b"\0" + message((1, target_op(1, 8, 5)), (3, target())),
+    "submit_target_and_name": b"\0" + message((1, op(1, 8) + varint(8 << 3) + varint(0)),
+                                              (3, target())),
     "blocks": b"\1" + message((1, 1), (2, "node-b"), (3, "landing"),
                               (4, [message((1, 0), (2, 8192), (3, 4096)),
                                    message((1, 4096), (2, 0), (3, 4096))]), (6, 1000)),
