@@ -66,7 +66,8 @@ struct OpSpec {
   uint64_t length = 0;
 };
 
-// Fills `request` (empty) to start `ops` (timeout 0: the agent's default).
+// Fills `request` (empty) to start `ops` (timeout 0: the agent's default), each remote buffer
+// named once in `targets` and its ops naming it by index (Op.target).
 void FillSubmitRequest(const std::vector<OpSpec>& ops, absl::Duration timeout,
                        ferry::v1::SubmitRequest* request);
 
