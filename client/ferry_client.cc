@@ -4,6 +4,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <string_view>
 #include <utility>
 
@@ -16,6 +17,7 @@
 #include "base/unique_fd.h"
 #include "client/agent_channel.h"
 #include "client/gpu_mapping.h"
+#include "client/socket_line.h"
 #include "client/transfer_line.h"
 #include "client/transfer_stream.h"
 #include "grpcpp/grpcpp.h"
@@ -85,7 +87,11 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& targe
 }
 
 Client::Client(std::shared_ptr<AgentSession> session)
-    : session_(std::move(session)), stub_(ferry::v1::Agent::NewStub(session_->channel())) {}
+    : session_(std::move(session)), stub_(ferry::v1::Agent::NewStub(session_->channel())) {
+  const char* use = std::getenv("FERRY_TRANSFER_SOCKET");
+  absl::MutexLock lock(&mu_);
+  use_transfer_socket_ = use == nullptr || std::string_view(use) != "0";
+}
 
 std::unique_ptr<grpc::ClientContext> Client::Context(absl::Duration timeout) const {
   auto ctx = std::make_unique<grpc::ClientContext>();
@@ -254,7 +260,10 @@ absl::StatusOr<ferry::v1::TransferResult> Client::Run(const std::vector<OpSpec>&
   // A line that ended unseen (the agent restarted while it was idle) takes no request: the
   // second try has a new one.
   for (int attempt = 0; attempt < 2; ++attempt) {
-    TransferLine::Outcome outcome = Line()->Run(ops, timeout, include_ops, wait);
+    std::shared_ptr<SocketLine> socket = Socket();
+    TransferLine::Outcome outcome = socket != nullptr
+                                        ? socket->Run(ops, timeout, include_ops, wait)
+                                        : Line()->Run(ops, timeout, include_ops, wait);
     if (!outcome.sent) continue;
     if (outcome.result.ok() && include_ops) {
       RETURN_IF_ERROR(FetchRemainingOps(*outcome.result));  // later pages come by Wait
@@ -290,6 +299,37 @@ std::shared_ptr<TransferLine> Client::Line() {
     line_ = std::make_shared<TransferLine>(*stub_, std::move(ctx));
   }
   return line_;
+}
+
+void Client::set_use_transfer_socket(bool use) {
+  absl::MutexLock lock(&mu_);
+  use_transfer_socket_ = use;
+  if (!use) socket_line_.reset();
+}
+
+std::shared_ptr<SocketLine> Client::Socket() {
+  std::optional<std::string> path;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!use_transfer_socket_) return nullptr;
+    if (socket_line_ != nullptr && !socket_line_->ended()) return socket_line_;
+    path = transfer_socket_;
+  }
+  if (!path.has_value()) {
+    absl::StatusOr<ferry::v1::GetInfoResponse> info = GetInfo();
+    if (!info.ok()) return nullptr;  // the gRPC line's call will say why
+    path = info->transfer_socket();
+    absl::MutexLock lock(&mu_);
+    transfer_socket_ = path;
+  }
+  if (path->empty()) return nullptr;
+  // Not reached (a client in another mount namespace, or over local_tcp from another node):
+  // the gRPC line carries it, and the next Run tries again.
+  absl::StatusOr<std::unique_ptr<SocketLine>> line = SocketLine::Connect(*path);
+  if (!line.ok()) return nullptr;
+  absl::MutexLock lock(&mu_);
+  if (socket_line_ == nullptr || socket_line_->ended()) socket_line_ = *std::move(line);
+  return socket_line_;
 }
 
 absl::StatusOr<std::unique_ptr<TransferStream>> Client::OpenTransferStream() {

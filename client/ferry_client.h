@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -71,6 +72,7 @@ struct OpSpec {
 void FillSubmitRequest(const std::vector<OpSpec>& ops, absl::Duration timeout,
                        ferry::v1::SubmitRequest* request);
 
+class SocketLine;
 class TransferLine;
 class TransferStream;
 
@@ -113,14 +115,19 @@ class Client {
                      const std::function<void(const ferry::v1::TransferProgress&)>& on_progress);
 
   // Submit + Wait for one batch, in one round trip; the status is the transfer's own (OK
-  // when every op landed). A batch of at most kLineOps ops rides one TransferStream call
-  // that the client's threads share (client/transfer_line.h: no call set-up per transfer);
-  // a larger one has a Transfer call of its own (so it never holds up a small one behind
-  // its request). DEADLINE_EXCEEDED when the agent has not answered by `timeout` + 5 s.
+  // when every op landed). A batch of at most kLineOps ops goes over the agent's transfer
+  // socket where the client reaches it (client/socket_line.h: no gRPC on the way), else
+  // rides one TransferStream call that the client's threads share (client/transfer_line.h:
+  // no call set-up per transfer); a larger one has a Transfer call of its own (so it never
+  // holds up a small one behind its request). DEADLINE_EXCEEDED when the agent has not
+  // answered by `timeout` + 5 s.
   static constexpr size_t kLineOps = 64;
   absl::StatusOr<ferry::v1::TransferResult> Run(const std::vector<OpSpec>& ops,
                                                 absl::Duration timeout = absl::Seconds(60),
                                                 bool include_ops = false);
+  // Whether Run may use the transfer socket (default: yes, unless the environment has
+  // FERRY_TRANSFER_SOCKET=0); false keeps its small batches on the gRPC line.
+  void set_use_transfer_socket(bool use);
 
   // Many transfers over one call, answered as they end (client/transfer_stream.h): for a
   // caller that issues many small ones, without a call per transfer.
@@ -185,6 +192,10 @@ class Client {
                                                     absl::Duration timeout, bool include_ops);
   // The client's transfer line; a new one when there is none yet or it ended.
   std::shared_ptr<TransferLine> Line();
+  // Its connection to the agent's transfer socket, a new one when there is none yet or it
+  // ended; null when the agent has none, the client does not reach it, or it is not to be
+  // used (the gRPC line carries Run then).
+  std::shared_ptr<SocketLine> Socket();
   // Appends the per-op results after `result`'s page (from its ops_next), by Wait.
   absl::Status FetchRemainingOps(ferry::v1::TransferResult& result);
 
@@ -205,6 +216,10 @@ class Client {
   std::string fd_socket_ ABSL_GUARDED_BY(mu_);
   // After the channel and stub it uses: it ends its call when it goes.
   std::shared_ptr<TransferLine> line_ ABSL_GUARDED_BY(mu_);
+  bool use_transfer_socket_ ABSL_GUARDED_BY(mu_) = true;
+  // GetInfo.transfer_socket, asked once ("" when the agent has none); nullopt until then.
+  std::optional<std::string> transfer_socket_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<SocketLine> socket_line_ ABSL_GUARDED_BY(mu_);
 };
 
 // The transfer's own outcome as a status (OK, or the first failing op's code and message).

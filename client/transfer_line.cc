@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/grpc_status.h"
+#include "client/answer_turns.h"
 
 namespace ferry {
 namespace {
@@ -69,20 +70,10 @@ TransferLine::Outcome TransferLine::Run(const std::vector<OpSpec>& ops, absl::Du
   to_write_.push_back(std::move(request));
   if (started_ && writing_ == nullptr) StartWriteLocked();
 
-  struct Turn {
-    const Waiter* waiter;
-    const bool* reading;
-  } turn{&waiter, &reading_queue_};
-  // Our answer came, or nobody reads the queue and it is our turn.
-  const absl::Condition answered_or_free(
-      +[](Turn* t) { return t->waiter->answer.has_value() || !*t->reading; }, &turn);
-  while (!waiter.answer.has_value()) {
-    if (reading_queue_) {
-      if (!mu_.AwaitWithDeadline(answered_or_free, deadline)) break;
-      continue;
-    }
-    if (!ReadQueueLocked(deadline)) break;
-  }
+  AwaitAnswer(mu_, reading_queue_, waiter.answer, deadline,
+              [this](absl::Time until) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+                return ReadQueueLocked(until);
+              });
   if (!waiter.answer.has_value()) {
     waiters_.erase(tag);  // an answer that comes later is dropped
     // Not written yet: it never will be, so no transfer starts after its caller gave up.

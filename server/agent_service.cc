@@ -122,6 +122,10 @@ grpc::Status AgentService::GetInfo(grpc::ServerContext*, const ferry::v1::GetInf
     resp->set_fd_socket(inbox->path());
     resp->set_fds_waiting(inbox->held());
   }
+  if (transfer_socket_ != nullptr) {
+    resp->set_transfer_socket(transfer_socket_->path());
+    resp->set_transfer_socket_clients(transfer_socket_->connections());
+  }
   resp->set_registered_bytes(core_->buffers().registered_bytes());
   resp->set_block_lists(core_->tensors().blocks().count());
   return grpc::Status::OK;
@@ -290,11 +294,11 @@ AgentService::AgentService(AgentCore* core) : core_(core) {
   SetMessageAllocatorFor_Transfer(&transfer_messages_);
 }
 
-TransferCalls AgentService::CallsFor(const grpc::ServerContextBase& ctx) {
+TransferCalls AgentService::CallsFor(std::optional<LocalCaller> caller) {
   TransferCalls calls;
   // A start may run on starters_ after the call ended: it uses the caller as it was when
-  // the call began, never `ctx`.
-  calls.start = [this, caller = core_->local_callers().Of(ctx)](
+  // the call began, never the call.
+  calls.start = [this, caller = std::move(caller)](
                     const ferry::v1::TransferRequest& req,
                     std::function<void(ferry::v1::TransferResult)> answer)
       -> absl::StatusOr<uint64_t> {
@@ -332,12 +336,13 @@ TransferCalls AgentService::CallsFor(const grpc::ServerContextBase& ctx) {
 grpc::ServerUnaryReactor* AgentService::Transfer(grpc::CallbackServerContext* ctx,
                                                  const ferry::v1::TransferRequest* req,
                                                  ferry::v1::TransferResult* resp) {
-  return StartUnaryTransfer(ctx, req, resp, &starters_, CallsFor(*ctx));
+  return StartUnaryTransfer(ctx, req, resp, &starters_,
+                            CallsFor(core_->local_callers().Of(*ctx)));
 }
 
 grpc::ServerBidiReactor<ferry::v1::StreamedTransfer, ferry::v1::StreamedResults>*
 AgentService::TransferStream(grpc::CallbackServerContext* ctx) {
-  return StartTransferStream(&starters_, CallsFor(*ctx));
+  return StartTransferStream(&starters_, CallsFor(core_->local_callers().Of(*ctx)));
 }
 
 grpc::Status AgentService::Cancel(grpc::ServerContext*, const ferry::v1::CancelTransferRequest* req,

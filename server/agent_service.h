@@ -13,6 +13,7 @@
 #include "server/engine/transfer.h"
 #include "server/local/local_callers.h"
 #include "server/transfer_calls.h"
+#include "server/transfer_socket.h"
 #include "server/unary_transfer.h"
 
 namespace ferry::server {
@@ -75,6 +76,15 @@ class AgentService final
   grpc::Status RemovePeer(grpc::ServerContext*, const ferry::v1::RemovePeerRequest*,
                           ferry::v1::PeerChange*) override;
 
+  // How Transfer, TransferStream and the transfer socket start the requests of `caller`
+  // (nullopt: a local_tcp caller, known by its certificate only).
+  TransferCalls CallsFor(std::optional<LocalCaller> caller);
+  // Where they start the requests that may block.
+  WorkerPool* starters() { return &starters_; }
+  // The transfer socket GetInfo reports; null until main starts it (and in tests of the
+  // service without one).
+  void set_transfer_socket(const TransferSocket* socket) { transfer_socket_ = socket; }
+
  private:
   // FreeBuffer (an agent buffer) and DeregisterMemory (`registered` memory): the caller's
   // session and uid may end it; FAILED_PRECONDITION naming the other call for the other kind.
@@ -83,10 +93,9 @@ class AgentService final
   // and the admin group may); the engine validates the rest.
   absl::Status MayUseLocalBuffers(const std::optional<LocalCaller>& caller,
                                   const google::protobuf::RepeatedPtrField<ferry::v1::Op>& ops);
-  // How Transfer and TransferStream start the requests of the call `ctx` (as its caller).
-  TransferCalls CallsFor(const grpc::ServerContextBase& ctx);
 
   AgentCore* const core_;
+  const TransferSocket* transfer_socket_ = nullptr;
   // Each Transfer call's request and result, in kept arenas.
   TransferMessages transfer_messages_;
   // Where the Transfer and TransferStream requests that may block start: Submit asks a peer

@@ -282,6 +282,18 @@ int Run(int argc, char** argv) {
     return 1;
   }
   (*core)->set_fd_inbox(fd_inbox->get());
+  // Beside it too: small transfers without gRPC (server/transfer_socket.h).
+  auto transfer_socket = TransferSocket::Start(
+      TransferSocketPath(config.local_socket), config.local_socket_mode,
+      *LookupGroup(config.local_socket_group, "listen.local_group"), agent_service.starters(),
+      [&agent_service](const LocalCaller& caller) { return agent_service.CallsFor(caller); });
+  if (!transfer_socket.ok()) {
+    spdlog::error("cannot start: {}", transfer_socket.status().ToString());
+    local_server->Shutdown();
+    peer_server->Shutdown();
+    return 1;
+  }
+  agent_service.set_transfer_socket(transfer_socket->get());
   (*local)->Serve(local_server.get());
   // After the hooks AgentCore::Create added (discovery deregistration runs before this).
   (*core)->drain_hooks().Add("readiness: gRPC health NOT_SERVING", [&] {
@@ -344,6 +356,9 @@ int Run(int argc, char** argv) {
   auto grace = std::chrono::system_clock::now() + std::chrono::seconds(2);
   local_server->Shutdown(grace);
   peer_server->Shutdown(grace);
+  // Its connections close; transfers still running answer nobody.
+  agent_service.set_transfer_socket(nullptr);
+  transfer_socket->reset();
   metrics.reset();  // it reads the core
   discovery.reset();  // before the directory it feeds
   core->reset();

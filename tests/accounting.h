@@ -3,9 +3,9 @@
 // accounting returns to zero. Nothing but buffers that persist is left, the host pool's
 // used bytes are exactly those buffers', GPU pools hold only persisting GPU buffers, no
 // bounce chunk is in use, and no client memory is registered, no block list or passed
-// descriptor is left; with no buffer left, no peer keeps an answer for one of its names or
-// lists (ListPeers: answers_held, lists_held). Polls briefly: sessions end asynchronously
-// when clients leave.
+// descriptor is left, no connection to the transfer socket is open; with no buffer left, no
+// peer keeps an answer for one of its names or lists (ListPeers: answers_held, lists_held).
+// Polls briefly: sessions end asynchronously when clients leave.
 
 #include <cstdint>
 #include <string>
@@ -45,7 +45,8 @@ inline void ExpectAccountingAtZero(const std::string& socket, const std::string&
               (persisting_gpu > 0 || gpu_used == 0) && bounce_in_use == 0 &&
               (!buffers->empty() || info->host_pool_used_bytes() == 0) &&
               info->registered_bytes() == 0 && info->block_lists() == 0 &&
-              info->fds_waiting() == 0 && (!buffers->empty() || held == 0);
+              info->fds_waiting() == 0 && info->transfer_socket_clients() == 0 &&
+              (!buffers->empty() || held == 0);
     if (ok) return;
     last = absl::StrCat(who, ": sessions ", info->sessions(), ", buffers ", buffers->size(),
                         only_persisting ? " (all persist)" : " (some owned by a session)",
@@ -54,7 +55,8 @@ inline void ExpectAccountingAtZero(const std::string& socket, const std::string&
                         ", bounce chunks in use ", bounce_in_use, ", transfers running ",
                         info->transfers_active(), ", registered bytes ", info->registered_bytes(),
                         ", block lists ", info->block_lists(), ", descriptors waiting ",
-                        info->fds_waiting(), ", answers peers keep ", held);
+                        info->fds_waiting(), ", transfer socket connections ",
+                        info->transfer_socket_clients(), ", answers peers keep ", held);
     if (absl::Now() > deadline) break;
     absl::SleepFor(absl::Milliseconds(50));
   }

@@ -9,7 +9,6 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/time/clock.h"
@@ -19,6 +18,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/agent_pair.h"
+#include "tests/shared_line_check.h"
 
 namespace ferry {
 namespace {
@@ -88,61 +88,15 @@ std::unique_ptr<TransferLine> OpenLine(Client& client) {
   return std::make_unique<TransferLine>(client.stub(), std::move(ctx));
 }
 
-// 6 threads on one client, 150 one-block WRITEs each (every 10th one refused for its
-// length): each gets its own answer, refusals name the field, and every block lands where
-// its op put it. The threads take turns reading the line's answers, so each answer must
-// reach the thread that sent it, whoever read it.
+// 6 threads on one line, 150 one-block WRITEs each (tests/shared_line_check.h).
 TEST(ClientTransferLineTest, ThreadsSharingAClientEachGetTheirOwnAnswer) {
   Pair pair;
   ASSERT_TRUE(pair.Start("host_pool:\n  size: 256MiB\n").ok());
-  constexpr int kThreads = 6, kEach = 150;
-  auto src = pair.ca->Alloc(kThreads * kEach * kBlock);
-  auto dst = pair.cb->Alloc(kThreads * kEach * kBlock, "lined");
-  ASSERT_TRUE(src.ok() && dst.ok());
-  Fill(**src, 3);
   auto line = OpenLine(*pair.ca);
-  std::vector<std::thread> threads;
-  std::vector<int> moved(kThreads, 0), refused(kThreads, 0);
-  for (int t = 0; t < kThreads; ++t) {
-    threads.emplace_back([&, t] {
-      for (int i = 0; i < kEach; ++i) {
-        const uint64_t slot = static_cast<uint64_t>(t) * kEach + i;
-        const bool bad = i % 10 == 9;
-        // Block `slot` lands in the mirrored slot of the target.
-        const uint64_t to = (kThreads * kEach - 1 - slot) * kBlock;
-        TransferLine::Outcome outcome =
-            line->Run({{ferry::v1::WRITE, (*src)->id(), slot * kBlock, "node-b", "lined", to,
-                        bad ? 0 : kBlock}},
-                      kTimeout, false, kTimeout);
-        EXPECT_TRUE(outcome.sent);
-        const auto& result = outcome.result;
-        if (bad) {
-          EXPECT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument)
-              << result.status();
-          EXPECT_THAT(std::string(result.status().message()), HasSubstr("ops[0].length"));
-          ++refused[t];
-          continue;
-        }
-        EXPECT_TRUE(result.ok()) << result.status();
-        if (!result.ok()) return;
-        EXPECT_TRUE(TransferStatus(*result).ok()) << TransferStatus(*result);
-        EXPECT_EQ(result->bytes(), kBlock);
-        ++moved[t];
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
+  ExpectThreadsGetTheirOwnAnswers(pair, 6, 150, [&](const std::vector<OpSpec>& ops) {
+    return line->Run(ops, kTimeout, false, kTimeout);
+  });
   EXPECT_FALSE(line->ended());
-  for (int t = 0; t < kThreads; ++t) {
-    EXPECT_EQ(moved[t], kEach - kEach / 10) << "thread " << t;
-    EXPECT_EQ(refused[t], kEach / 10) << "thread " << t;
-  }
-  for (uint64_t slot = 0; slot < kThreads * kEach; ++slot) {
-    if (slot % kEach % 10 == 9) continue;
-    const uint64_t to = (kThreads * kEach - 1 - slot) * kBlock;
-    ASSERT_EQ(std::memcmp((*src)->data() + slot * kBlock, (*dst)->data() + to, kBlock), 0)
-        << "slot " << slot;
-  }
 }
 
 // An agent that stops answering (SIGSTOP): the caller gets DEADLINE_EXCEEDED once its

@@ -1,0 +1,96 @@
+#pragma once
+// The transfer socket: Agent.TransferStream's messages over a Unix socket the agent serves
+// itself, beside the local API's ("<path>.transfers", same mode and group; GetInfo.
+// transfer_socket names it), for local clients' small transfers. Over gRPC a one-op
+// transfer costs the agent hand-offs among gRPC's own threads (the README's "Where a one-op
+// Transfer loses its time"); here one thread reads every connection and starts each request
+// itself, the provider sends from that thread, and the thread that settles the transfer
+// writes the answer: the agent wakes for the request and for the peer's answer, no more.
+//
+// The wire (base/frame.h), after the client's 8 bytes "ferryxf1" (kTransferSocketHello):
+// frames of a 4-byte little-endian length and that many bytes of a StreamedTransfer, at most
+// kMaxFrameBytes; the agent answers in frames of StreamedResults, as TransferStream does
+// (the client's tags echoed, in the order the transfers end, a refusal as a result with its
+// code and message); a client's end of writing ends its connection. A wrong hello, a frame too long or bytes that are not a StreamedTransfer are answered with
+// one result of tag 0, INVALID_ARGUMENT and a message saying which, and the connection
+// closes. Who the caller is comes from the kernel (SO_PEERCRED), as on the local socket.
+//
+// Limits: kMaxConnections at once (the next is closed at accept; libferry then uses its
+// gRPC line); per connection kStreamWindow requests running or unanswered, and no reading
+// while kMaxUnsentBytes of answers wait for the client to read them. A request that may
+// block (it would ask a peer something) starts on `starters`, and its connection's next one
+// waits for it, so a connection's requests start in the order sent. The thread reads each
+// connection in turn, kRoundFrames requests of it at a time, and takes at most 256 KiB
+// ahead of the requests it started (more only for the one large request being read).
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <cstddef>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "absl/status/statusor.h"
+#include "base/unique_fd.h"
+#include "base/worker_pool.h"
+#include "server/local/local_callers.h"
+#include "server/transfer_calls.h"
+
+namespace ferry::server {
+
+// Where the transfer socket of the local socket `local_socket` is: beside it.
+inline std::string TransferSocketPath(const std::string& local_socket) {
+  return local_socket + ".transfers";
+}
+
+class TransferSocket {
+ public:
+  static constexpr size_t kMaxConnections = 256;
+  static constexpr size_t kMaxUnsentBytes = 4 << 20;
+  static constexpr size_t kRoundFrames = 16;
+  // What a caller's transfers may do: AgentService::CallsFor.
+  using CallsFor = std::function<TransferCalls(const LocalCaller& caller)>;
+
+  // Binds `path` as ListenUnix does and starts serving it. `starters` must outlive this.
+  static absl::StatusOr<std::unique_ptr<TransferSocket>> Start(const std::string& path,
+                                                               mode_t mode, gid_t group,
+                                                               WorkerPool* starters,
+                                                               CallsFor calls_for);
+  // Stops (as Stop) and removes the socket file.
+  ~TransferSocket();
+  // Closes the socket and every connection, and returns once the thread is gone. Transfers
+  // still running end as they would, and answer nobody.
+  void Stop();
+
+  const std::string& path() const { return path_; }
+  // Connections open now (for GetInfo and tests: returns to 0 when the clients are gone).
+  size_t connections() const { return connections_.load(std::memory_order_relaxed); }
+
+ private:
+  class Connection;
+  TransferSocket(std::string path, UniqueFd listener, std::shared_ptr<const UniqueFd> wake,
+                 WorkerPool* starters, CallsFor calls_for)
+      : path_(std::move(path)),
+        listener_(std::move(listener)),
+        wake_(std::move(wake)),
+        starters_(starters),
+        calls_for_(std::move(calls_for)) {}
+  void Loop();
+  // Takes the connections waiting at the listener.
+  void Accept(std::vector<std::shared_ptr<Connection>>& open);
+
+  const std::string path_;
+  UniqueFd listener_;
+  // eventfd: Stop(), and answers that leave bytes unsent or a connection ready to read
+  // again, wake the thread's poll(). Shared with the connections, which may outlive this.
+  const std::shared_ptr<const UniqueFd> wake_;
+  WorkerPool* const starters_;
+  const CallsFor calls_for_;
+  std::atomic<bool> stopping_{false};
+  std::atomic<size_t> connections_{0};
+  std::thread thread_;
+};
+
+}  // namespace ferry::server

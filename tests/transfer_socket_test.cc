@@ -1,0 +1,184 @@
+// The transfer socket (server/transfer_socket.h) and its client (client/socket_line.h) in one
+// process, over calls that stand in for the engine: answers come on other threads, as the
+// engine's do, some requests start on the starters (may_block), some are refused. Each
+// caller gets its own answer, the caller's uid reaches the calls, and the connection count
+// and answers after Stop behave. In the TSan suite: the socket's thread, the starters, the
+// answering threads and the client's readers all meet here.
+
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "base/worker_pool.h"
+#include "client/socket_line.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/transfer_socket.h"
+
+namespace ferry::server {
+namespace {
+
+using ::testing::HasSubstr;
+
+// A directory of the test's own for the socket, removed with it.
+struct SocketDir {
+  SocketDir() {
+    char dir[] = "/tmp/ferry-socket-XXXXXX";
+    EXPECT_NE(mkdtemp(dir), nullptr);
+    path = dir;
+  }
+  ~SocketDir() { std::filesystem::remove_all(path); }
+  std::string socket() const { return path + "/agent.sock.transfers"; }
+  std::string path;
+};
+
+// Stands in for the engine: a length-0 op is refused, peer "slow" may block (so it starts
+// on a starter), and every other transfer is answered on the `done` threads, with its bytes.
+struct FakeEngine {
+  // Declared first, so it goes last: a start still queued on the starters may answer here.
+  WorkerPool done{3, "test-done"};
+  WorkerPool starters{4, "test-start"};
+  std::atomic<int> started{0};
+  std::atomic<int> on_starters{0};
+  absl::Mutex mu;
+  std::vector<uid_t> callers ABSL_GUARDED_BY(mu);
+
+  TransferCalls CallsFor(const LocalCaller& caller) {
+    {
+      absl::MutexLock lock(&mu);
+      callers.push_back(caller.uid);
+    }
+    TransferCalls calls;
+    calls.start = [this](const ferry::v1::TransferRequest& req,
+                         std::function<void(ferry::v1::TransferResult)> answer)
+        -> absl::StatusOr<uint64_t> {
+      uint64_t bytes = 0;
+      for (int i = 0; i < req.submit().ops_size(); ++i) {
+        if (req.submit().ops(i).length() == 0) {
+          return absl::InvalidArgumentError(absl::StrCat("ops[", i, "].length: 0"));
+        }
+        bytes += req.submit().ops(i).length();
+      }
+      if (req.submit().targets_size() > 0 && req.submit().targets(0).peer() == "slow") {
+        on_starters.fetch_add(1);
+      }
+      const int id = started.fetch_add(1) + 1;
+      done.Run([answer = std::move(answer), bytes, id] {
+        ferry::v1::TransferResult result;
+        result.set_transfer_id(id);
+        result.set_state(ferry::v1::SUCCEEDED);
+        result.set_bytes(bytes);
+        answer(std::move(result));
+      });
+      return id;
+    };
+    calls.may_block = [](const ferry::v1::TransferRequest& req) {
+      return req.submit().targets_size() > 0 && req.submit().targets(0).peer() == "slow";
+    };
+    return calls;
+  }
+};
+
+// A transfer socket over a FakeEngine, in a directory of the test's own.
+class TransferSocketTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto started = TransferSocket::Start(
+        path, 0600, static_cast<gid_t>(-1), &engine.starters,
+        [this](const LocalCaller& caller) { return engine.CallsFor(caller); });
+    ASSERT_TRUE(started.ok()) << started.status();
+    socket = *std::move(started);
+  }
+
+  FakeEngine engine;
+  SocketDir dir;
+  const std::string path = dir.socket();
+  std::unique_ptr<TransferSocket> socket;  // last: it goes first
+};
+
+void AwaitConnections(const TransferSocket& socket, size_t want) {
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (socket.connections() != want && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  EXPECT_EQ(socket.connections(), want);
+}
+
+// 4 threads on each of 2 connections, 200 transfers each: every 7th refused, every 5th on
+// a peer that may block. Each answer reaches its own caller with its own byte count.
+TEST_F(TransferSocketTest, EveryCallerGetsItsOwnAnswerWhateverThreadAnswered) {
+  std::vector<std::unique_ptr<SocketLine>> lines;
+  for (int i = 0; i < 2; ++i) {
+    auto line = SocketLine::Connect(path);
+    ASSERT_TRUE(line.ok()) << line.status();
+    lines.push_back(*std::move(line));
+  }
+  constexpr int kThreads = 8, kEach = 200;
+  std::atomic<int> wrong{0}, refused{0}, moved{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      SocketLine& line = *lines[t % 2];
+      for (int i = 0; i < kEach; ++i) {
+        const uint64_t length = i % 7 == 6 ? 0 : 1 + t * 1000 + i;
+        OpSpec op{ferry::v1::WRITE, 1, 0, i % 5 == 0 ? "slow" : "fast", "b", 0, length};
+        SocketLine::Outcome outcome = line.Run({op}, absl::Seconds(10), false, absl::Seconds(20));
+        if (!outcome.sent) ++wrong;
+        if (length == 0) {
+          if (outcome.result.status().code() == absl::StatusCode::kInvalidArgument &&
+              absl::StrContains(outcome.result.status().message(), "ops[0].length")) {
+            ++refused;
+          } else {
+            ++wrong;
+          }
+        } else if (outcome.result.ok() && outcome.result->bytes() == length) {
+          ++moved;
+        } else {
+          ++wrong;
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(wrong.load(), 0);
+  EXPECT_EQ(refused.load(), kThreads * (kEach / 7));
+  EXPECT_EQ(moved.load(), kThreads * (kEach - kEach / 7));
+  EXPECT_GT(engine.on_starters.load(), 0);
+  EXPECT_EQ(socket->connections(), 2u);
+  {
+    absl::MutexLock lock(&engine.mu);
+    EXPECT_EQ(engine.callers, std::vector<uid_t>({getuid(), getuid()}));
+  }
+  lines.clear();
+  AwaitConnections(*socket, 0);
+}
+
+// Transfers that end after Stop answer nobody, and nothing breaks: the connections hold
+// what the answers need. A client whose agent stopped gets UNAVAILABLE, and the socket file
+// is gone with the socket.
+TEST_F(TransferSocketTest, AnswersAfterStopGoNowhereAndClientsSeeTheEnd) {
+  auto line = SocketLine::Connect(path);
+  ASSERT_TRUE(line.ok()) << line.status();
+  OpSpec op{ferry::v1::WRITE, 1, 0, "fast", "b", 0, 64};
+  ASSERT_TRUE((*line)->Run({op}, absl::Seconds(10), false, absl::Seconds(20)).result.ok());
+  AwaitConnections(*socket, 1);
+  socket.reset();  // Stop, then the file goes
+  EXPECT_NE(access(path.c_str(), F_OK), 0);
+  SocketLine::Outcome after = (*line)->Run({op}, absl::Seconds(1), false, absl::Seconds(5));
+  EXPECT_EQ(after.result.status().code(), absl::StatusCode::kUnavailable)
+      << after.result.status();
+  EXPECT_TRUE((*line)->ended());
+  EXPECT_FALSE(SocketLine::Connect(path).ok());
+}
+
+}  // namespace
+}  // namespace ferry::server
