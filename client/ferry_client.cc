@@ -254,13 +254,14 @@ absl::Status Client::Watch(
 
 absl::StatusOr<ferry::v1::TransferResult> Client::Run(const std::vector<OpSpec>& ops,
                                                       absl::Duration timeout, bool include_ops) {
-  if (ops.size() > kLineOps) return RunCall(ops, timeout, include_ops);
+  const bool large = ops.size() > kLineOps;
   // The agent ends the transfer at its deadline; wait a little past it for the verdict.
   const absl::Duration wait = timeout + absl::Seconds(5);
   // A line that ended unseen (the agent restarted while it was idle) takes no request: the
   // second try has a new one.
   for (int attempt = 0; attempt < 2; ++attempt) {
-    std::shared_ptr<SocketLine> socket = Socket();
+    std::shared_ptr<SocketLine> socket = Socket(large);
+    if (socket == nullptr && large) break;  // not over the shared gRPC line: a call of its own
     TransferLine::Outcome outcome = socket != nullptr
                                         ? socket->Run(ops, timeout, include_ops, wait)
                                         : Line()->Run(ops, timeout, include_ops, wait);
@@ -270,7 +271,8 @@ absl::StatusOr<ferry::v1::TransferResult> Client::Run(const std::vector<OpSpec>&
     }
     return outcome.result;
   }
-  // No line takes it (the agent is gone, or refuses the stream): a call of its own says why.
+  // No line takes it (the agent is gone, or refuses the stream), or a large batch with no
+  // socket: a call of its own, which also says why.
   return RunCall(ops, timeout, include_ops);
 }
 
@@ -304,15 +306,18 @@ std::shared_ptr<TransferLine> Client::Line() {
 void Client::set_use_transfer_socket(bool use) {
   absl::MutexLock lock(&mu_);
   use_transfer_socket_ = use;
-  if (!use) socket_line_.reset();
+  if (use) return;
+  socket_line_.reset();
+  bulk_socket_line_.reset();
 }
 
-std::shared_ptr<SocketLine> Client::Socket() {
+std::shared_ptr<SocketLine> Client::Socket(bool bulk) {
   std::optional<std::string> path;
   {
     absl::MutexLock lock(&mu_);
     if (!use_transfer_socket_) return nullptr;
-    if (socket_line_ != nullptr && !socket_line_->ended()) return socket_line_;
+    const std::shared_ptr<SocketLine>& line = bulk ? bulk_socket_line_ : socket_line_;
+    if (line != nullptr && !line->ended()) return line;
     path = transfer_socket_;
   }
   if (!path.has_value()) {
@@ -328,8 +333,9 @@ std::shared_ptr<SocketLine> Client::Socket() {
   absl::StatusOr<std::unique_ptr<SocketLine>> line = SocketLine::Connect(*path);
   if (!line.ok()) return nullptr;
   absl::MutexLock lock(&mu_);
-  if (socket_line_ == nullptr || socket_line_->ended()) socket_line_ = *std::move(line);
-  return socket_line_;
+  std::shared_ptr<SocketLine>& kept = bulk ? bulk_socket_line_ : socket_line_;
+  if (kept == nullptr || kept->ended()) kept = *std::move(line);
+  return kept;
 }
 
 absl::StatusOr<std::unique_ptr<TransferStream>> Client::OpenTransferStream() {

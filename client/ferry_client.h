@@ -115,12 +115,13 @@ class Client {
                      const std::function<void(const ferry::v1::TransferProgress&)>& on_progress);
 
   // Submit + Wait for one batch, in one round trip; the status is the transfer's own (OK
-  // when every op landed). A batch of at most kLineOps ops goes over the agent's transfer
-  // socket where the client reaches it (client/socket_line.h: no gRPC on the way), else
-  // rides one TransferStream call that the client's threads share (client/transfer_line.h:
-  // no call set-up per transfer); a larger one has a Transfer call of its own (so it never
-  // holds up a small one behind its request). DEADLINE_EXCEEDED when the agent has not
-  // answered by `timeout` + 5 s.
+  // when every op landed). Where the client reaches the agent's transfer socket
+  // (client/socket_line.h: no gRPC on the way), batches go over it, those of more than
+  // kLineOps ops on a connection of their own (so a large request never holds up a small
+  // one behind it). Else a small batch rides one TransferStream call that the client's
+  // threads share (client/transfer_line.h: no call set-up per transfer), and a larger one
+  // has a Transfer call of its own. DEADLINE_EXCEEDED when the agent has not answered by
+  // `timeout` + 5 s.
   static constexpr size_t kLineOps = 64;
   absl::StatusOr<ferry::v1::TransferResult> Run(const std::vector<OpSpec>& ops,
                                                 absl::Duration timeout = absl::Seconds(60),
@@ -192,10 +193,10 @@ class Client {
                                                     absl::Duration timeout, bool include_ops);
   // The client's transfer line; a new one when there is none yet or it ended.
   std::shared_ptr<TransferLine> Line();
-  // Its connection to the agent's transfer socket, a new one when there is none yet or it
-  // ended; null when the agent has none, the client does not reach it, or it is not to be
-  // used (the gRPC line carries Run then).
-  std::shared_ptr<SocketLine> Socket();
+  // Its connection to the agent's transfer socket for small batches (`bulk`: for large
+  // ones), a new one when there is none yet or it ended; null when the agent has none, the
+  // client does not reach it, or it is not to be used (gRPC carries Run then).
+  std::shared_ptr<SocketLine> Socket(bool bulk);
   // Appends the per-op results after `result`'s page (from its ops_next), by Wait.
   absl::Status FetchRemainingOps(ferry::v1::TransferResult& result);
 
@@ -220,6 +221,7 @@ class Client {
   // GetInfo.transfer_socket, asked once ("" when the agent has none); nullopt until then.
   std::optional<std::string> transfer_socket_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<SocketLine> socket_line_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<SocketLine> bulk_socket_line_ ABSL_GUARDED_BY(mu_);
 };
 
 // The transfer's own outcome as a status (OK, or the first failing op's code and message).

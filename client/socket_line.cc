@@ -68,7 +68,9 @@ SocketLine::Outcome SocketLine::Run(const std::vector<OpSpec>& ops, absl::Durati
   uint64_t tag = 0;
   {
     absl::MutexLock lock(&mu_);
-    if (ended_) return {absl::UnavailableError("the transfer socket's connection has ended"), false};
+    if (ended_) {
+      return {absl::UnavailableError("the transfer socket's connection has ended"), false};
+    }
     tag = next_tag_++;
     waiters_[tag] = &answer;  // before it goes: the answer may come before the write returns
   }

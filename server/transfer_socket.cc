@@ -192,15 +192,17 @@ class TransferSocket::Connection : public std::enable_shared_from_this<Connectio
       }
       in_begin_ += kFrameHeaderBytes + *length;
       ++frames_;
-      const bool may_block = calls_.may_block(request->transfer());
+      // A peer must resolve a buffer (a blocking call), or a batch takes long to plan: on a
+      // starter, and this connection's next request waits for it, so requests start in the
+      // order sent while the thread serves the other connections.
+      const bool on_starter = request->transfer().submit().ops_size() > kInlineOps ||
+                              calls_.may_block(request->transfer());
       {
         absl::MutexLock lock(&mu_);
         ++open_;  // counted before it starts: its answer may come first
-        // A peer must resolve a buffer (a blocking call): on a starter, and this
-        // connection's next request waits for it, so requests start in the order sent.
-        starting_ = may_block;
+        starting_ = on_starter;
       }
-      if (!may_block) {
+      if (!on_starter) {
         Start(*request);
         continue;
       }

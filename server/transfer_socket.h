@@ -11,15 +11,17 @@
 // frames of a 4-byte little-endian length and that many bytes of a StreamedTransfer, at most
 // kMaxFrameBytes; the agent answers in frames of StreamedResults, as TransferStream does
 // (the client's tags echoed, in the order the transfers end, a refusal as a result with its
-// code and message); a client's end of writing ends its connection. A wrong hello, a frame too long or bytes that are not a StreamedTransfer are answered with
-// one result of tag 0, INVALID_ARGUMENT and a message saying which, and the connection
-// closes. Who the caller is comes from the kernel (SO_PEERCRED), as on the local socket.
+// code and message); a client's end of writing ends its connection. A wrong hello, a frame
+// too long or bytes that are not a StreamedTransfer are answered with one result of tag 0,
+// INVALID_ARGUMENT and a message saying which, and the connection closes. Who the caller is
+// comes from the kernel (SO_PEERCRED), as on the local socket.
 //
 // Limits: kMaxConnections at once (the next is closed at accept; libferry then uses its
-// gRPC line); per connection kStreamWindow requests running or unanswered, and no reading
+// gRPC calls); per connection kStreamWindow requests running or unanswered, and no reading
 // while kMaxUnsentBytes of answers wait for the client to read them. A request that may
-// block (it would ask a peer something) starts on `starters`, and its connection's next one
-// waits for it, so a connection's requests start in the order sent. The thread reads each
+// block (it would ask a peer something) or has more than kInlineOps ops starts on
+// `starters`, and its connection's next one waits for it, so a connection's requests start
+// in the order sent. The thread reads each
 // connection in turn, kRoundFrames requests of it at a time, and takes at most 256 KiB
 // ahead of the requests it started (more only for the one large request being read).
 
@@ -50,6 +52,9 @@ class TransferSocket {
   static constexpr size_t kMaxConnections = 256;
   static constexpr size_t kMaxUnsentBytes = 4 << 20;
   static constexpr size_t kRoundFrames = 16;
+  // Requests of more ops start on a starter: planning a KV batch of thousands of ops takes
+  // the thread a millisecond, which other connections' one-op transfers would wait out.
+  static constexpr int kInlineOps = 64;
   // What a caller's transfers may do: AgentService::CallsFor.
   using CallsFor = std::function<TransferCalls(const LocalCaller& caller)>;
 

@@ -143,9 +143,9 @@ TEST(ClientSocketLineTest, ThreadsSharingAConnectionEachGetTheirOwnAnswer) {
 }
 
 // Client::Run takes the socket (the agent counts the connection), a READ comes back with
-// the bytes, and with the socket turned off the same client's Run goes over gRPC and the
-// connection is gone; when the clients are gone the agent's accounting and this count
-// return to zero.
+// the bytes; with the socket turned off the same client's Run goes over gRPC and the
+// connection is gone; a large batch takes a second connection of its own; when the clients
+// are gone the agent's accounting and this count return to zero.
 TEST(ClientSocketLineTest, RunTakesTheSocketAndItsConnectionEndsWithTheClient) {
   Pair pair;
   ASSERT_TRUE(pair.Start().ok());
@@ -178,6 +178,23 @@ TEST(ClientSocketLineTest, RunTakesTheSocketAndItsConnectionEndsWithTheClient) {
   ASSERT_TRUE((*client)->Run({{ferry::v1::WRITE, (*src)->id(), 0, "node-b", "runs", 0, kBlock}})
                   .ok());
   EXPECT_EQ(SocketClients(*pair.ca), 1u);
+  // A batch past kLineOps goes over a connection of its own: 256 blocks of 4 KiB, reversed.
+  Fill(**src, 10);
+  std::vector<OpSpec> large;
+  for (uint64_t i = 0; i < 256; ++i) {
+    large.push_back({ferry::v1::WRITE, (*src)->id(), i * kBlock, "node-b", "runs",
+                     (255 - i) * kBlock, kBlock});
+  }
+  auto bulk = (*client)->Run(large);
+  ASSERT_TRUE(bulk.ok()) << bulk.status();
+  EXPECT_EQ(bulk->bytes(), 256 * kBlock);
+  EXPECT_EQ(SocketClients(*pair.ca), 2u);
+  for (uint64_t i = 0; i < 256; ++i) {
+    ASSERT_EQ(std::memcmp((*src)->data() + i * kBlock, (*dst)->data() + (255 - i) * kBlock,
+                          kBlock),
+              0)
+        << "block " << i;
+  }
 
   src->reset();
   back->reset();

@@ -5,6 +5,7 @@
 // and answers after Stop behave. In the TSan suite: the socket's thread, the starters, the
 // answering threads and the client's readers all meet here.
 
+#include <pthread.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -49,6 +50,7 @@ struct FakeEngine {
   WorkerPool starters{4, "test-start"};
   std::atomic<int> started{0};
   std::atomic<int> on_starters{0};
+  std::atomic<int> misplaced{0};  // started inline though it should not have been, or not
   absl::Mutex mu;
   std::vector<uid_t> callers ABSL_GUARDED_BY(mu);
 
@@ -68,8 +70,14 @@ struct FakeEngine {
         }
         bytes += req.submit().ops(i).length();
       }
-      if (req.submit().targets_size() > 0 && req.submit().targets(0).peer() == "slow") {
-        on_starters.fetch_add(1);
+      // Whether it started where the socket should have started it.
+      char thread[16] = {};
+      pthread_getname_np(pthread_self(), thread, sizeof(thread));
+      const bool slow = req.submit().targets_size() > 0 && req.submit().targets(0).peer() == "slow";
+      const bool on_starter = std::string(thread) == "test-start";
+      if (on_starter) on_starters.fetch_add(1);
+      if (on_starter != (slow || req.submit().ops_size() > TransferSocket::kInlineOps)) {
+        misplaced.fetch_add(1);
       }
       const int id = started.fetch_add(1) + 1;
       done.Run([answer = std::move(answer), bytes, id] {
@@ -114,7 +122,9 @@ void AwaitConnections(const TransferSocket& socket, size_t want) {
 }
 
 // 4 threads on each of 2 connections, 200 transfers each: every 7th refused, every 5th on
-// a peer that may block. Each answer reaches its own caller with its own byte count.
+// a peer that may block, every 11th a batch past kInlineOps (the last two start on the
+// starters, the rest on the socket's thread). Each answer reaches its own caller with its
+// own byte count.
 TEST_F(TransferSocketTest, EveryCallerGetsItsOwnAnswerWhateverThreadAnswered) {
   std::vector<std::unique_ptr<SocketLine>> lines;
   for (int i = 0; i < 2; ++i) {
@@ -131,7 +141,10 @@ TEST_F(TransferSocketTest, EveryCallerGetsItsOwnAnswerWhateverThreadAnswered) {
       for (int i = 0; i < kEach; ++i) {
         const uint64_t length = i % 7 == 6 ? 0 : 1 + t * 1000 + i;
         OpSpec op{ferry::v1::WRITE, 1, 0, i % 5 == 0 ? "slow" : "fast", "b", 0, length};
-        SocketLine::Outcome outcome = line.Run({op}, absl::Seconds(10), false, absl::Seconds(20));
+        // Every 11th a batch past kInlineOps, which starts on a starter too.
+        const size_t ops = i % 11 == 3 ? TransferSocket::kInlineOps + 1 : 1;
+        SocketLine::Outcome outcome = line.Run(std::vector<OpSpec>(ops, op), absl::Seconds(10),
+                                               false, absl::Seconds(20));
         if (!outcome.sent) ++wrong;
         if (length == 0) {
           if (outcome.result.status().code() == absl::StatusCode::kInvalidArgument &&
@@ -140,7 +153,7 @@ TEST_F(TransferSocketTest, EveryCallerGetsItsOwnAnswerWhateverThreadAnswered) {
           } else {
             ++wrong;
           }
-        } else if (outcome.result.ok() && outcome.result->bytes() == length) {
+        } else if (outcome.result.ok() && outcome.result->bytes() == ops * length) {
           ++moved;
         } else {
           ++wrong;
@@ -153,6 +166,7 @@ TEST_F(TransferSocketTest, EveryCallerGetsItsOwnAnswerWhateverThreadAnswered) {
   EXPECT_EQ(refused.load(), kThreads * (kEach / 7));
   EXPECT_EQ(moved.load(), kThreads * (kEach - kEach / 7));
   EXPECT_GT(engine.on_starters.load(), 0);
+  EXPECT_EQ(engine.misplaced.load(), 0);
   EXPECT_EQ(socket->connections(), 2u);
   {
     absl::MutexLock lock(&engine.mu);
