@@ -122,9 +122,9 @@ grpc::Status AgentService::GetInfo(grpc::ServerContext*, const ferry::v1::GetInf
     resp->set_fd_socket(inbox->path());
     resp->set_fds_waiting(inbox->held());
   }
-  if (transfer_socket_ != nullptr) {
-    resp->set_transfer_socket(transfer_socket_->path());
-    resp->set_transfer_socket_clients(transfer_socket_->connections());
+  if (const TransferSocket* socket = transfer_socket_.load()) {
+    resp->set_transfer_socket(socket->path());
+    resp->set_transfer_socket_clients(socket->connections());
   }
   resp->set_registered_bytes(core_->buffers().registered_bytes());
   resp->set_block_lists(core_->tensors().blocks().count());

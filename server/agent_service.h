@@ -5,6 +5,7 @@
 // OpenSession, Transfer and TransferStream are callback methods: a session is an idle call
 // that holds no thread, and a transfer is answered by the engine when it ends.
 
+#include <atomic>
 #include <optional>
 
 #include "absl/time/time.h"
@@ -83,7 +84,7 @@ class AgentService final
   WorkerPool* starters() { return &starters_; }
   // The transfer socket GetInfo reports; null until main starts it (and in tests of the
   // service without one).
-  void set_transfer_socket(const TransferSocket* socket) { transfer_socket_ = socket; }
+  void set_transfer_socket(const TransferSocket* socket) { transfer_socket_.store(socket); }
 
  private:
   // FreeBuffer (an agent buffer) and DeregisterMemory (`registered` memory): the caller's
@@ -95,7 +96,8 @@ class AgentService final
                                   const google::protobuf::RepeatedPtrField<ferry::v1::Op>& ops);
 
   AgentCore* const core_;
-  const TransferSocket* transfer_socket_ = nullptr;
+  // Atomic: GetInfo over local_tcp may run while main sets it.
+  std::atomic<const TransferSocket*> transfer_socket_{nullptr};
   // Each Transfer call's request and result, in kept arenas.
   TransferMessages transfer_messages_;
   // Where the Transfer and TransferStream requests that may block start: Submit asks a peer
