@@ -147,7 +147,7 @@ bool SocketLine::ReadLocked(absl::Time deadline) {
     need = std::max(need, kFrameHeaderBytes + *length - have);
   }
   if (in_.size() - in_end_ < need) {
-    std::memmove(in_.data(), in_.data() + in_begin_, have);
+    if (have > 0) std::memmove(in_.data(), in_.data() + in_begin_, have);
     in_begin_ = 0;
     in_end_ = have;
     if (in_.size() - in_end_ < need) in_.resize(in_end_ + need);

@@ -144,7 +144,7 @@ class TransferSocket::Connection : public std::enable_shared_from_this<Connectio
     size_t need = kReadBytes;
     if (partial) need = std::max(need, std::min<size_t>(kFrameHeaderBytes + *length - have, have));
     if (in_.size() - in_end_ < need) {
-      std::memmove(in_.data(), in_.data() + in_begin_, in_end_ - in_begin_);
+      if (have > 0) std::memmove(in_.data(), in_.data() + in_begin_, have);
       in_end_ -= in_begin_;
       in_begin_ = 0;
       if (in_.size() - in_end_ < need) in_.resize(in_end_ + need);
