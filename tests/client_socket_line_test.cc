@@ -7,18 +7,17 @@
 // it never reads the answers of) is refused by name or held back, while other clients go on.
 
 #include <poll.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
 
 #include <cstring>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "absl/time/clock.h"
 #include "base/frame.h"
-#include "base/status_macros.h"
 #include "base/unique_fd.h"
 #include "client/ferry_client.h"
 #include "client/socket_line.h"
