@@ -306,6 +306,7 @@ std::shared_ptr<TransferLine> Client::Line() {
 void Client::set_use_transfer_socket(bool use) {
   absl::MutexLock lock(&mu_);
   use_transfer_socket_ = use;
+  socket_retry_after_ = absl::InfinitePast();
   if (use) return;
   socket_line_.reset();
   bulk_socket_line_.reset();
@@ -318,6 +319,7 @@ std::shared_ptr<SocketLine> Client::Socket(bool bulk) {
     if (!use_transfer_socket_) return nullptr;
     const std::shared_ptr<SocketLine>& line = bulk ? bulk_socket_line_ : socket_line_;
     if (line != nullptr && !line->ended()) return line;
+    if (absl::Now() < socket_retry_after_) return nullptr;
     path = transfer_socket_;
   }
   if (!path.has_value()) {
@@ -329,10 +331,14 @@ std::shared_ptr<SocketLine> Client::Socket(bool bulk) {
   }
   if (path->empty()) return nullptr;
   // Not reached (a client in another mount namespace, or over local_tcp from another node):
-  // the gRPC line carries it, and the next Run tries again.
+  // gRPC carries it, and Runs do not try again for a second (a connect per Run would be
+  // a syscall on every op of a client that never reaches it).
   absl::StatusOr<std::unique_ptr<SocketLine>> line = SocketLine::Connect(*path);
-  if (!line.ok()) return nullptr;
   absl::MutexLock lock(&mu_);
+  if (!line.ok()) {
+    socket_retry_after_ = absl::Now() + kSocketRetry;
+    return nullptr;
+  }
   std::shared_ptr<SocketLine>& kept = bulk ? bulk_socket_line_ : socket_line_;
   if (kept == nullptr || kept->ended()) kept = *std::move(line);
   return kept;

@@ -222,6 +222,9 @@ class Client {
   std::optional<std::string> transfer_socket_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<SocketLine> socket_line_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<SocketLine> bulk_socket_line_ ABSL_GUARDED_BY(mu_);
+  // After a connect to the transfer socket failed, Run uses gRPC until then.
+  static constexpr absl::Duration kSocketRetry = absl::Seconds(1);
+  absl::Time socket_retry_after_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
 };
 
 // The transfer's own outcome as a status (OK, or the first failing op's code and message).

@@ -17,6 +17,7 @@
 #include "server/views.h"
 #include "server/runtime_peers.h"
 #include "server/local/session_call.h"
+#include "server/transfer_socket.h"
 #include "server/transfer_stream.h"
 #include "server/unary_transfer.h"
 #include "base/grpc_status.h"

@@ -14,12 +14,12 @@
 #include "server/engine/transfer.h"
 #include "server/local/local_callers.h"
 #include "server/transfer_calls.h"
-#include "server/transfer_socket.h"
 #include "server/unary_transfer.h"
 
 namespace ferry::server {
 
 class AgentCore;
+class TransferSocket;
 
 class AgentService final
     : public ferry::v1::Agent::WithCallbackMethod_OpenSession<

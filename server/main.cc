@@ -42,6 +42,7 @@
 #include "server/agent_service.h"
 #include "server/peer_service.h"
 #include "server/tensors/tensor_service.h"
+#include "server/transfer_socket.h"
 #include "server/version.h"
 #include "spdlog/spdlog.h"
 #include "transport/tcp/socket.h"
