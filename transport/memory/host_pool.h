@@ -1,7 +1,9 @@
 #pragma once
 // The agent's host pool: one memfd mapped once, carved into buffers that clients map by
-// opening /proc/<agent pid>/fd/<memfd> (same user) at the buffer's offset. Pages are only
-// committed when touched, so a large pool costs nothing until used.
+// opening /proc/<agent pid>/fd/<memfd> (same user) at the buffer's offset. A buffer's pages
+// are committed when it is allocated and given back when it is freed, so a large pool costs
+// nothing until used, and a transfer never waits on page faults (as verbs' registration
+// pins a buffer's pages before its first transfer, ibv_reg_mr(3)).
 
 #include <cstdint>
 #include <memory>
@@ -48,7 +50,8 @@ class HostPool {
                                                           int numa = -1);
   ~HostPool();
 
-  // RESOURCE_EXHAUSTED when the pool has no room.
+  // A block whose pages are all in memory and mapped here. RESOURCE_EXHAUSTED when the pool
+  // has no room, or when the machine cannot back the block (the error names madvise).
   absl::StatusOr<std::unique_ptr<HostBlock>> Allocate(uint64_t size);
 
   // The path a client opens to map blocks (valid while this process lives).
@@ -64,6 +67,8 @@ class HostPool {
   friend class HostBlock;
   HostPool(UniqueFd fd, char* base, uint64_t size, std::string path);
   void Release(uint64_t offset, uint64_t size);
+  // Faults the block's pages in, as writes would.
+  static absl::Status Populate(char* data, uint64_t size);
 
   UniqueFd fd_;
   char* const base_;
