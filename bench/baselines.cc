@@ -105,11 +105,7 @@ absl::StatusOr<Measurement> GrpcSink::Push(uint64_t size, double min_seconds, in
   constexpr uint64_t kChunk = 1 << 20;
   Chunk chunk;
   chunk.mutable_data()->assign(std::min(size, kChunk), 'x');
-  std::vector<double> latencies;
-  uint64_t moved = 0;
-  absl::Time start = absl::Now(), until = start + absl::Seconds(min_seconds);
-  while (latencies.size() < static_cast<size_t>(min_iterations) || absl::Now() < until) {
-    absl::Time t0 = absl::Now();
+  auto push = [&]() -> absl::Status {
     grpc::ClientContext ctx;
     Received received;
     auto writer = stub->Push(&ctx, &received);
@@ -119,11 +115,21 @@ absl::StatusOr<Measurement> GrpcSink::Push(uint64_t size, double min_seconds, in
     }
     writer->WritesDone();
     grpc::Status s = writer->Finish();
+    chunk.mutable_data()->resize(std::min(size, kChunk));
     if (!s.ok() || received.bytes() != size) {
       return absl::InternalError(
           absl::StrCat("gRPC push of ", size, " bytes: ", s.error_message()));
     }
-    chunk.mutable_data()->resize(std::min(size, kChunk));
+    return absl::OkStatus();
+  };
+  // Warmed up as ferry's rows are: the channel connects on the first call.
+  if (absl::Status s = push(); !s.ok()) return s;
+  std::vector<double> latencies;
+  uint64_t moved = 0;
+  absl::Time start = absl::Now(), until = start + absl::Seconds(min_seconds);
+  while (latencies.size() < static_cast<size_t>(min_iterations) || absl::Now() < until) {
+    absl::Time t0 = absl::Now();
+    if (absl::Status s = push(); !s.ok()) return s;
     latencies.push_back(absl::ToDoubleMicroseconds(absl::Now() - t0));
     moved += size;
   }

@@ -37,6 +37,7 @@ namespace {
 absl::StatusOr<Measurement> TimeMoves(const RunOptions& options, uint64_t block,
                                       uint32_t blocks,
                                       const std::function<absl::Status(uint64_t i)>& move) {
+  for (int w = 0; w < options.warmup; ++w) RETURN_IF_ERROR(move(0));
   std::vector<double> latencies;
   const absl::Time start = absl::Now();
   const absl::Time until = start + absl::Seconds(options.min_seconds);

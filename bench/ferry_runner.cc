@@ -15,6 +15,19 @@
 #include "client/transfer_stream.h"
 
 namespace ferry::bench {
+namespace {
+
+// The untimed runs of `batch` before the timed ones (RunOptions::warmup).
+absl::Status WarmUp(Client& client, const std::vector<OpSpec>& batch, const RunOptions& options) {
+  for (int w = 0; w < options.warmup; ++w) {
+    auto result = client.Run(batch);
+    RETURN_IF_ERROR(result.status());
+    RETURN_IF_ERROR(TransferStatus(*result));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
 
 absl::StatusOr<std::unique_ptr<FerryRunner>> FerryRunner::Create(const Agents& agents,
                                                                  uint64_t capacity) {
@@ -119,6 +132,15 @@ absl::StatusOr<Measurement> FerryRunner::RunStreamed(
     sent[k] = absl::Now();
     return (*stream)->Send(k, batches[k]);
   };
+  for (int w = 0; w < options.warmup; ++w) {
+    for (uint64_t k = 0; k < batches.size(); ++k) RETURN_IF_ERROR(send(k));
+    for (uint64_t k = 0; k < batches.size(); ++k) {
+      auto answer = (*stream)->Next();
+      if (!answer.ok()) return answer.status();
+      RETURN_IF_ERROR(answer->result.status());
+      RETURN_IF_ERROR(TransferStatus(*answer->result));
+    }
+  }
   const absl::Time start = absl::Now();
   const absl::Time until = start + absl::Seconds(options.min_seconds);
   for (uint64_t k = 0; k < batches.size(); ++k) RETURN_IF_ERROR(send(k));
@@ -168,8 +190,7 @@ absl::StatusOr<Measurement> FerryRunner::Run(const std::string& series, uint64_t
   std::vector<double> agent_us;  // each batch's duration as the agent measured it
   uint64_t iterations = 0;
   absl::Status failure;
-  absl::Time start = absl::Now();
-  absl::Time until = start + absl::Seconds(options.min_seconds);
+  absl::Time start, until;
   auto worker = [&](Client* client) {
     int done = 0;
     while (true) {
@@ -191,17 +212,18 @@ absl::StatusOr<Measurement> FerryRunner::Run(const std::string& series, uint64_t
     }
   };
   std::vector<std::unique_ptr<Client>> extra;
-  std::vector<std::thread> threads;
-  for (int c = 0; c < options.clients; ++c) {
-    Client* client = a_.get();
-    if (c > 0) {
-      auto more = Client::Connect(agents_.socket_a);
-      if (!more.ok()) return more.status();
-      extra.push_back(std::move(*more));
-      client = extra.back().get();
-    }
-    threads.emplace_back(worker, client);
+  std::vector<Client*> clients = {a_.get()};
+  for (int c = 1; c < options.clients; ++c) {
+    auto more = Client::Connect(agents_.socket_a);
+    if (!more.ok()) return more.status();
+    extra.push_back(std::move(*more));
+    clients.push_back(extra.back().get());
   }
+  for (Client* client : clients) RETURN_IF_ERROR(WarmUp(*client, batch, options));
+  start = absl::Now();
+  until = start + absl::Seconds(options.min_seconds);
+  std::vector<std::thread> threads;
+  for (Client* client : clients) threads.emplace_back(worker, client);
   for (auto& t : threads) t.join();
   double seconds = absl::ToDoubleSeconds(absl::Now() - start);
   if (!failure.ok()) return failure;

@@ -22,6 +22,10 @@ struct RunOptions {
   uint64_t batch_bytes = 64ull << 20;  // small ops are batched up to this many bytes...
   uint32_t outstanding = 64;           // ...and at most this many ops per batch
   int clients = 1;                     // concurrent client connections
+  // Untimed runs of each batch before the timed ones, as ucx_perftest (-w) and perftest
+  // warm up: the first pass over a buffer's pages costs page-table and (in a VM) host work
+  // that is no transfer's (10x the next pass on the 2-core VM at 256 MiB).
+  int warmup = 1;
 };
 
 // The agents under test: A is where clients submit, B owns the target buffer.
