@@ -3,38 +3,17 @@
 
 #include "transport/memory/host_pool.h"
 
-#include <sys/mman.h>
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
-#include <vector>
 
 #include "gtest/gtest.h"
+#include "tests/page_faults.h"
 
 namespace ferry::memory {
 namespace {
 
 constexpr uint64_t kAlign = HostPool::kAlignment;
-
-// How many pages of [data, data + size) are in memory (mincore(2): for a shared mapping, the
-// pages of the memfd that exist).
-size_t ResidentPages(const char* data, uint64_t size) {
-  const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
-  std::vector<unsigned char> in((size + page - 1) / page);
-  EXPECT_EQ(mincore(const_cast<char*>(data), size, in.data()), 0) << "mincore: " << errno;
-  size_t n = 0;
-  for (unsigned char v : in) n += v & 1;
-  return n;
-}
-
-// Minor faults this process has taken (getrusage(2)).
-long MinorFaults() {
-  struct rusage usage {};
-  getrusage(RUSAGE_SELF, &usage);
-  return usage.ru_minflt;
-}
 
 TEST(HostPoolTest, ABufferIsInMemoryWhenAllocatedAndTheRestOfThePoolIsNot) {
   auto pool = HostPool::Create(64 * kAlign, "host_pool_test");

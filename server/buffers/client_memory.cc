@@ -93,7 +93,9 @@ absl::StatusOr<std::unique_ptr<BufferMemory>> MapClientFile(UniqueFd fd, uint64_
   const uint64_t page = static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
   const uint64_t lead = offset % page;
   const uint64_t mapped = lead + length;
-  void* p = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(),
+  // MAP_POPULATE maps the pages (allocated above) now: a transfer takes no page fault, as
+  // in the host pool (transport/memory/host_pool.h).
+  void* p = mmap(nullptr, mapped, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd.get(),
                  static_cast<off_t>(offset - lead));
   if (p == MAP_FAILED) {
     return absl::ErrnoToStatus(errno,
