@@ -69,8 +69,8 @@ class FerryRunner {
                                               const RunOptions& options);
   // Moves `total` bytes in 64 MiB ops; calls `sample` after the first GiB and at the end.
   absl::Status RunLong(uint64_t total, const std::function<void(bool early)>& sample);
-  // Whether node-a's client runs small batches over the agent's transfer socket (the
-  // default) or its gRPC line (Client::set_use_transfer_socket).
+  // Whether node-a's client runs small batches and streams over the agent's transfer socket
+  // (the default) or over gRPC (Client::set_use_transfer_socket).
   void set_use_transfer_socket(bool use) { a_->set_use_transfer_socket(use); }
 
  private:

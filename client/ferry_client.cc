@@ -18,6 +18,7 @@
 #include "client/agent_channel.h"
 #include "client/gpu_mapping.h"
 #include "client/socket_line.h"
+#include "client/stream_wire.h"
 #include "client/transfer_line.h"
 #include "client/transfer_stream.h"
 #include "grpcpp/grpcpp.h"
@@ -312,43 +313,58 @@ void Client::set_use_transfer_socket(bool use) {
   bulk_socket_line_.reset();
 }
 
+std::string Client::TransferSocketPath() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (!use_transfer_socket_ || absl::Now() < socket_retry_after_) return "";
+    if (transfer_socket_.has_value()) return *transfer_socket_;
+  }
+  absl::StatusOr<ferry::v1::GetInfoResponse> info = GetInfo();
+  if (!info.ok()) return "";  // the gRPC call made instead will say why
+  absl::MutexLock lock(&mu_);
+  transfer_socket_ = info->transfer_socket();
+  return *transfer_socket_;
+}
+
+void Client::SocketUnreached() {
+  // Not reached (a client in another mount namespace, or over local_tcp from another node):
+  // gRPC carries it, and no one tries again for a second (a connect per Run would be a
+  // syscall on every op of a client that never reaches it).
+  absl::MutexLock lock(&mu_);
+  socket_retry_after_ = absl::Now() + kSocketRetry;
+}
+
 std::shared_ptr<SocketLine> Client::Socket(bool bulk) {
-  std::optional<std::string> path;
   {
     absl::MutexLock lock(&mu_);
     if (!use_transfer_socket_) return nullptr;
     const std::shared_ptr<SocketLine>& line = bulk ? bulk_socket_line_ : socket_line_;
     if (line != nullptr && !line->ended()) return line;
-    if (absl::Now() < socket_retry_after_) return nullptr;
-    path = transfer_socket_;
   }
-  if (!path.has_value()) {
-    absl::StatusOr<ferry::v1::GetInfoResponse> info = GetInfo();
-    if (!info.ok()) return nullptr;  // the gRPC line's call will say why
-    path = info->transfer_socket();
-    absl::MutexLock lock(&mu_);
-    transfer_socket_ = path;
-  }
-  if (path->empty()) return nullptr;
-  // Not reached (a client in another mount namespace, or over local_tcp from another node):
-  // gRPC carries it, and Runs do not try again for a second (a connect per Run would be
-  // a syscall on every op of a client that never reaches it).
-  absl::StatusOr<std::unique_ptr<SocketLine>> line = SocketLine::Connect(*path);
-  absl::MutexLock lock(&mu_);
+  const std::string path = TransferSocketPath();
+  if (path.empty()) return nullptr;
+  absl::StatusOr<std::unique_ptr<SocketLine>> line = SocketLine::Connect(path);
   if (!line.ok()) {
-    socket_retry_after_ = absl::Now() + kSocketRetry;
+    SocketUnreached();
     return nullptr;
   }
+  absl::MutexLock lock(&mu_);
   std::shared_ptr<SocketLine>& kept = bulk ? bulk_socket_line_ : socket_line_;
   if (kept == nullptr || kept->ended()) kept = *std::move(line);
   return kept;
 }
 
 absl::StatusOr<std::unique_ptr<TransferStream>> Client::OpenTransferStream() {
+  if (const std::string path = TransferSocketPath(); !path.empty()) {
+    absl::StatusOr<std::unique_ptr<StreamWire>> wire = SocketStreamWire(path);
+    if (wire.ok()) return std::make_unique<TransferStream>(*std::move(wire));
+    SocketUnreached();
+  }
   // No deadline: the stream lives as long as its user wants; each transfer has its own.
   auto ctx = std::make_unique<grpc::ClientContext>();
   session_->Attach(ctx.get());
-  return TransferStream::Open(*stub_, std::move(ctx));
+  ASSIGN_OR_RETURN(std::unique_ptr<StreamWire> wire, GrpcStreamWire(*stub_, std::move(ctx)));
+  return std::make_unique<TransferStream>(std::move(wire));
 }
 
 absl::Status Client::Write(const Buffer& local, uint64_t local_offset, const std::string& peer,

@@ -126,12 +126,13 @@ class Client {
   absl::StatusOr<ferry::v1::TransferResult> Run(const std::vector<OpSpec>& ops,
                                                 absl::Duration timeout = absl::Seconds(60),
                                                 bool include_ops = false);
-  // Whether Run may use the transfer socket (default: yes, unless the environment has
-  // FERRY_TRANSFER_SOCKET=0); false keeps its small batches on the gRPC line.
+  // Whether Run and OpenTransferStream may use the transfer socket (default: yes, unless the
+  // environment has FERRY_TRANSFER_SOCKET=0); false keeps them on gRPC.
   void set_use_transfer_socket(bool use);
 
-  // Many transfers over one call, answered as they end (client/transfer_stream.h): for a
-  // caller that issues many small ones, without a call per transfer.
+  // Many transfers over one stream, answered as they end (client/transfer_stream.h): for a
+  // caller that issues many small ones, without a call per transfer. A connection of its
+  // own to the transfer socket where the client reaches it, else a TransferStream call.
   absl::StatusOr<std::unique_ptr<TransferStream>> OpenTransferStream();
 
   // One WRITE (local -> peer) or READ (peer -> local), waited for.
@@ -197,6 +198,11 @@ class Client {
   // ones), a new one when there is none yet or it ended; null when the agent has none, the
   // client does not reach it, or it is not to be used (gRPC carries Run then).
   std::shared_ptr<SocketLine> Socket(bool bulk);
+  // The transfer socket's path (GetInfo.transfer_socket, asked once); "" when the agent
+  // offers none, it is off here, or it was not reached within the last kSocketRetry.
+  std::string TransferSocketPath();
+  // A connect to it failed: gRPC carries the next kSocketRetry's transfers.
+  void SocketUnreached();
   // Appends the per-op results after `result`'s page (from its ops_next), by Wait.
   absl::Status FetchRemainingOps(ferry::v1::TransferResult& result);
 

@@ -31,7 +31,7 @@ int PollMs(absl::Time deadline) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<SocketLine>> SocketLine::Connect(const std::string& path) {
+absl::StatusOr<UniqueFd> ConnectTransferSocket(const std::string& path) {
   sockaddr_un addr = {};
   addr.sun_family = AF_UNIX;
   if (path.empty() || path.size() >= sizeof(addr.sun_path)) {
@@ -45,11 +45,17 @@ absl::StatusOr<std::unique_ptr<SocketLine>> SocketLine::Connect(const std::strin
   if (connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
     return absl::ErrnoToStatus(errno, absl::StrCat("transfer socket: connect(", path, ")"));
   }
-  std::unique_ptr<SocketLine> line(new SocketLine(std::move(fd)));
-  size_t written = 0;
-  RETURN_IF_ERROR(line->WriteFrame(std::string(kTransferSocketHello, kTransferSocketHelloBytes),
-                                   absl::Now() + absl::Seconds(5), &written));
-  return line;
+  // A new connection's send buffer is empty: the hello goes whole or the socket is broken.
+  const ssize_t n = send(fd.get(), kTransferSocketHello, kTransferSocketHelloBytes, MSG_NOSIGNAL);
+  if (n != static_cast<ssize_t>(kTransferSocketHelloBytes)) {
+    return absl::ErrnoToStatus(n < 0 ? errno : EAGAIN, "transfer socket: send(hello)");
+  }
+  return fd;
+}
+
+absl::StatusOr<std::unique_ptr<SocketLine>> SocketLine::Connect(const std::string& path) {
+  ASSIGN_OR_RETURN(UniqueFd fd, ConnectTransferSocket(path));
+  return std::unique_ptr<SocketLine>(new SocketLine(std::move(fd)));
 }
 
 bool SocketLine::ended() const {

@@ -25,6 +25,10 @@
 
 namespace ferry {
 
+// A connection to the transfer socket at `path` (GetInfo.transfer_socket), non-blocking,
+// its hello sent. Errors name the call and errno.
+absl::StatusOr<UniqueFd> ConnectTransferSocket(const std::string& path);
+
 class SocketLine {
  public:
   // Connects to the transfer socket at `path` (GetInfo.transfer_socket) and says hello.

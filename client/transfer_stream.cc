@@ -4,26 +4,12 @@
 #include <utility>
 
 #include "base/batch_arena.h"
-#include "base/grpc_status.h"
 
 namespace ferry {
 
-absl::StatusOr<std::unique_ptr<TransferStream>> TransferStream::Open(
-    ferry::v1::Agent::Stub& stub, std::unique_ptr<grpc::ClientContext> ctx) {
-  auto call = stub.TransferStream(ctx.get());
-  if (call == nullptr) return absl::InternalError("TransferStream: gRPC gave no call");
-  return std::unique_ptr<TransferStream>(new TransferStream(std::move(ctx), std::move(call)));
-}
-
-TransferStream::TransferStream(
-    std::unique_ptr<grpc::ClientContext> ctx,
-    std::unique_ptr<grpc::ClientReaderWriter<ferry::v1::StreamedTransfer,
-                                             ferry::v1::StreamedResults>> call)
-    : ctx_(std::move(ctx)), call_(std::move(call)) {}
-
 TransferStream::~TransferStream() {
   Finish().IgnoreError();
-  // A Send blocked in Write returned when Finish cancelled the call: wait until it is out.
+  // A Send blocked in Write returned when Finish cancelled the stream: wait until it is out.
   absl::MutexLock lock(&send_mu_);
 }
 
@@ -36,7 +22,7 @@ absl::Status TransferStream::Send(uint64_t tag, const std::vector<OpSpec>& ops,
   request->mutable_transfer()->set_include_ops(include_ops);
   absl::MutexLock lock(&send_mu_);
   if (send_closed_) return absl::FailedPreconditionError("Send after CloseSend");
-  if (!call_->Write(*request)) {
+  if (!wire_->Write(*request)) {
     return absl::UnavailableError("the transfer stream ended (Finish says why)");
   }
   return absl::OkStatus();
@@ -46,7 +32,7 @@ absl::Status TransferStream::CloseSend() {
   absl::MutexLock lock(&send_mu_);
   if (send_closed_) return absl::OkStatus();
   send_closed_ = true;
-  if (!call_->WritesDone()) {
+  if (!wire_->WritesDone()) {
     return absl::UnavailableError("the transfer stream ended (Finish says why)");
   }
   return absl::OkStatus();
@@ -61,7 +47,7 @@ absl::StatusOr<TransferStream::Answer> TransferStream::Next() {
   // with none is not sent, but would only mean reading on).
   while (next_received_ >= received_.results_size()) {
     next_received_ = 0;
-    if (!call_->Read(&received_)) {
+    if (!wire_->Read(&received_)) {
       received_.Clear();
       absl::MutexLock lock(&end_mu_);
       read_ended_ = true;
@@ -83,17 +69,17 @@ absl::Status TransferStream::Finish() {
   absl::MutexLock lock(&end_mu_);
   if (finished_) return *finished_;
   if (!read_ended_) {
-    // Giving up: the agent ends the call, and what it had still to say is read and dropped
-    // (gRPC's Finish wants every message read first).
-    ctx_->TryCancel();
+    // Giving up: the agent ends the stream, and what it had still to say is read and
+    // dropped (gRPC's Finish wants every message read first).
+    wire_->Cancel();
     ferry::v1::StreamedResults dropped;
-    while (call_->Read(&dropped)) {
+    while (wire_->Read(&dropped)) {
     }
     read_ended_ = true;
     received_.Clear();
     next_received_ = 0;
   }
-  finished_ = FromGrpcStatus(call_->Finish());
+  finished_ = wire_->Finish();
   return *finished_;
 }
 

@@ -1,19 +1,18 @@
-// Many transfers over one call (Agent.TransferStream), for a caller that issues many small
-// ones: Send starts one without waiting, Next returns the answers in the order the
-// transfers end, each with the tag it was sent with.
+// Many transfers over one stream, for a caller that issues many small ones: Send starts
+// one without waiting, Next returns the answers in the order the transfers end, each with
+// the tag it was sent with. The stream is a connection of its own to the agent's transfer
+// socket where the client reaches it, else an Agent.TransferStream call (client/stream_wire.h).
 #pragma once
 
 #include <memory>
 #include <optional>
 #include <vector>
 
-#include <grpcpp/grpcpp.h>
-
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "client/ferry_client.h"
-#include "ferry/v1/agent.grpc.pb.h"
+#include "client/stream_wire.h"
 
 namespace ferry {
 
@@ -26,16 +25,16 @@ class TransferStream {
     absl::StatusOr<ferry::v1::TransferResult> result;
   };
 
-  static absl::StatusOr<std::unique_ptr<TransferStream>> Open(
-      ferry::v1::Agent::Stub& stub, std::unique_ptr<grpc::ClientContext> ctx);
+  explicit TransferStream(std::unique_ptr<StreamWire> wire) : wire_(std::move(wire)) {}
   // Cancels the call if it still runs: transfers already sent run on in the agent. A Send
   // blocked on another thread returns first; none may start after.
   ~TransferStream();
 
   // Sends transfer `tag` (the caller's: its answer carries it). The agent reads at most
   // 1024 requests ahead of the answers it has written; past that, requests wait in the
-  // call's flow-control window, and Send blocks once that is full: a caller that sends
-  // without reading answers is held back. UNAVAILABLE once the call broke (Finish says why).
+  // socket's buffer or the call's flow-control window, and Send blocks once that is full: a
+  // caller that sends without reading answers is held back. UNAVAILABLE once the stream
+  // broke (Finish says why).
   absl::Status Send(uint64_t tag, const std::vector<OpSpec>& ops,
                     absl::Duration timeout = absl::Seconds(60), bool include_ops = false);
   // No more Sends: the call ends once every transfer sent is answered.
@@ -49,16 +48,9 @@ class TransferStream {
   absl::Status Finish();
 
  private:
-  TransferStream(std::unique_ptr<grpc::ClientContext> ctx,
-                 std::unique_ptr<grpc::ClientReaderWriter<ferry::v1::StreamedTransfer,
-                                                          ferry::v1::StreamedResults>> call);
-
-  std::unique_ptr<grpc::ClientContext> ctx_;
-  std::unique_ptr<
-      grpc::ClientReaderWriter<ferry::v1::StreamedTransfer, ferry::v1::StreamedResults>>
-      call_;
-  // One sender and one receiver may work at once (gRPC allows a Write beside a Read); the
-  // end of the call is decided once.
+  const std::unique_ptr<StreamWire> wire_;
+  // One sender and one receiver may work at once (a Write beside a Read); the end of the
+  // stream is decided once.
   absl::Mutex send_mu_;
   bool send_closed_ ABSL_GUARDED_BY(send_mu_) = false;
   // Answers of the last message read that Next has not returned yet (the receiver's own).

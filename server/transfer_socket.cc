@@ -67,7 +67,7 @@ class TransferSocket::Connection : public std::enable_shared_from_this<Connectio
   short Events() {
     absl::MutexLock lock(&mu_);
     short events = 0;
-    if (!PausedLocked()) events |= POLLIN;
+    if (!PausedLocked() && !eof_) events |= POLLIN;
     if (out_sent_ < out_.size()) events |= POLLOUT;
     return events;
   }
@@ -80,20 +80,32 @@ class TransferSocket::Connection : public std::enable_shared_from_this<Connectio
     }
     const absl::string_view in = Unread();
     if (!hello_) return in.size() >= kHelloBytes;
-    std::optional<uint32_t> length = FrameLength(in);
-    return length && (*length > kMaxFrameBytes || in.size() >= kFrameHeaderBytes + *length);
+    return WholeFrameUnread();
   }
   // Writes, reads and starts what poll() reported and what was read; false when the
-  // connection is over (the client closed it, it broke, or it was refused).
+  // connection is over (the client closed it, it broke, or it was refused; or the client
+  // ended its writing and every request it sent is answered).
   bool Serve(short revents) {
+    bool eof;
     {
       absl::MutexLock lock(&mu_);
       if (revents & POLLOUT) FlushLocked();
       if (broken_) return false;
+      // POLLHUP: the client closed both ways (a Unix socket's peer gone, unix_poll); it
+      // reads no answer, and what it sent and we did not start is dropped.
       if (PausedLocked()) return (revents & (POLLHUP | POLLERR)) == 0;
+      eof = eof_;
     }
-    if ((revents & (POLLIN | POLLHUP | POLLERR)) && !ReadSome()) return false;
-    return StartRequests();
+    if ((revents & (POLLIN | POLLHUP | POLLERR)) && !eof) {
+      if (!ReadSome()) return false;
+    }
+    if (!StartRequests()) return false;
+    absl::MutexLock lock(&mu_);
+    if (!eof_) return true;
+    if (revents & (POLLHUP | POLLERR)) return false;
+    // The client ended its writing only: open until the last answer is written (a part of a
+    // request it never finished is dropped).
+    return open_ > 0 || starting_ || !out_.empty() || WholeFrameUnread();
   }
   // Closes the socket: answers of transfers still running go nowhere.
   void Close() {
@@ -118,13 +130,23 @@ class TransferSocket::Connection : public std::enable_shared_from_this<Connectio
     results.SerializeWithCachedSizesToArray(
         reinterpret_cast<uint8_t*>(out_.data() + at + kFrameHeaderBytes));
     FlushLocked();
-    // A lone answer written whole wakes nobody: the answer's own thread did all of it.
-    if (broken_ || out_sent_ < out_.size() || (was_paused && !PausedLocked())) Wake(*wake_);
+    // A lone answer written whole wakes nobody: the answer's own thread did all of it. The
+    // last one after the client's end of writing wakes the thread to close the connection.
+    if (broken_ || out_sent_ < out_.size() || (was_paused && !PausedLocked()) ||
+        (eof_ && open_ == 0)) {
+      Wake(*wake_);
+    }
   }
 
  private:
   absl::string_view Unread() const {
     return absl::string_view(in_.data() + in_begin_, in_end_ - in_begin_);
+  }
+  // A whole frame, or the header of one too long to take, is read and not started.
+  bool WholeFrameUnread() const {
+    const absl::string_view in = Unread();
+    std::optional<uint32_t> length = FrameLength(in);
+    return length && (*length > kMaxFrameBytes || in.size() >= kFrameHeaderBytes + *length);
   }
 
   // Reads once what the socket has, up to kReadBytes (more when the message being read
@@ -155,7 +177,11 @@ class TransferSocket::Connection : public std::enable_shared_from_this<Connectio
       return true;
     }
     if (n < 0 && (errno == EAGAIN || errno == EINTR)) return true;
-    return false;  // the client closed (0) or the socket broke
+    if (n < 0) return false;  // the socket broke
+    // The client's end of writing (shutdown(SHUT_WR), or close): what it sent is answered.
+    absl::MutexLock lock(&mu_);
+    eof_ = true;
+    return true;
   }
 
   // Starts up to kRoundFrames whole requests read so far; false when the connection was
@@ -285,6 +311,7 @@ class TransferSocket::Connection : public std::enable_shared_from_this<Connectio
   absl::Mutex mu_;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
   bool broken_ ABSL_GUARDED_BY(mu_) = false;    // a write failed: the client is gone
+  bool eof_ ABSL_GUARDED_BY(mu_) = false;       // the client ended its writing
   bool starting_ ABSL_GUARDED_BY(mu_) = false;  // a request is on a starter
   size_t open_ ABSL_GUARDED_BY(mu_) = 0;        // requests read and not yet answered
   std::string out_ ABSL_GUARDED_BY(mu_);        // answers, framed; out_[0, out_sent_) written

@@ -11,7 +11,9 @@
 // frames of a 4-byte little-endian length and that many bytes of a StreamedTransfer, at most
 // kMaxFrameBytes; the agent answers in frames of StreamedResults, as TransferStream does
 // (the client's tags echoed, in the order the transfers end, a refusal as a result with its
-// code and message); a client's end of writing ends its connection. A wrong hello, a frame
+// code and message). A client that ends its writing (shutdown(SHUT_WR)) is answered every
+// request it sent, and then the agent closes the connection; one that closes it gets no
+// more answers, and what it sent that had not started is dropped. A wrong hello, a frame
 // too long or bytes that are not a StreamedTransfer are answered with one result of tag 0,
 // INVALID_ARGUMENT and a message saying which, and the connection closes. Who the caller is
 // comes from the kernel (SO_PEERCRED), as on the local socket.

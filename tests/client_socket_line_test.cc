@@ -26,6 +26,7 @@
 #include "tests/accounting.h"
 #include "tests/agent_pair.h"
 #include "tests/shared_line_check.h"
+#include "tests/socket_clients.h"
 
 namespace ferry {
 namespace {
@@ -41,22 +42,6 @@ std::string TransferSocketOf(Client& client) {
   return info.ok() ? info->transfer_socket() : "";
 }
 
-uint64_t SocketClients(Client& client) {
-  auto info = client.GetInfo();
-  EXPECT_TRUE(info.ok()) << info.status();
-  return info.ok() ? info->transfer_socket_clients() : ~0ull;
-}
-
-// Polls until the agent counts `want` connections to its transfer socket.
-void ExpectSocketClients(Client& client, uint64_t want) {
-  const absl::Time deadline = absl::Now() + absl::Seconds(10);
-  uint64_t now = SocketClients(client);
-  while (now != want && absl::Now() < deadline) {
-    absl::SleepFor(absl::Milliseconds(20));
-    now = SocketClients(client);
-  }
-  EXPECT_EQ(now, want);
-}
 
 // A raw connection to the transfer socket, as a process that is not libferry would open it.
 UniqueFd RawConnect(const std::string& path) {

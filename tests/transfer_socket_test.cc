@@ -1,13 +1,14 @@
 // The transfer socket (server/transfer_socket.h) and its client (client/socket_line.h) in one
 // process, over calls that stand in for the engine: answers come on other threads, as the
 // engine's do, some requests start on the starters (may_block), some are refused. Each
-// caller gets its own answer, the caller's uid reaches the calls, and the connection count
-// and answers after Stop behave. In the TSan suite: the socket's thread, the starters, the
-// answering threads and the client's readers all meet here.
+// caller gets its own answer, the caller's uid reaches the calls, and the connection count,
+// answers after Stop and a stream's end of writing behave. In the TSan suite: the socket's
+// thread, the starters, the answering threads and the client's readers all meet here.
 
 #include <pthread.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <filesystem>
@@ -21,6 +22,8 @@
 #include "absl/time/clock.h"
 #include "base/worker_pool.h"
 #include "client/socket_line.h"
+#include "client/stream_wire.h"
+#include "client/transfer_stream.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/transfer_socket.h"
@@ -192,6 +195,42 @@ TEST_F(TransferSocketTest, AnswersAfterStopGoNowhereAndClientsSeeTheEnd) {
       << after.result.status();
   EXPECT_TRUE((*line)->ended());
   EXPECT_FALSE(SocketLine::Connect(path).ok());
+}
+
+// A stream's connection (client/stream_wire.h): 1500 requests (more than the window of
+// 1024; every 5th on a starter), then the client's end of writing. The agent answers every
+// one of them, those it had not read yet included, then closes; the stream ends cleanly.
+TEST_F(TransferSocketTest, AfterTheClientsEndOfWritingEveryRequestIsAnsweredThenItCloses) {
+  auto wire = SocketStreamWire(path);
+  ASSERT_TRUE(wire.ok()) << wire.status();
+  TransferStream stream(*std::move(wire));
+  constexpr int kRequests = 1500;
+  std::thread sender([&] {
+    for (int i = 0; i < kRequests; ++i) {
+      OpSpec op{ferry::v1::WRITE, 1, 0, i % 5 == 0 ? "slow" : "fast", "b", 0,
+                static_cast<uint64_t>(1 + i)};
+      EXPECT_TRUE(stream.Send(i, {op}).ok());
+    }
+    EXPECT_TRUE(stream.CloseSend().ok());
+  });
+  std::vector<int> answered(kRequests, 0);
+  int wrong = 0;
+  absl::StatusOr<TransferStream::Answer> answer;
+  for (answer = stream.Next(); answer.ok(); answer = stream.Next()) {
+    const uint64_t tag = answer->tag;
+    if (tag >= kRequests || !answer->result.ok() || answer->result->bytes() != 1 + tag) {
+      ++wrong;
+      continue;
+    }
+    ++answered[tag];
+  }
+  sender.join();
+  EXPECT_EQ(answer.status().code(), absl::StatusCode::kOutOfRange) << answer.status();
+  EXPECT_TRUE(stream.Finish().ok()) << stream.Finish();
+  EXPECT_EQ(wrong, 0);
+  EXPECT_EQ(std::count(answered.begin(), answered.end(), 1), kRequests);
+  EXPECT_GT(engine.on_starters.load(), 0);
+  AwaitConnections(*socket, 0);  // closed by the agent, the stream still open here
 }
 
 }  // namespace
