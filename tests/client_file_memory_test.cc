@@ -22,7 +22,7 @@ TEST(ClientFileMemoryTest, TheAgentsMappingHasEveryPageBeforeTheFirstTransfer) {
   char* const data = (*memory)->data();
   EXPECT_EQ(ResidentPages(data - 100, 201 * page), 201u);
   const long before = MinorFaults();
-  for (uint64_t i = 0; i < (*memory)->size(); i += page) data[i] = 1;
+  TouchPages(data, (*memory)->size());
   EXPECT_EQ(MinorFaults() - before, 0) << "the agent's writes into a registered file fault";
 }
 
