@@ -69,9 +69,7 @@ class SocketWire : public StreamWire {
     if (header <= 0) {
       if (header == 0 && in_end_ == in_begin_) {
         // The agent closed at a frame's end: the wire's end if every request was answered.
-        if (cancelled_.load()) {
-          End(absl::CancelledError("the transfer stream was cancelled"));
-        } else if (!writes_done_.load() || answered_ != written_.load()) {
+        if (cancelled_.load() || !writes_done_.load() || answered_ != written_.load()) {
           End(absl::UnavailableError(absl::StrCat(
               "transfer socket: the agent closed the connection with ",
               written_.load() - answered_, " requests unanswered (it stopped or drains)")));
@@ -139,17 +137,17 @@ class SocketWire : public StreamWire {
 
   // A read that ended mid-frame (0) or failed (-1).
   void Broken(int read) {
-    if (cancelled_.load()) {
-      End(absl::CancelledError("the transfer stream was cancelled"));
-    } else if (read == 0) {
+    if (read == 0) {
       End(absl::UnavailableError("transfer socket: the agent closed the connection mid-answer"));
     } else {
       End(absl::UnavailableError(absl::StrCat("transfer socket: recv: ", strerror(errno))));
     }
   }
 
-  // The first reason the wire ended is the one Finish gives.
+  // The first reason the wire ended is the one Finish gives; after Cancel, that it was
+  // cancelled (a send or recv it cut short fails too).
   void End(absl::Status why) {
+    if (cancelled_.load()) why = absl::CancelledError("the transfer stream was cancelled");
     absl::MutexLock lock(&mu_);
     if (ended_.ok()) ended_ = std::move(why);
   }
