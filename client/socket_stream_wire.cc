@@ -7,8 +7,10 @@
 #include <fcntl.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstring>
 #include <string>
 
 #include "absl/strings/str_cat.h"
