@@ -459,16 +459,26 @@ int Run(int argc, char** argv) {
     report.rows.push_back(*m);
     std::fprintf(stderr, "  ferry lat %s: p50 %.0f us\n", FormatByteSize(size).c_str(), m->p50_us);
   }
-  // 4 KiB again on the gRPC line (the transfer socket off): what the socket saves, same run.
-  if (o.lat_min <= 4096 && 4096 <= o.lat_max) {
+  // A 4 KiB row again with the transfer socket off (gRPC carries it): what the socket saves,
+  // in the same run.
+  const bool lat_4k = o.lat_min <= 4096 && 4096 <= o.lat_max;
+  auto socket_off = [&](const char* series, const char* note, auto measure) -> absl::Status {
     (*runner)->set_use_transfer_socket(false);
-    auto m = (*runner)->RunSize(4096, one);
+    absl::StatusOr<Measurement> m = measure();
     (*runner)->set_use_transfer_socket(true);
-    if (!m.ok()) return fail(m.status());
-    m->series = "ferry line lat";
-    m->note = "one WRITE at a time (Client::Run on the gRPC line, the transfer socket off)";
+    if (!m.ok()) return m.status();
+    m->series = series;
+    m->note = note;
     report.rows.push_back(*m);
-    std::fprintf(stderr, "  ferry line lat 4 KiB: p50 %.0f us\n", m->p50_us);
+    std::fprintf(stderr, "  %s 4 KiB: p50 %.0f us\n", series, m->p50_us);
+    return absl::OkStatus();
+  };
+  if (lat_4k) {
+    absl::Status s = socket_off(
+        "ferry line lat",
+        "one WRITE at a time (Client::Run on the gRPC line, the transfer socket off)",
+        [&] { return (*runner)->RunSize(4096, one); });
+    if (!s.ok()) return fail(s);
   }
   // The same over one TransferStream (no call per op), then 4 KiB with `outstanding` in flight.
   for (uint64_t size = o.lat_min; size <= o.lat_max; size *= 4) {
@@ -478,16 +488,12 @@ int Run(int argc, char** argv) {
     std::fprintf(stderr, "  ferry stream lat %s: p50 %.0f us\n", FormatByteSize(size).c_str(),
                  m->p50_us);
   }
-  // 4 KiB again on a TransferStream call (the transfer socket off), same run.
-  if (o.lat_min <= 4096 && 4096 <= o.lat_max) {
-    (*runner)->set_use_transfer_socket(false);
-    auto m = (*runner)->RunStreamedOps(4096, 1, ro);
-    (*runner)->set_use_transfer_socket(true);
-    if (!m.ok()) return fail(m.status());
-    m->series = "ferry call stream lat";
-    m->note = "one TransferStream call (the transfer socket off), 1 ops in flight";
-    report.rows.push_back(*m);
-    std::fprintf(stderr, "  ferry call stream lat 4 KiB: p50 %.0f us\n", m->p50_us);
+  if (lat_4k) {
+    absl::Status s = socket_off(
+        "ferry call stream lat",
+        "one TransferStream call (the transfer socket off), 1 ops in flight",
+        [&] { return (*runner)->RunStreamedOps(4096, 1, ro); });
+    if (!s.ok()) return fail(s);
   }
   // The block-list path one 4 KiB block at a time: MoveBlocks answered when it ended, and
   // MoveBlocks then Wait.
