@@ -14,12 +14,38 @@
 #include "transport/memory/numa_bind.h"
 
 namespace ferry::memory {
+namespace {
+
+// What a block of `size` bytes takes of the pool: every block starts kAlignment-aligned.
+uint64_t Span(uint64_t size) {
+  return (size + HostPool::kAlignment - 1) / HostPool::kAlignment * HostPool::kAlignment;
+}
+
+// Faults the pages of [data, data + span) in, as writes would.
+absl::Status Populate(char* data, uint64_t span) {
+  // MADV_POPULATE_WRITE (Linux 5.14, commit 4ca9b3859dac) faults the pages in as writes
+  // would: allocated in the memfd and mapped here. EINTR: a signal came first, so go on.
+  int rc;
+  do {
+    rc = madvise(data, span, MADV_POPULATE_WRITE);
+  } while (rc != 0 && errno == EINTR);
+  if (rc == 0) return absl::OkStatus();
+  // EINVAL: a kernel before 5.14 does not know the advice; the pages come on first touch.
+  if (errno == EINVAL) return absl::OkStatus();
+  // ENOMEM or EFAULT: the node (or the agent's cgroup) cannot back the buffer; said here
+  // rather than as a SIGBUS when a transfer first touches it.
+  return absl::ResourceExhaustedError(absl::StrCat("host pool: madvise(MADV_POPULATE_WRITE, ",
+                                                   span, " bytes): ", ErrnoName(errno), " ",
+                                                   strerror(errno)));
+}
+
+}  // namespace
 
 HostBlock::~HostBlock() { pool_->Release(offset_, size_); }
 
 absl::StatusOr<std::unique_ptr<HostPool>> HostPool::Create(uint64_t size, const std::string& name,
                                                            int numa) {
-  size = (size + kAlignment - 1) / kAlignment * kAlignment;
+  size = Span(size);
   UniqueFd fd(memfd_create(name.c_str(), MFD_CLOEXEC));
   if (!fd.valid()) return absl::ErrnoToStatus(errno, absl::StrCat("memfd_create(", name, ")"));
   if (ftruncate(fd.get(), static_cast<off_t>(size)) != 0) {
@@ -54,32 +80,15 @@ absl::StatusOr<std::unique_ptr<HostBlock>> HostPool::Allocate(uint64_t size) {
     offset = *got;
   }
   auto block = std::make_unique<HostBlock>(this, base_ + offset, offset, size);
-  RETURN_IF_ERROR(Populate(base_ + offset, size));  // on failure the block gives its range back
+  // On failure the block gives its range back.
+  RETURN_IF_ERROR(Populate(base_ + offset, Span(size)));
   return block;
-}
-
-absl::Status HostPool::Populate(char* data, uint64_t size) {
-  const uint64_t span = (size + kAlignment - 1) / kAlignment * kAlignment;
-  // MADV_POPULATE_WRITE (Linux 5.14, commit 4ca9b3859dac) faults the pages in as writes
-  // would: allocated in the memfd and mapped here. EINTR: a signal came first, so go on.
-  int rc;
-  do {
-    rc = madvise(data, span, MADV_POPULATE_WRITE);
-  } while (rc != 0 && errno == EINTR);
-  if (rc == 0) return absl::OkStatus();
-  // EINVAL: a kernel before 5.14 does not know the advice; the pages come on first touch.
-  if (errno == EINVAL) return absl::OkStatus();
-  // ENOMEM or EFAULT: the node (or the agent's cgroup) cannot back the buffer; said here
-  // rather than as a SIGBUS when a transfer first touches it.
-  return absl::ResourceExhaustedError(absl::StrCat("host pool: madvise(MADV_POPULATE_WRITE, ",
-                                                   span, " bytes): ", ErrnoName(errno), " ",
-                                                   strerror(errno)));
 }
 
 void HostPool::Release(uint64_t offset, uint64_t size) {
   // Give the pages back before the range is reused: a freed buffer keeps no memory, and the
   // next owner sees zeroes, not the last client's bytes.
-  uint64_t span = (size + kAlignment - 1) / kAlignment * kAlignment;
+  const uint64_t span = Span(size);
   if (fallocate(fd_.get(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(offset),
                 static_cast<off_t>(span)) != 0) {
     spdlog::warn("host pool: fallocate(PUNCH_HOLE, {} bytes at {}): {}", span, offset,

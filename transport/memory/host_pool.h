@@ -67,8 +67,6 @@ class HostPool {
   friend class HostBlock;
   HostPool(UniqueFd fd, char* base, uint64_t size, std::string path);
   void Release(uint64_t offset, uint64_t size);
-  // Faults the block's pages in, as writes would.
-  static absl::Status Populate(char* data, uint64_t size);
 
   UniqueFd fd_;
   char* const base_;
