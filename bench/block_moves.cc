@@ -18,7 +18,8 @@ absl::StatusOr<Measurement> FerryRunner::WithBlockLists(
     uint64_t block, uint64_t slots,
     const std::function<absl::StatusOr<Measurement>(BlockClient& mine, uint64_t local_list,
                                                     const std::string& remote_list)>& moves) {
-  BlockClient mine(a_->shared_session()), theirs(b_->shared_session());
+  // Ours on the client, so that its moves with wait take the transfer socket as Run does.
+  BlockClient mine(a_.get()), theirs(b_.get());
   const std::string name = absl::StrCat(dst_name_, "-blocks");
   auto exported = theirs.Prepare({Extent(dst_->id(), 0, block, slots)}, name);
   if (!exported.ok()) return exported.status();

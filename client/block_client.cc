@@ -1,11 +1,17 @@
 #include "client/block_client.h"
 
 #include "base/grpc_status.h"
+#include "client/ferry_client.h"
 
 namespace ferry {
 
 BlockClient::BlockClient(std::shared_ptr<AgentSession> session)
     : session_(std::move(session)), stub_(ferry::v1::Tensors::NewStub(session_->channel())) {}
+
+BlockClient::BlockClient(Client* client)
+    : session_(client->shared_session()),
+      client_(client),
+      stub_(ferry::v1::Tensors::NewStub(session_->channel())) {}
 
 std::unique_ptr<grpc::ClientContext> BlockClient::Context(absl::Duration timeout) const {
   auto ctx = std::make_unique<grpc::ClientContext>();
@@ -50,11 +56,16 @@ absl::StatusOr<ferry::v1::MoveBlocksResponse> BlockClient::Move(
   req.set_timeout_ms(timeout_ms);
   req.set_verify(verify);
   req.set_wait(wait);
-  ferry::v1::MoveBlocksResponse resp;
   // Waiting, the transfer's own timeout ends it first (the agent's default is 60 s).
-  auto ctx = Context(wait ? absl::Milliseconds(timeout_ms == 0 ? 60000 : timeout_ms) +
-                                absl::Seconds(10)
-                          : absl::Seconds(30));
+  const absl::Duration call_timeout =
+      wait ? absl::Milliseconds(timeout_ms == 0 ? 60000 : timeout_ms) + absl::Seconds(10)
+           : absl::Seconds(30);
+  if (wait && client_ != nullptr) {
+    auto moved = client_->MoveOnSocket(req, call_timeout);
+    if (moved.has_value()) return *std::move(moved);
+  }
+  ferry::v1::MoveBlocksResponse resp;
+  auto ctx = Context(call_timeout);
   grpc::Status s = stub_->MoveBlocks(ctx.get(), req, &resp);
   if (!s.ok()) return FromGrpcStatus(s);
   return resp;

@@ -3,9 +3,11 @@
 // buffers (every layer's K and V cache cut into blocks), export it by name, and move any set
 // of (local index -> remote index) pairs with a peer's list in one call, READ or WRITE,
 // optionally notifying the peer once every block settled. MoveBlocks returns the transfer's
-// id at once; Client::Poll, Wait and Cancel follow it (op i of its result is pair i).
+// id at once; Client::Poll, Wait and Cancel follow it (op i of its result is pair i). With
+// `wait` it returns once the move ended: one round trip, over the agent's transfer socket
+// for a BlockClient made on a Client that reaches it.
 //
-//   ferry::BlockClient blocks(session);
+//   ferry::BlockClient blocks(client.get());
 //   auto list = blocks.Prepare({{reg_k0, 0, 32768, 64}, {reg_v0, 0, 32768, 64}}, "kv");
 //   auto moved = blocks.Move(ferry::v1::READ, list->list(), {0, 1}, "node-a", "kv", {7, 9},
 //                            "req-17 pulled");
@@ -21,9 +23,15 @@
 
 namespace ferry {
 
+class Client;
+
 class BlockClient {
  public:
+  // Every call on gRPC.
   explicit BlockClient(std::shared_ptr<AgentSession> session);
+  // On `client`'s session; a move with `wait` goes over its transfer socket where it reaches
+  // one (Client::MoveOnSocket: no gRPC on the way), else gRPC. `client` must outlive this.
+  explicit BlockClient(Client* client);
 
   // `name`: export the list to peers under it ("" for a list only this client moves).
   absl::StatusOr<ferry::v1::PrepareBlocksResponse> Prepare(
@@ -48,6 +56,7 @@ class BlockClient {
   std::unique_ptr<grpc::ClientContext> Context(absl::Duration timeout = absl::Seconds(30)) const;
 
   std::shared_ptr<AgentSession> session_;
+  Client* const client_ = nullptr;  // for its transfer socket; null: gRPC only
   std::unique_ptr<ferry::v1::Tensors::Stub> stub_;
 };
 

@@ -277,6 +277,24 @@ absl::StatusOr<ferry::v1::TransferResult> Client::Run(const std::vector<OpSpec>&
   return RunCall(ops, timeout, include_ops);
 }
 
+std::optional<absl::StatusOr<ferry::v1::MoveBlocksResponse>> Client::MoveOnSocket(
+    const ferry::v1::MoveBlocksRequest& request, absl::Duration wait) {
+  const bool large = static_cast<size_t>(request.local_blocks_size()) > kLineOps;
+  for (int attempt = 0; attempt < 2; ++attempt) {  // as Run: a line may have ended unseen
+    std::shared_ptr<SocketLine> socket = Socket(large);
+    if (socket == nullptr) return std::nullopt;
+    TransferLine::Outcome outcome = socket->Move(session_->id(), request, wait);
+    if (!outcome.sent) continue;
+    if (!outcome.result.ok()) return outcome.result.status();
+    ferry::v1::MoveBlocksResponse response;
+    response.set_transfer_id(outcome.result->transfer_id());
+    response.set_bytes(outcome.result->bytes_total());
+    *response.mutable_result() = *std::move(outcome.result);
+    return response;
+  }
+  return std::nullopt;
+}
+
 absl::StatusOr<ferry::v1::TransferResult> Client::RunCall(const std::vector<OpSpec>& ops,
                                                           absl::Duration timeout,
                                                           bool include_ops) {

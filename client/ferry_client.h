@@ -20,6 +20,7 @@
 #include "absl/time/time.h"
 #include "client/agent_session.h"
 #include "ferry/v1/agent.grpc.pb.h"
+#include "ferry/v1/tensor.pb.h"
 
 namespace ferry {
 
@@ -129,6 +130,14 @@ class Client {
   // Whether Run and OpenTransferStream may use the transfer socket (default: yes, unless the
   // environment has FERRY_TRANSFER_SOCKET=0); false keeps them on gRPC.
   void set_use_transfer_socket(bool use);
+
+  // Tensors.MoveBlocks with `wait` in this client's session over the transfer socket, as Run
+  // sends a small batch (BlockClient::Move, client/block_client.h): the response once the
+  // move ended, its refusal, or DEADLINE_EXCEEDED after `wait`. nullopt where the client
+  // does not reach the socket or no connection took the request: the caller then makes the
+  // gRPC call.
+  std::optional<absl::StatusOr<ferry::v1::MoveBlocksResponse>> MoveOnSocket(
+      const ferry::v1::MoveBlocksRequest& request, absl::Duration wait);
 
   // Many transfers over one stream, answered as they end (client/transfer_stream.h): for a
   // caller that issues many small ones, without a call per transfer. A connection of its

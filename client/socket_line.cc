@@ -65,11 +65,25 @@ bool SocketLine::ended() const {
 
 SocketLine::Outcome SocketLine::Run(const std::vector<OpSpec>& ops, absl::Duration timeout,
                                     bool include_ops, absl::Duration wait) {
-  const absl::Time deadline = absl::Now() + wait;
   google::protobuf::Arena arena;
-  auto* request = google::protobuf::Arena::CreateMessage<ferry::v1::StreamedTransfer>(&arena);
+  auto* request = google::protobuf::Arena::CreateMessage<ferry::v1::SocketRequest>(&arena);
   FillSubmitRequest(ops, timeout, request->mutable_transfer()->mutable_submit());
   request->mutable_transfer()->set_include_ops(include_ops);
+  return Exchange(*request, wait, "the transfer's timeout and 5 s");
+}
+
+SocketLine::Outcome SocketLine::Move(uint64_t session, const ferry::v1::MoveBlocksRequest& move,
+                                     absl::Duration wait) {
+  google::protobuf::Arena arena;
+  auto* request = google::protobuf::Arena::CreateMessage<ferry::v1::SocketRequest>(&arena);
+  request->mutable_move()->set_session(session);
+  *request->mutable_move()->mutable_request() = move;
+  return Exchange(*request, wait, "the move's timeout and 10 s");
+}
+
+SocketLine::Outcome SocketLine::Exchange(ferry::v1::SocketRequest& request, absl::Duration wait,
+                                         absl::string_view wait_is) {
+  const absl::Time deadline = absl::Now() + wait;
   Answer answer;
   uint64_t tag = 0;
   {
@@ -80,12 +94,12 @@ SocketLine::Outcome SocketLine::Run(const std::vector<OpSpec>& ops, absl::Durati
     tag = next_tag_++;
     waiters_[tag] = &answer;  // before it goes: the answer may come before the write returns
   }
-  request->set_tag(tag);
-  const size_t size = request->ByteSizeLong();
+  request.set_tag(tag);
+  const size_t size = request.ByteSizeLong();
   std::string frame;
   frame.reserve(kFrameHeaderBytes + size);
   AppendFrameHeader(static_cast<uint32_t>(size), &frame);
-  request->AppendToString(&frame);
+  request.AppendToString(&frame);
   size_t written = 0;
   absl::Status sent = WriteFrame(frame, deadline, &written);
 
@@ -103,9 +117,9 @@ SocketLine::Outcome SocketLine::Run(const std::vector<OpSpec>& ops, absl::Durati
               });
   if (!answer.has_value()) {
     waiters_.erase(tag);  // an answer that comes later is dropped
-    return {absl::DeadlineExceededError(absl::StrCat(
-                "no answer from the agent within ", absl::FormatDuration(wait),
-                " (the transfer's timeout and 5 s)")),
+    return {absl::DeadlineExceededError(absl::StrCat("no answer from the agent within ",
+                                                     absl::FormatDuration(wait), " (", wait_is,
+                                                     ")")),
             true};
   }
   return {*std::move(answer), true};

@@ -1,8 +1,8 @@
-// A client's small transfers over the agent's transfer socket (server/transfer_socket.h):
-// TransferStream's messages in frames on a Unix socket, without gRPC, for a client on the
-// agent's node. What TransferLine does over a gRPC call, with the same Outcome: a lone
-// transfer costs a write, the agent's work and a read, with no thread of the client's or
-// of gRPC's between them.
+// A client's small transfers and block moves over the agent's transfer socket
+// (server/transfer_socket.h): TransferStream's messages in frames on a Unix socket, without
+// gRPC, for a client on the agent's node. What TransferLine does over a gRPC call, with the
+// same Outcome: a lone transfer costs a write, the agent's work and a read, with no thread
+// of the client's or of gRPC's between them.
 //
 // No thread of its own: callers take turns reading the socket (one reads while the others
 // wait for it to hand them their answer or the turn), as on a TransferLine.
@@ -18,10 +18,12 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/strings/string_view.h"
 #include "absl/time/time.h"
 #include "base/unique_fd.h"
 #include "client/ferry_client.h"
 #include "client/transfer_line.h"
+#include "ferry/v1/transfer_socket.pb.h"
 
 namespace ferry {
 
@@ -43,6 +45,10 @@ class SocketLine {
   // several threads run at once.
   Outcome Run(const std::vector<OpSpec>& ops, absl::Duration timeout, bool include_ops,
               absl::Duration wait);
+  // Any thread: a block move (Tensors.MoveBlocks with `wait`, client/block_client.h) in
+  // session `session` (the client's: the agent checks it is this process's uid's), answered
+  // once it ended, as Run is; `move.wait` is not read.
+  Outcome Move(uint64_t session, const ferry::v1::MoveBlocksRequest& move, absl::Duration wait);
   // Whether the connection has ended (the agent closed it, or it broke).
   bool ended() const;
 
@@ -51,6 +57,10 @@ class SocketLine {
   using Answer = std::optional<absl::StatusOr<ferry::v1::TransferResult>>;
   explicit SocketLine(UniqueFd fd) : fd_(std::move(fd)) {}
 
+  // Sends `request` (its tag set here) and waits for its answer, at most `wait` (what that
+  // is, `wait_is`, for the message when none came).
+  Outcome Exchange(ferry::v1::SocketRequest& request, absl::Duration wait,
+                   absl::string_view wait_is);
   // Writes `frame` whole by `deadline`; how many bytes went, and why not all.
   absl::Status WriteFrame(const std::string& frame, absl::Time deadline, size_t* written);
   // Reads what comes by `deadline` and hands out the answers in it; false at the deadline.

@@ -434,7 +434,7 @@ std::shared_ptr<Session> Connect(const std::string& target, double timeout_s) {
     }
     session->client = std::make_unique<Client>(*opened);
     session->tensors = std::make_unique<TensorClient>(*opened);
-    session->blocks = std::make_unique<BlockClient>(*opened);
+    session->blocks = std::make_unique<BlockClient>(session->client.get());
   }
   return session;
 }

@@ -283,11 +283,14 @@ int Run(int argc, char** argv) {
     return 1;
   }
   (*core)->set_fd_inbox(fd_inbox->get());
-  // Beside it too: small transfers without gRPC (server/transfer_socket.h).
+  // Beside it too: small transfers and block moves without gRPC (server/transfer_socket.h).
   auto transfer_socket = TransferSocket::Start(
       TransferSocketPath(config.local_socket), config.local_socket_mode,
       *LookupGroup(config.local_socket_group, "listen.local_group"), agent_service.starters(),
-      [&agent_service](const LocalCaller& caller) { return agent_service.CallsFor(caller); });
+      [&agent_service, &tensor_service](const LocalCaller& caller) {
+        return TransferSocket::Calls{agent_service.CallsFor(caller),
+                                     tensor_service.MovesFor(caller)};
+      });
   if (!transfer_socket.ok()) {
     spdlog::error("cannot start: {}", transfer_socket.status().ToString());
     local_server->Shutdown();

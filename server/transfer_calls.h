@@ -1,6 +1,7 @@
 #pragma once
 // What the transfer calls that answer without a waiting thread (Agent.Transfer and
-// Agent.TransferStream, both callback methods) ask of the agent for each request.
+// Agent.TransferStream, both callback methods, and the transfer socket) ask of the agent for
+// each request; and what the transfer socket's block moves ask.
 
 #include <cstddef>
 #include <cstdint>
@@ -8,6 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "ferry/v1/agent.pb.h"
+#include "ferry/v1/transfer_socket.pb.h"
 
 namespace ferry::server {
 
@@ -30,6 +32,20 @@ struct TransferCalls {
   // thread, else on gRPC's thread at once (no hand-off). A hint: a revocation just after
   // the answer costs one blocking call where it runs.
   std::function<bool(const ferry::v1::TransferRequest& request)> may_block;
+};
+
+// A block move on the transfer socket (SessionMove): as TransferCalls, for Tensors.MoveBlocks
+// with `wait` in the session the move names (TensorService::MovesFor).
+struct MoveCalls {
+  // Checks the session against the caller, validates the move as MoveBlocks and starts it
+  // (a refusal is returned, and nothing moved; else the transfer's id); `answer` as in
+  // TransferCalls::start, once, with the move's result.
+  std::function<absl::StatusOr<uint64_t>(
+      const ferry::v1::SessionMove& move,
+      std::function<void(ferry::v1::TransferResult result)> answer)>
+      start;
+  // Whether `start` may block (it would ask the peer for its list or rails).
+  std::function<bool(const ferry::v1::SessionMove& move)> may_block;
 };
 
 }  // namespace ferry::server

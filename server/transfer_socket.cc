@@ -25,7 +25,7 @@
 namespace ferry::server {
 namespace {
 
-using Request = ferry::v1::StreamedTransfer;
+using Request = ferry::v1::SocketRequest;
 using Answer = ferry::v1::StreamedResult;
 
 constexpr size_t kHelloBytes = kTransferSocketHelloBytes;
@@ -56,7 +56,7 @@ Answer Refusal(uint64_t tag, const absl::Status& why) {
 // through their answers, so it may outlive its place in the loop and the socket itself.
 class TransferSocket::Connection : public std::enable_shared_from_this<Connection> {
  public:
-  Connection(UniqueFd fd, TransferCalls calls, WorkerPool* starters,
+  Connection(UniqueFd fd, Calls calls, WorkerPool* starters,
              std::shared_ptr<const UniqueFd> wake)
       : fd_(std::move(fd)), calls_(std::move(calls)), starters_(starters), wake_(std::move(wake)) {}
 
@@ -214,15 +214,14 @@ class TransferSocket::Connection : public std::enable_shared_from_this<Connectio
       auto* request = google::protobuf::Arena::CreateMessage<Request>(arena_.arena());
       if (!request->ParseFromArray(in.data() + kFrameHeaderBytes, static_cast<int>(*length))) {
         return Refuse(absl::StrCat("transfer socket: message ", frames_ + 1, " (", *length,
-                                   " bytes) is not a ferry.v1.StreamedTransfer"));
+                                   " bytes) is not a ferry.v1.SocketRequest"));
       }
       in_begin_ += kFrameHeaderBytes + *length;
       ++frames_;
       // A peer must resolve a buffer (a blocking call), or a batch takes long to plan: on a
       // starter, and this connection's next request waits for it, so requests start in the
       // order sent while the thread serves the other connections.
-      const bool on_starter = request->transfer().submit().ops_size() > kInlineOps ||
-                              calls_.may_block(request->transfer());
+      const bool on_starter = OnStarter(*request);
       {
         absl::MutexLock lock(&mu_);
         ++open_;  // counted before it starts: its answer may come first
@@ -247,18 +246,39 @@ class TransferSocket::Connection : public std::enable_shared_from_this<Connectio
     return true;
   }
 
+  // Whether `request` starts on a starter: it may ask a peer something, or is long to plan.
+  bool OnStarter(const Request& request) const {
+    if (request.has_move()) {
+      return request.move().request().local_blocks_size() > kInlineOps ||
+             (calls_.moves.may_block && calls_.moves.may_block(request.move()));
+    }
+    return request.transfer().submit().ops_size() > kInlineOps ||
+           calls_.transfers.may_block(request.transfer());
+  }
+
   // Starts `request` (read into arena_, which it empties).
   void Start(const Request& request) {
     const uint64_t tag = request.tag();
-    absl::StatusOr<uint64_t> started = calls_.start(
-        request.transfer(), [self = shared_from_this(), tag](ferry::v1::TransferResult result) {
-          Answer answer;
-          answer.set_tag(tag);
-          *answer.mutable_result() = std::move(result);
-          self->Send(std::move(answer), /*counted=*/true);
-        });
+    auto answer = [self = shared_from_this(), tag](ferry::v1::TransferResult result) {
+      Answer answer;
+      answer.set_tag(tag);
+      *answer.mutable_result() = std::move(result);
+      self->Send(std::move(answer), /*counted=*/true);
+    };
+    absl::StatusOr<uint64_t> started;
+    if (request.has_move() && request.has_transfer()) {
+      started = absl::InvalidArgumentError(
+          "move: a request on the transfer socket is a transfer or a move, not both");
+    } else if (request.has_move() && !calls_.moves.start) {
+      started = absl::UnimplementedError("move: this transfer socket moves no blocks");
+    } else if (request.has_move()) {
+      started = calls_.moves.start(request.move(), std::move(answer));
+    } else {
+      started = calls_.transfers.start(request.transfer(), std::move(answer));
+    }
     if (!started.ok()) Send(Refusal(tag, started.status()), /*counted=*/true);
-    // The engine took what it needs from the request (Submit copies, holds no reference).
+    // The engine took what it needs from the request (Submit copies, holds no reference;
+    // a move's hooks copy the names they need).
     arena_.Reset();
   }
 
@@ -295,7 +315,7 @@ class TransferSocket::Connection : public std::enable_shared_from_this<Connectio
   // Written under mu_ only by the socket thread (Close), read there without it and by
   // answers under it.
   UniqueFd fd_;
-  const TransferCalls calls_;
+  const Calls calls_;
   WorkerPool* const starters_;
   const std::shared_ptr<const UniqueFd> wake_;
 

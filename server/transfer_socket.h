@@ -8,7 +8,8 @@
 // writes the answer: the agent wakes for the request and for the peer's answer, no more.
 //
 // The wire (base/frame.h), after the client's 8 bytes "ferryxf1" (kTransferSocketHello):
-// frames of a 4-byte little-endian length and that many bytes of a StreamedTransfer, at most
+// frames of a 4-byte little-endian length and that many bytes of a SocketRequest
+// (transfer_socket.proto: a StreamedTransfer, or a block move in a session), at most
 // kMaxFrameBytes; the agent answers in frames of StreamedResults, as TransferStream does
 // (the client's tags echoed, in the order the transfers end, a refusal as a result with its
 // code and message). A client that ends its writing (shutdown(SHUT_WR)) is answered every
@@ -57,8 +58,13 @@ class TransferSocket {
   // Requests of more ops start on a starter: planning a KV batch of thousands of ops takes
   // the thread a millisecond, which other connections' one-op transfers would wait out.
   static constexpr int kInlineOps = 64;
-  // What a caller's transfers may do: AgentService::CallsFor.
-  using CallsFor = std::function<TransferCalls(const LocalCaller& caller)>;
+  // What a caller's requests may do: its transfers (AgentService::CallsFor) and its block
+  // moves (TensorService::MovesFor; without them a move is refused UNIMPLEMENTED).
+  struct Calls {
+    TransferCalls transfers;
+    MoveCalls moves;
+  };
+  using CallsFor = std::function<Calls(const LocalCaller& caller)>;
 
   // Binds `path` as ListenUnix does and starts serving it. `starters` must outlive this.
   static absl::StatusOr<std::unique_ptr<TransferSocket>> Start(const std::string& path,

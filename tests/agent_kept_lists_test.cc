@@ -5,6 +5,8 @@
 // and the name prepared again over other blocks is what node-a reaches then), freeing a
 // buffer the list lies in, or its session ending; a move refused on a kept answer drops
 // it. (A node-b that does not know node-a lets it keep nothing: agent_kept_answers_test.)
+// Moves with wait run over the gRPC call and over the transfer socket, which takes the
+// session each move names and checks it.
 
 #include <cstring>
 #include <set>
@@ -15,9 +17,11 @@
 #include "absl/time/clock.h"
 #include "client/block_client.h"
 #include "client/ferry_client.h"
+#include "client/socket_line.h"
 #include "ferry/v1/tensor.grpc.pb.h"
 #include "gtest/gtest.h"
 #include "tests/agent_pair.h"
+#include "tests/socket_clients.h"
 
 namespace ferry {
 namespace {
@@ -62,6 +66,49 @@ class AgentKeptListsTest : public ::testing::Test {
   bool Holds(const Buffer& b, uint64_t block, uint64_t src_block) const {
     return std::memcmp(b.data() + block * kBlock, src_->data() + src_block * kBlock, kBlock) == 0;
   }
+  // 8 threads, 16 moves with wait each through `blocks`: thread t owns k's block t (and
+  // with an odd t v's block t too: 1 or 2 pairs a move). Each answer is its own move's, the
+  // ids are distinct, and the last move of each thread is what its blocks hold.
+  void MovesAtOnce(BlockClient& blocks) {
+    constexpr int kCallers = 8, kMoves = 16;
+    std::vector<std::string> failures(kCallers);
+    std::vector<std::vector<uint64_t>> ids(kCallers);
+    std::vector<std::thread> callers;
+    for (int t = 0; t < kCallers; ++t) {
+      callers.emplace_back([&, t] {
+        std::vector<uint64_t> to = {static_cast<uint64_t>(t)};
+        if (t % 2 == 1) to.push_back(kBlocks + t);
+        for (int i = 0; i < kMoves && failures[t].empty(); ++i) {
+          const uint64_t from = (t + i) % kBlocks;
+          std::vector<uint64_t> froms(to.size(), from);
+          auto moved = blocks.Move(ferry::v1::WRITE, local_, froms, "node-b", "kv", to, "", 0,
+                                   false, /*wait=*/true);
+          if (!moved.ok()) {
+            failures[t] = moved.status().ToString();
+          } else if (moved->result().state() != ferry::v1::SUCCEEDED ||
+                     moved->result().transfer_id() != moved->transfer_id() ||
+                     moved->result().bytes() != to.size() * kBlock ||
+                     moved->bytes() != to.size() * kBlock) {
+            failures[t] = moved->DebugString();
+          }
+          if (moved.ok()) ids[t].push_back(moved->transfer_id());
+        }
+      });
+    }
+    for (auto& c : callers) c.join();
+    std::set<uint64_t> distinct;
+    for (int t = 0; t < kCallers; ++t) {
+      EXPECT_EQ(failures[t], "") << "caller " << t;
+      distinct.insert(ids[t].begin(), ids[t].end());
+      // The last move of caller t wrote source block (t + kMoves - 1) % kBlocks.
+      const uint64_t last = (t + kMoves - 1) % kBlocks;
+      EXPECT_TRUE(Holds(*k_, t, last)) << "caller " << t;
+      if (t % 2 == 1) {
+        EXPECT_TRUE(Holds(*v_, t, last)) << "caller " << t;
+      }
+    }
+    EXPECT_EQ(distinct.size(), static_cast<size_t>(kCallers * kMoves));
+  }
   ferry::v1::PeerInfo AOfB() { return PeerOf(*pair_.ca, "node-b"); }
   ferry::v1::PeerInfo BOfA() { return PeerOf(*pair_.cb, "node-a"); }
 
@@ -87,50 +134,19 @@ TEST_F(AgentKeptListsTest, TheSecondMoveToAListAsksThePeerNothing) {
   EXPECT_TRUE(Holds(*k_, 2, 2));
 }
 
-// MoveBlocks with `wait` is a callback call: one on a kept answer starts on gRPC's thread,
-// and the transfer's end answers it (it may end before the start returned). Eight clients'
-// calls at once, each of its own size, are each answered with their own transfer's result.
+// MoveBlocks with `wait` answers without a waiting thread, over the gRPC call (a callback
+// call) and over the transfer socket: one on a kept answer starts on the thread that read
+// it, and the transfer's end answers it (it may end before the start returned). Eight
+// clients' moves at once, each of its own size, are each answered with their own transfer's
+// result; over the socket they share the client's connection, which the agent counts.
 TEST_F(AgentKeptListsTest, MovesWithWaitAtOnceAreEachAnsweredWithTheirOwnResult) {
   ASSERT_TRUE(Push(0, 0).ok());  // the answer kept: the moves below ask node-b nothing
-  constexpr int kCallers = 8, kMoves = 16;
-  std::vector<std::string> failures(kCallers);
-  std::vector<std::vector<uint64_t>> ids(kCallers);
-  std::vector<std::thread> callers;
-  for (int t = 0; t < kCallers; ++t) {
-    callers.emplace_back([&, t] {
-      // Caller t owns k's block t, and with an odd t v's block t too: 1 or 2 pairs a move.
-      std::vector<uint64_t> to = {static_cast<uint64_t>(t)};
-      if (t % 2 == 1) to.push_back(kBlocks + t);
-      for (int i = 0; i < kMoves && failures[t].empty(); ++i) {
-        const uint64_t from = (t + i) % kBlocks;
-        std::vector<uint64_t> froms(to.size(), from);
-        auto moved = a_blocks_->Move(ferry::v1::WRITE, local_, froms, "node-b", "kv", to, "", 0,
-                                     false, /*wait=*/true);
-        if (!moved.ok()) {
-          failures[t] = moved.status().ToString();
-        } else if (moved->result().state() != ferry::v1::SUCCEEDED ||
-                   moved->result().transfer_id() != moved->transfer_id() ||
-                   moved->result().bytes() != to.size() * kBlock ||
-                   moved->bytes() != to.size() * kBlock) {
-          failures[t] = moved->DebugString();
-        }
-        if (moved.ok()) ids[t].push_back(moved->transfer_id());
-      }
-    });
+  BlockClient on_socket(pair_.ca.get());
+  for (BlockClient* blocks : {a_blocks_.get(), &on_socket}) {
+    SCOPED_TRACE(blocks == &on_socket ? "transfer socket" : "gRPC call");
+    ASSERT_NO_FATAL_FAILURE(MovesAtOnce(*blocks));
+    EXPECT_EQ(SocketClients(*pair_.ca), blocks == &on_socket ? 1u : 0u);
   }
-  for (auto& c : callers) c.join();
-  std::set<uint64_t> distinct;
-  for (int t = 0; t < kCallers; ++t) {
-    EXPECT_EQ(failures[t], "") << "caller " << t;
-    distinct.insert(ids[t].begin(), ids[t].end());
-    // The last move of caller t wrote source block (t + kMoves - 1) % kBlocks.
-    const uint64_t last = (t + kMoves - 1) % kBlocks;
-    EXPECT_TRUE(Holds(*k_, t, last)) << "caller " << t;
-    if (t % 2 == 1) {
-      EXPECT_TRUE(Holds(*v_, t, last)) << "caller " << t;
-    }
-  }
-  EXPECT_EQ(distinct.size(), static_cast<size_t>(kCallers * kMoves));
   EXPECT_EQ(BOfA().lists_granted(), 1u);  // asked once, before them
 }
 
@@ -152,6 +168,52 @@ TEST_F(AgentKeptListsTest, AMoveOutsideASessionIsRefusedSayingSo) {
   EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << s.error_message();
   EXPECT_NE(s.error_message().find("ferry-session"), std::string::npos) << s.error_message();
   EXPECT_EQ(BOfA().lists_granted(), 0u);  // node-b was not asked
+}
+
+// Over the transfer socket the move names its session itself: none (0), one that is not
+// open, and another open session of the same uid (whose lists ours are not) are refused,
+// saying which; nothing reaches node-b. Ours moves.
+TEST_F(AgentKeptListsTest, AMoveOnTheTransferSocketMovesInTheSessionItNames) {
+  auto info = pair_.ca->GetInfo();
+  ASSERT_TRUE(info.ok()) << info.status();
+  auto line = SocketLine::Connect(info->transfer_socket());
+  ASSERT_TRUE(line.ok()) << line.status();
+  ferry::v1::MoveBlocksRequest req;
+  req.set_type(ferry::v1::WRITE);
+  req.set_list(local_);
+  req.set_peer("node-b");
+  req.set_remote_list("kv");
+  req.add_local_blocks(3);
+  req.add_remote_blocks(5);
+  auto other = Client::Connect(pair_.a->socket());
+  ASSERT_TRUE(other.ok()) << other.status();
+  struct Case {
+    uint64_t session;
+    absl::StatusCode code;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {0, absl::StatusCode::kFailedPrecondition, "move.session: block lists belong to a session"},
+      {(*other)->session().id() + 1000, absl::StatusCode::kFailedPrecondition, "is not open"},
+      {(*other)->session().id(), absl::StatusCode::kNotFound, "does not exist in this session"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.session);
+    SocketLine::Outcome outcome = (*line)->Move(c.session, req, absl::Seconds(20));
+    EXPECT_TRUE(outcome.sent);
+    EXPECT_EQ(outcome.result.status().code(), c.code) << outcome.result.status();
+    EXPECT_NE(outcome.result.status().message().find(c.message), std::string::npos)
+        << outcome.result.status();
+  }
+  EXPECT_EQ(BOfA().lists_granted(), 0u);  // node-b was not asked
+  SocketLine::Outcome ours = (*line)->Move(pair_.ca->session().id(), req, absl::Seconds(20));
+  ASSERT_TRUE(ours.result.ok()) << ours.result.status();
+  EXPECT_EQ(ours.result->state(), ferry::v1::SUCCEEDED);
+  EXPECT_EQ(ours.result->bytes_total(), kBlock);
+  EXPECT_TRUE(Holds(*k_, 5, 3));
+  line->reset();
+  other->reset();
+  ExpectSocketClients(*pair_.ca, 0);
 }
 
 TEST_F(AgentKeptListsTest, AMoveRefusedOnTheKeptAnswerAsksAgainNextTime) {

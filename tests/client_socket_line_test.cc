@@ -21,6 +21,7 @@
 #include "base/unique_fd.h"
 #include "client/ferry_client.h"
 #include "client/socket_line.h"
+#include "ferry/v1/transfer_socket.pb.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/accounting.h"
@@ -245,7 +246,7 @@ TEST(ClientSocketLineTest, MalformedInputIsRefusedByNameAndTheConnectionCloses) 
   const std::vector<Case> cases = {
       {"no hello", "GET / HTTP/1.1\r\n\r\n", "begins with \"ferryxf1\""},
       {"a frame too long", too_long, "message 1 is 67108865 bytes; at most 67108864"},
-      {"not a request", garbage, "message 1 (5 bytes) is not a ferry.v1.StreamedTransfer"},
+      {"not a request", garbage, "message 1 (5 bytes) is not a ferry.v1.SocketRequest"},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
@@ -265,15 +266,25 @@ TEST(ClientSocketLineTest, MalformedInputIsRefusedByNameAndTheConnectionCloses) 
   bad.set_tag(41);
   FillSubmitRequest({{ferry::v1::WRITE, w.src->id(), 0, "node-b", "hostile", 0, 0}},
                     absl::Seconds(10), bad.mutable_transfer()->mutable_submit());
+  // A transfer and a block move in one request: which is it? Refused, nothing started.
+  ferry::v1::SocketRequest both;
+  both.set_tag(43);
+  FillSubmitRequest({op}, absl::Seconds(10), both.mutable_transfer()->mutable_submit());
+  both.mutable_move()->set_session(pair.ca->session().id());
   ferry::v1::StreamedTransfer good;
   good.set_tag(42);
   FillSubmitRequest({op}, absl::Seconds(10), good.mutable_transfer()->mutable_submit());
-  SendAll(fd.get(), std::string(kTransferSocketHello) + Framed(bad) + Framed(good));
+  SendAll(fd.get(), std::string(kTransferSocketHello) + Framed(bad) + Framed(both) + Framed(good));
   shutdown(fd.get(), SHUT_WR);  // the agent closes once it read the end
   std::vector<ferry::v1::StreamedResult> answers = ReadUntilClosed(fd.get());
-  ASSERT_GE(answers.size(), 1u);
+  ASSERT_EQ(answers.size(), 3u);
   EXPECT_EQ(answers[0].tag(), 41u);
   EXPECT_THAT(answers[0].message(), HasSubstr("ops[0].length"));
+  EXPECT_EQ(answers[1].tag(), 43u);
+  EXPECT_EQ(answers[1].code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+  EXPECT_THAT(answers[1].message(), HasSubstr("a transfer or a move, not both"));
+  EXPECT_EQ(answers[2].tag(), 42u);
+  EXPECT_EQ(answers[2].code(), 0) << answers[2].message();
   fd = UniqueFd();
   ExpectSocketClients(*pair.ca, 1);  // Client::Run's own connection only
   w.src.reset();

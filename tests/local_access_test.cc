@@ -30,7 +30,7 @@ namespace {
 using ::testing::HasSubstr;
 
 constexpr uint32_t kNobody = 65534;  // Debian's nobody / nogroup
-constexpr int kPermissionDenied = 7, kOk = 0, kUnavailable = 14;
+constexpr int kPermissionDenied = 7, kOk = 0, kNotFound = 5, kUnavailable = 14;
 
 // The agent's fd socket, as GetInfo names it.
 std::string FdSocketOf(Client& c) {
@@ -132,6 +132,8 @@ TEST_F(LocalAccessTest, AnotherUidCannotFreeMapMoveOrBorrowTheSession) {
   EXPECT_THAT(Line(report, "session"), HasSubstr("ferry-session: session"));
   EXPECT_EQ(CodeOf(Line(report, "submit")), kPermissionDenied) << report;
   EXPECT_THAT(Line(report, "submit"), HasSubstr("ops[0].local_buffer: buffer"));
+  EXPECT_EQ(CodeOf(Line(report, "socket move")), kPermissionDenied) << report;
+  EXPECT_THAT(Line(report, "socket move"), HasSubstr("move.session: session"));
   EXPECT_EQ(CodeOf(Line(report, "list mapping=absent")), kOk) << report;
   // Its own: allocated as uid 65534, freed by it.
   EXPECT_EQ(CodeOf(Line(report, "own alloc")), kOk) << report;
@@ -151,6 +153,9 @@ TEST_F(LocalAccessTest, TheAdminGroupMayActOnEveryUidsBuffers) {
   EXPECT_EQ(CodeOf(Line(report, "session")), kOk) << report;
   EXPECT_EQ(CodeOf(Line(report, "submit")), kOk) << report;
   EXPECT_THAT(report, HasSubstr("list mapping=/")) << report;
+  // Its move in our session passes the session check; our session has no list 1.
+  EXPECT_EQ(CodeOf(Line(report, "socket move")), kNotFound) << report;
+  EXPECT_THAT(Line(report, "socket move"), HasSubstr("list: list 1 does not exist")) << report;
   // Freeing a buffer another session holds stays that session's (or its end's) business,
   // whoever asks: sessions free what they own.
   EXPECT_THAT(Line(report, "free"), HasSubstr("only its owner frees it")) << report;

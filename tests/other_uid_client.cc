@@ -1,7 +1,8 @@
 // A local client running as another uid (it drops to the uid it is given, so the test that
 // starts it must be root): tries what it must not do to the test's buffers and session,
 // and prints one line per attempt, "<what>: <gRPC code name> <message>", for the test to
-// check. It does its own allocation and free too, which must work.
+// check (a block move over the transfer socket too, as "socket move"). It does its own
+// allocation and free too, which must work.
 //
 //   other_uid_client UID SOCKET VICTIM_BUFFER VICTIM_SESSION TARGET_NODE TARGET_NAME [TICKET]
 //
@@ -16,6 +17,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "client/socket_line.h"
 #include "ferry/v1/agent.grpc.pb.h"
 #include "grpcpp/create_channel.h"
 
@@ -85,6 +87,24 @@ int main(int argc, char** argv) {
       if (b.id() == victim && !b.shm().path().empty()) mapping = b.shm().path();
     }
     Report(absl::StrCat("list mapping=", mapping), s);
+  }
+  {
+    // The same session named in a block move on the transfer socket, where no metadata
+    // carries it: the request names it, and the agent checks it against the kernel's uid.
+    absl::Status moved = absl::UnavailableError("the transfer socket was not reached");
+    auto line = ferry::SocketLine::Connect(absl::StrCat(argv[2], ".transfers"));
+    if (line.ok()) {
+      ferry::v1::MoveBlocksRequest move;
+      move.set_type(ferry::v1::WRITE);
+      move.set_list(1);
+      move.add_local_blocks(0);
+      move.set_peer(argv[5]);
+      move.set_remote_list(argv[6]);
+      move.add_remote_blocks(0);
+      moved = (*line)->Move(session, move, absl::Seconds(10)).result.status();
+    }
+    std::printf("socket move: %d %s\n", static_cast<int>(moved.code()),
+                std::string(moved.message()).c_str());
   }
   if (argc == 8) {
     uint64_t ticket = 0;

@@ -2,8 +2,9 @@
 // process, over calls that stand in for the engine: answers come on other threads, as the
 // engine's do, some requests start on the starters (may_block), some are refused. Each
 // caller gets its own answer, the caller's uid reaches the calls, and the connection count,
-// answers after Stop and a stream's end of writing behave. In the TSan suite: the socket's
-// thread, the starters, the answering threads and the client's readers all meet here.
+// answers after Stop and a stream's end of writing behave; block moves share connections.
+// In the TSan suite: the socket's thread, the starters, the answering threads and the
+// client's readers all meet here.
 
 #include <pthread.h>
 #include <unistd.h>
@@ -97,6 +98,44 @@ struct FakeEngine {
     };
     return calls;
   }
+
+  // Block moves: session kSession is the caller's, any other refused; peer "slow" may block;
+  // each pair is a 4 KiB block, answered on the `done` threads.
+  static constexpr uint64_t kSession = 7;
+  MoveCalls MovesFor(const LocalCaller&) {
+    MoveCalls calls;
+    calls.start = [this](const ferry::v1::SessionMove& move,
+                         std::function<void(ferry::v1::TransferResult)> answer)
+        -> absl::StatusOr<uint64_t> {
+      if (move.session() != kSession) {
+        return absl::PermissionDeniedError(
+            absl::StrCat("move.session: session ", move.session(), " is not yours"));
+      }
+      char thread[16] = {};
+      pthread_getname_np(pthread_self(), thread, sizeof(thread));
+      const ferry::v1::MoveBlocksRequest& req = move.request();
+      const bool should =
+          req.peer() == "slow" || req.local_blocks_size() > TransferSocket::kInlineOps;
+      const bool on_starter = std::string(thread) == "test-start";
+      if (on_starter) on_starters.fetch_add(1);
+      if (on_starter != should) misplaced.fetch_add(1);
+      const int id = started.fetch_add(1) + 1;
+      const uint64_t bytes = 4096ull * req.local_blocks_size();
+      done.Run([answer = std::move(answer), bytes, id] {
+        ferry::v1::TransferResult result;
+        result.set_transfer_id(id);
+        result.set_state(ferry::v1::SUCCEEDED);
+        result.set_bytes(bytes);
+        result.set_bytes_total(bytes);
+        answer(std::move(result));
+      });
+      return id;
+    };
+    calls.may_block = [](const ferry::v1::SessionMove& move) {
+      return move.request().peer() == "slow";
+    };
+    return calls;
+  }
 };
 
 // A transfer socket over a FakeEngine, in a directory of the test's own.
@@ -105,7 +144,9 @@ class TransferSocketTest : public ::testing::Test {
   void SetUp() override {
     auto started = TransferSocket::Start(
         path, 0600, static_cast<gid_t>(-1), &engine.starters,
-        [this](const LocalCaller& caller) { return engine.CallsFor(caller); });
+        [this](const LocalCaller& caller) {
+          return TransferSocket::Calls{engine.CallsFor(caller), engine.MovesFor(caller)};
+        });
     ASSERT_TRUE(started.ok()) << started.status();
     socket = *std::move(started);
   }
@@ -176,6 +217,54 @@ TEST_F(TransferSocketTest, EveryCallerGetsItsOwnAnswerWhateverThreadAnswered) {
     EXPECT_EQ(engine.callers, std::vector<uid_t>({getuid(), getuid()}));
   }
   lines.clear();
+  AwaitConnections(*socket, 0);
+}
+
+// Block moves (SocketRequest.move) share a connection with transfers: each reaches the move
+// calls with its session and pairs, starts where it should (peer "slow" and more than
+// kInlineOps pairs on a starter), and is answered to its own caller; a move in a session the
+// calls refuse gets that refusal by its tag.
+TEST_F(TransferSocketTest, BlockMovesShareTheConnectionAndEachIsAnsweredToItsCaller) {
+  auto line = SocketLine::Connect(path);
+  ASSERT_TRUE(line.ok()) << line.status();
+  constexpr int kThreads = 4, kEach = 100;
+  std::atomic<int> wrong{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kEach; ++i) {
+        if (t == 0) {  // transfers between the moves
+          OpSpec op{ferry::v1::WRITE, 1, 0, "fast", "b", 0, static_cast<uint64_t>(1 + i)};
+          auto outcome = (*line)->Run({op}, absl::Seconds(10), false, absl::Seconds(20));
+          if (!outcome.result.ok() || outcome.result->bytes() != 1u + i) ++wrong;
+          continue;
+        }
+        ferry::v1::MoveBlocksRequest move;
+        move.set_peer(i % 5 == 0 ? "slow" : "fast");
+        const int pairs = i % 11 == 3 ? TransferSocket::kInlineOps + 1 : 1 + i % 3;
+        for (int p = 0; p < pairs; ++p) {
+          move.add_local_blocks(p);
+          move.add_remote_blocks(p);
+        }
+        const uint64_t session = i % 13 == 12 ? FakeEngine::kSession + 1 : FakeEngine::kSession;
+        auto outcome = (*line)->Move(session, move, absl::Seconds(20));
+        if (!outcome.sent) ++wrong;
+        if (session != FakeEngine::kSession) {
+          if (outcome.result.status().code() != absl::StatusCode::kPermissionDenied ||
+              !absl::StrContains(outcome.result.status().message(), "move.session")) {
+            ++wrong;
+          }
+        } else if (!outcome.result.ok() || outcome.result->bytes_total() != 4096u * pairs) {
+          ++wrong;
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(wrong.load(), 0);
+  EXPECT_GT(engine.on_starters.load(), 0);
+  EXPECT_EQ(engine.misplaced.load(), 0);
+  line->reset();
   AwaitConnections(*socket, 0);
 }
 

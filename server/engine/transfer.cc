@@ -285,6 +285,7 @@ ferry::v1::TransferResult Transfer::Result(const ResultPage& page) const {
   r.set_duration_us(static_cast<uint64_t>(
       absl::ToInt64Microseconds((done ? end_ : absl::Now()) - start_)));
   r.set_ops_total(states_.size());
+  r.set_bytes_total(bytes_total_);
   r.set_ops_failed(failed_);
   r.set_ops_succeeded(settled_ - failed_);
   if (!page.include_ops) return r;

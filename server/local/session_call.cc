@@ -62,4 +62,19 @@ absl::StatusOr<uint64_t> SessionOfCall(const grpc::ServerContextBase& ctx,
   return id;
 }
 
+absl::StatusOr<uint64_t> SessionOfCaller(uint64_t id, const std::string& field,
+                                         const LocalCaller& caller,
+                                         const SessionRegistry& sessions,
+                                         const LocalCallers& callers) {
+  if (id == 0) return 0;
+  if (!sessions.IsOpen(id)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(field, ": session ", id, " is not open (it ended)"));
+  }
+  absl::Status allowed =
+      callers.MayUse(caller, sessions.UidOf(id), absl::StrCat(field, ": session ", id));
+  if (!allowed.ok()) return allowed;
+  return id;
+}
+
 }  // namespace ferry::server

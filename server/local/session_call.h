@@ -3,6 +3,7 @@
 // a call names in its metadata.
 
 #include <cstdint>
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "ferry/v1/agent.grpc.pb.h"
@@ -26,5 +27,11 @@ grpc::ServerWriteReactor<ferry::v1::SessionEvent>* StartSessionCall(
 absl::StatusOr<uint64_t> SessionOfCall(const grpc::ServerContextBase& ctx,
                                        const SessionRegistry& sessions,
                                        const LocalCallers& callers);
+// The same for a session a request names itself (`field`, for messages: the transfer
+// socket's "move.session"), for a caller the kernel named; 0 for 0.
+absl::StatusOr<uint64_t> SessionOfCaller(uint64_t id, const std::string& field,
+                                         const LocalCaller& caller,
+                                         const SessionRegistry& sessions,
+                                         const LocalCallers& callers);
 
 }  // namespace ferry::server

@@ -6,6 +6,7 @@
 
 #include "base/worker_pool.h"
 #include "ferry/v1/tensor.grpc.pb.h"
+#include "server/local/local_callers.h"
 #include "server/transfer_calls.h"
 
 namespace ferry::server {
@@ -41,6 +42,9 @@ class TensorService final
                                        ferry::v1::MoveBlocksResponse*) override;
   grpc::Status ListPending(grpc::ServerContext*, const ferry::v1::ListPendingRequest*,
                            ferry::v1::ListPendingResponse*) override;
+  // socket_moves.cc: what `caller`'s block moves on the transfer socket do (MoveBlocks with
+  // `wait`, in the session each names: the caller's own, or it is privileged).
+  MoveCalls MovesFor(const LocalCaller& caller);
 
  private:
   AgentCore* const core_;
