@@ -79,8 +79,8 @@ absl::StatusOr<Measurement> FerryRunner::RunBlockMoves(uint64_t block, bool wait
   });
   if (!m.ok()) return m;
   m->series = wait ? "ferry block lat" : "ferry block+wait lat";
-  m->note = wait ? "MoveBlocks with wait: one call per block"
-                 : "MoveBlocks, then Wait: two calls per block";
+  m->note = wait ? "MoveBlocks with wait: one request per block, over the transfer socket"
+                 : "MoveBlocks, then Wait: two gRPC calls per block";
   return m;
 }
 

@@ -279,6 +279,11 @@ absl::StatusOr<ferry::v1::TransferResult> Client::Run(const std::vector<OpSpec>&
 
 std::optional<absl::StatusOr<ferry::v1::MoveBlocksResponse>> Client::MoveOnSocket(
     const ferry::v1::MoveBlocksRequest& request, absl::Duration wait) {
+  if (TransferSocketPath().empty()) return std::nullopt;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!socket_moves_) return std::nullopt;  // an agent whose socket takes no moves
+  }
   const bool large = static_cast<size_t>(request.local_blocks_size()) > kLineOps;
   for (int attempt = 0; attempt < 2; ++attempt) {  // as Run: a line may have ended unseen
     std::shared_ptr<SocketLine> socket = Socket(large);
@@ -341,6 +346,7 @@ std::string Client::TransferSocketPath() {
   if (!info.ok()) return "";  // the gRPC call made instead will say why
   absl::MutexLock lock(&mu_);
   transfer_socket_ = info->transfer_socket();
+  socket_moves_ = info->transfer_socket_moves();
   return *transfer_socket_;
 }
 

@@ -134,7 +134,8 @@ class Client {
   // Tensors.MoveBlocks with `wait` in this client's session over the transfer socket, as Run
   // sends a small batch (BlockClient::Move, client/block_client.h): the response once the
   // move ended, its refusal, or DEADLINE_EXCEEDED after `wait`. nullopt where the client
-  // does not reach the socket or no connection took the request: the caller then makes the
+  // does not reach the socket, the agent's socket takes no moves (GetInfo.
+  // transfer_socket_moves) or no connection took the request: the caller then makes the
   // gRPC call.
   std::optional<absl::StatusOr<ferry::v1::MoveBlocksResponse>> MoveOnSocket(
       const ferry::v1::MoveBlocksRequest& request, absl::Duration wait);
@@ -235,6 +236,7 @@ class Client {
   bool use_transfer_socket_ ABSL_GUARDED_BY(mu_) = true;
   // GetInfo.transfer_socket, asked once ("" when the agent has none); nullopt until then.
   std::optional<std::string> transfer_socket_ ABSL_GUARDED_BY(mu_);
+  bool socket_moves_ ABSL_GUARDED_BY(mu_) = false;  // GetInfo.transfer_socket_moves
   std::shared_ptr<SocketLine> socket_line_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<SocketLine> bulk_socket_line_ ABSL_GUARDED_BY(mu_);
   // After a connect to the transfer socket failed, Run uses gRPC until then.

@@ -126,6 +126,7 @@ grpc::Status AgentService::GetInfo(grpc::ServerContext*, const ferry::v1::GetInf
   if (const TransferSocket* socket = transfer_socket_.load()) {
     resp->set_transfer_socket(socket->path());
     resp->set_transfer_socket_clients(socket->connections());
+    resp->set_transfer_socket_moves(true);  // main.cc gives it TensorService::MovesFor
   }
   resp->set_registered_bytes(core_->buffers().registered_bytes());
   resp->set_block_lists(core_->tensors().blocks().count());

@@ -176,6 +176,7 @@ TEST_F(AgentKeptListsTest, AMoveOutsideASessionIsRefusedSayingSo) {
 TEST_F(AgentKeptListsTest, AMoveOnTheTransferSocketMovesInTheSessionItNames) {
   auto info = pair_.ca->GetInfo();
   ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_TRUE(info->transfer_socket_moves());  // what tells libferry to send moves there
   auto line = SocketLine::Connect(info->transfer_socket());
   ASSERT_TRUE(line.ok()) << line.status();
   ferry::v1::MoveBlocksRequest req;
