@@ -11,9 +11,16 @@
 
 namespace ferry {
 
-// What a client of the transfer socket sends first, before its frames.
+// What a client of the transfer socket sends first, before its frames: either hello, of
+// kTransferSocketHelloBytes. After the second the agent answers first, with
+// kTransferSocketAccepted or (the connection refused: too many) one frame of a refusal, so
+// that a client learns at connect time whether it may use the socket.
 inline constexpr char kTransferSocketHello[] = "ferryxf1";
+inline constexpr char kTransferSocketHelloAcked[] = "ferryxf2";
+inline constexpr char kTransferSocketAccepted[] = "ferryok1";
 inline constexpr size_t kTransferSocketHelloBytes = sizeof(kTransferSocketHello) - 1;
+static_assert(sizeof(kTransferSocketHelloAcked) == sizeof(kTransferSocketHello) &&
+              sizeof(kTransferSocketAccepted) == sizeof(kTransferSocketHello));
 
 inline constexpr size_t kFrameHeaderBytes = 4;
 // The largest frame either side takes: the local API's own limit on a message

@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <optional>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -29,6 +31,64 @@ int PollMs(absl::Time deadline) {
   return static_cast<int>(std::min<int64_t>(absl::ToInt64Milliseconds(left) + 1, 1 << 30));
 }
 
+// How long a connect waits for the agent to accept it: past that the agent is too busy (or
+// stopped) to be worth the socket, and gRPC carries the client's transfers for a while.
+constexpr absl::Duration kAcceptWait = absl::Seconds(2);
+// The longest refusal the agent answers a hello with (a status message).
+constexpr uint32_t kMaxRefusalBytes = 64 << 10;
+
+// Reads the agent's answer to kTransferSocketHelloAcked by `deadline`: OK for
+// kTransferSocketAccepted, else the refusal it sent (RESOURCE_EXHAUSTED: too many
+// connections), or why there was none.
+absl::Status AwaitAccepted(int fd, absl::Time deadline) {
+  std::string in;
+  char buf[512];
+  while (true) {
+    std::optional<uint32_t> length = FrameLength(in);
+    if (length && *length <= kMaxRefusalBytes) {  // a refusal ("ferr" reads as far more)
+      if (in.size() >= kFrameHeaderBytes + *length) {
+        ferry::v1::StreamedResults results;
+        if (!results.ParseFromArray(in.data() + kFrameHeaderBytes, static_cast<int>(*length)) ||
+            results.results_size() != 1 || results.results(0).code() == 0) {
+          return absl::InternalError(
+              "transfer socket: the agent answered the hello with neither \"ferryok1\" nor a "
+              "refusal");
+        }
+        return absl::Status(static_cast<absl::StatusCode>(results.results(0).code()),
+                            results.results(0).message());
+      }
+    } else if (in.size() >= kTransferSocketHelloBytes) {
+      if (in != absl::string_view(kTransferSocketAccepted, kTransferSocketHelloBytes)) {
+        return absl::InternalError(
+            "transfer socket: the agent answered the hello with neither \"ferryok1\" nor a "
+            "refusal");
+      }
+      return absl::OkStatus();
+    }
+    pollfd p = {fd, POLLIN, 0};
+    const int ready = poll(&p, 1, PollMs(deadline));
+    if (ready == 0) {
+      return absl::DeadlineExceededError(
+          absl::StrCat("transfer socket: the agent did not accept the connection within ",
+                       absl::FormatDuration(kAcceptWait)));
+    }
+    if (ready < 0) {
+      if (errno == EINTR) continue;
+      return absl::ErrnoToStatus(errno, "transfer socket: poll(hello)");
+    }
+    // Nothing follows the answer: no request has gone yet.
+    const ssize_t n = recv(fd, buf, sizeof(buf), 0);
+    if (n == 0) {
+      return absl::UnavailableError("transfer socket: the agent closed the connection at hello");
+    }
+    if (n < 0) {
+      if (errno == EAGAIN || errno == EINTR) continue;
+      return absl::ErrnoToStatus(errno, "transfer socket: recv(hello)");
+    }
+    in.append(buf, static_cast<size_t>(n));
+  }
+}
+
 }  // namespace
 
 absl::StatusOr<UniqueFd> ConnectTransferSocket(const std::string& path) {
@@ -46,10 +106,12 @@ absl::StatusOr<UniqueFd> ConnectTransferSocket(const std::string& path) {
     return absl::ErrnoToStatus(errno, absl::StrCat("transfer socket: connect(", path, ")"));
   }
   // A new connection's send buffer is empty: the hello goes whole or the socket is broken.
-  const ssize_t n = send(fd.get(), kTransferSocketHello, kTransferSocketHelloBytes, MSG_NOSIGNAL);
+  const ssize_t n =
+      send(fd.get(), kTransferSocketHelloAcked, kTransferSocketHelloBytes, MSG_NOSIGNAL);
   if (n != static_cast<ssize_t>(kTransferSocketHelloBytes)) {
     return absl::ErrnoToStatus(n < 0 ? errno : EAGAIN, "transfer socket: send(hello)");
   }
+  RETURN_IF_ERROR(AwaitAccepted(fd.get(), absl::Now() + kAcceptWait));
   return fd;
 }
 

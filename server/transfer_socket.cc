@@ -48,6 +48,21 @@ Answer Refusal(uint64_t tag, const absl::Status& why) {
   return answer;
 }
 
+// A connection past the limits: one refusal (tag 0, RESOURCE_EXHAUSTED), written before its
+// hello is read (a new socket's buffer takes it whole), then closed. libferry's connect
+// reads it in place of kTransferSocketAccepted and uses gRPC instead.
+void RefuseAtAccept(const UniqueFd& conn, const std::string& why) {
+  spdlog::warn("{}; one more refused", why);
+  ferry::v1::StreamedResults results;
+  *results.add_results() =
+      Refusal(0, absl::ResourceExhaustedError(absl::StrCat(why, "; use the gRPC API")));
+  std::string frame;
+  AppendFrameHeader(static_cast<uint32_t>(results.ByteSizeLong()), &frame);
+  results.AppendToString(&frame);
+  // A client already gone makes this fail; it reads nothing then either.
+  (void)!send(conn.get(), frame.data(), frame.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+}
+
 }  // namespace
 
 // One client's connection. The socket thread reads it and starts its requests; any thread
@@ -56,9 +71,15 @@ Answer Refusal(uint64_t tag, const absl::Status& why) {
 // through their answers, so it may outlive its place in the loop and the socket itself.
 class TransferSocket::Connection : public std::enable_shared_from_this<Connection> {
  public:
-  Connection(UniqueFd fd, Calls calls, WorkerPool* starters,
+  Connection(UniqueFd fd, uid_t uid, Calls calls, WorkerPool* starters,
              std::shared_ptr<const UniqueFd> wake)
-      : fd_(std::move(fd)), calls_(std::move(calls)), starters_(starters), wake_(std::move(wake)) {}
+      : fd_(std::move(fd)),
+        uid_(uid),
+        calls_(std::move(calls)),
+        starters_(starters),
+        wake_(std::move(wake)) {}
+
+  uid_t uid() const { return uid_; }
 
   // The socket thread only, from here to Close.
   int fd() const { return fd_.get(); }
@@ -190,13 +211,20 @@ class TransferSocket::Connection : public std::enable_shared_from_this<Connectio
     if (!hello_) {
       const absl::string_view in = Unread();
       if (in.size() < kHelloBytes) return true;
-      if (in.substr(0, kHelloBytes) != absl::string_view(kTransferSocketHello, kHelloBytes)) {
+      const absl::string_view hello = in.substr(0, kHelloBytes);
+      const bool acked = hello == absl::string_view(kTransferSocketHelloAcked, kHelloBytes);
+      if (!acked && hello != absl::string_view(kTransferSocketHello, kHelloBytes)) {
         return Refuse(absl::StrCat("transfer socket: a connection begins with \"",
-                                   kTransferSocketHello,
+                                   kTransferSocketHello, "\" or \"", kTransferSocketHelloAcked,
                                    "\"; this is not a ferry transfer client"));
       }
       in_begin_ += kHelloBytes;
       hello_ = true;
+      if (acked) {  // the client waits to hear that it may use the connection
+        absl::MutexLock lock(&mu_);
+        out_.append(kTransferSocketAccepted, kHelloBytes);
+        FlushLocked();  // what the socket does not take now, poll() asks POLLOUT for
+      }
     }
     for (size_t i = 0; i < kRoundFrames; ++i) {
       {
@@ -315,6 +343,7 @@ class TransferSocket::Connection : public std::enable_shared_from_this<Connectio
   // Written under mu_ only by the socket thread (Close), read there without it and by
   // answers under it.
   UniqueFd fd_;
+  const uid_t uid_;  // the kernel's (SO_PEERCRED), for the per-uid limit
   const Calls calls_;
   WorkerPool* const starters_;
   const std::shared_ptr<const UniqueFd> wake_;
@@ -412,10 +441,6 @@ void TransferSocket::Accept(std::vector<std::shared_ptr<Connection>>& open) {
       }
       return;
     }
-    if (open.size() >= kMaxConnections) {
-      spdlog::warn("transfer socket: {} connections already; one more closed", open.size());
-      continue;
-    }
     ucred cred = {};
     socklen_t len = sizeof(cred);
     if (getsockopt(conn.get(), SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) {
@@ -423,8 +448,21 @@ void TransferSocket::Accept(std::vector<std::shared_ptr<Connection>>& open) {
                    strerror(errno));
       continue;
     }
-    open.push_back(std::make_shared<Connection>(
-        std::move(conn), calls_for_({cred.uid, cred.gid, cred.pid}), starters_, wake_));
+    const size_t of_uid = std::count_if(
+        open.begin(), open.end(),
+        [&](const std::shared_ptr<Connection>& c) { return c->uid() == cred.uid; });
+    if (open.size() >= kMaxConnections || of_uid >= kMaxConnectionsPerUid) {
+      RefuseAtAccept(conn, open.size() >= kMaxConnections
+                               ? absl::StrCat("transfer socket: ", open.size(),
+                                              " connections open, at most ", kMaxConnections)
+                               : absl::StrCat("transfer socket: uid ", cred.uid, " has ", of_uid,
+                                              " connections open, at most ",
+                                              kMaxConnectionsPerUid, " a uid"));
+      continue;
+    }
+    open.push_back(std::make_shared<Connection>(std::move(conn), cred.uid,
+                                                calls_for_({cred.uid, cred.gid, cred.pid}),
+                                                starters_, wake_));
   }
 }
 

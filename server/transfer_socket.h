@@ -7,7 +7,7 @@
 // itself, the provider sends from that thread, and the thread that settles the transfer
 // writes the answer: the agent wakes for the request and for the peer's answer, no more.
 //
-// The wire (base/frame.h), after the client's 8 bytes "ferryxf1" (kTransferSocketHello):
+// The wire (base/frame.h), after the client's 8 bytes of hello ("ferryxf1" or "ferryxf2"):
 // frames of a 4-byte little-endian length and that many bytes of a SocketRequest
 // (transfer_socket.proto: a StreamedTransfer, or a block move in a session), at most
 // kMaxFrameBytes; the agent answers in frames of StreamedResults, as TransferStream does
@@ -15,18 +15,24 @@
 // code and message). A client that ends its writing (shutdown(SHUT_WR)) is answered every
 // request it sent, and then the agent closes the connection; one that closes it gets no
 // more answers, and what it sent that had not started is dropped. A wrong hello, a frame
-// too long or bytes that are not a StreamedTransfer are answered with one result of tag 0,
+// too long or bytes that are not a SocketRequest are answered with one result of tag 0,
 // INVALID_ARGUMENT and a message saying which, and the connection closes. Who the caller is
 // comes from the kernel (SO_PEERCRED), as on the local socket.
 //
-// Limits: kMaxConnections at once (the next is closed at accept; libferry then uses its
-// gRPC calls); per connection kStreamWindow requests running or unanswered, and no reading
+// A client that says the second hello, "ferryxf2" (kTransferSocketHelloAcked: libferry's),
+// is answered "ferryok1" before anything else, so that it knows at connect time that it may
+// use the connection.
+//
+// Limits: kMaxConnections at once, and kMaxConnectionsPerUid of one uid (so that one local
+// user cannot take the socket from the others); the next is answered with one refusal of
+// tag 0, RESOURCE_EXHAUSTED saying which limit, and closed (libferry then uses its gRPC
+// calls); per connection kStreamWindow requests running or unanswered, and no reading
 // while kMaxUnsentBytes of answers wait for the client to read them. A request that may
-// block (it would ask a peer something) or has more than kInlineOps ops starts on
-// `starters`, and its connection's next one waits for it, so a connection's requests start
-// in the order sent. The thread reads each
-// connection in turn, kRoundFrames requests of it at a time, and takes at most 256 KiB
-// ahead of the requests it started (more only for the one large request being read).
+// block (it would ask a peer something) or has more than kInlineOps ops (a move: pairs)
+// starts on `starters`, and its connection's next one waits for it, so a connection's
+// requests start in the order sent. The thread reads each connection in turn, kRoundFrames
+// requests of it at a time, and takes at most 256 KiB ahead of the requests it started
+// (more only for the one large request being read).
 
 #include <sys/types.h>
 
@@ -53,6 +59,7 @@ inline std::string TransferSocketPath(const std::string& local_socket) {
 class TransferSocket {
  public:
   static constexpr size_t kMaxConnections = 256;
+  static constexpr size_t kMaxConnectionsPerUid = 64;
   static constexpr size_t kMaxUnsentBytes = 4 << 20;
   static constexpr size_t kRoundFrames = 16;
   // Requests of more ops start on a starter: planning a KV batch of thousands of ops takes

@@ -244,7 +244,7 @@ TEST(ClientSocketLineTest, MalformedInputIsRefusedByNameAndTheConnectionCloses) 
   AppendFrameHeader(5, &garbage);
   garbage += "\xff\xff\xff\xff\xff";
   const std::vector<Case> cases = {
-      {"no hello", "GET / HTTP/1.1\r\n\r\n", "begins with \"ferryxf1\""},
+      {"no hello", "GET / HTTP/1.1\r\n\r\n", "begins with \"ferryxf1\" or \"ferryxf2\""},
       {"a frame too long", too_long, "message 1 is 67108865 bytes; at most 67108864"},
       {"not a request", garbage, "message 1 (5 bytes) is not a ferry.v1.SocketRequest"},
   };
@@ -287,6 +287,32 @@ TEST(ClientSocketLineTest, MalformedInputIsRefusedByNameAndTheConnectionCloses) 
   EXPECT_EQ(answers[2].code(), 0) << answers[2].message();
   fd = UniqueFd();
   ExpectSocketClients(*pair.ca, 1);  // Client::Run's own connection only
+  w.src.reset();
+  pair.ca.reset();
+  ExpectAccountingAtZero(pair.a->socket(), "node-a");
+}
+
+// A client whose uid holds its limit of connections already (TransferSocket::
+// kMaxConnectionsPerUid) learns it at connect, and its transfers go over gRPC; once there is
+// room (and its second of waiting passed) they take the socket again.
+TEST(ClientSocketLineTest, AClientPastItsUidsConnectionsTransfersOverGrpc) {
+  OneWrite w;
+  ASSERT_NO_FATAL_FAILURE(w.Start("crowded", kBlock));
+  Pair& pair = w.pair;
+  std::vector<std::unique_ptr<SocketLine>> lines;
+  for (int i = 0; i < 64; ++i) {
+    auto line = SocketLine::Connect(w.path);
+    ASSERT_TRUE(line.ok()) << i << ": " << line.status();
+    lines.push_back(*std::move(line));
+  }
+  ExpectSocketClients(*pair.ca, 64);
+  ASSERT_TRUE(pair.ca->Run({w.op}).ok());
+  EXPECT_EQ(SocketClients(*pair.ca), 64u);  // its own connect was refused
+  lines.clear();
+  ExpectSocketClients(*pair.ca, 0);
+  absl::SleepFor(absl::Seconds(1));  // Client::kSocketRetry
+  ASSERT_TRUE(pair.ca->Run({w.op}).ok());
+  EXPECT_EQ(SocketClients(*pair.ca), 1u);
   w.src.reset();
   pair.ca.reset();
   ExpectAccountingAtZero(pair.a->socket(), "node-a");

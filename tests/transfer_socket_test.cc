@@ -2,7 +2,8 @@
 // process, over calls that stand in for the engine: answers come on other threads, as the
 // engine's do, some requests start on the starters (may_block), some are refused. Each
 // caller gets its own answer, the caller's uid reaches the calls, and the connection count,
-// answers after Stop and a stream's end of writing behave; block moves share connections.
+// answers after Stop and a stream's end of writing behave; block moves share connections,
+// and one uid's connections are limited.
 // In the TSan suite: the socket's thread, the starters, the answering threads and the
 // client's readers all meet here.
 
@@ -266,6 +267,30 @@ TEST_F(TransferSocketTest, BlockMovesShareTheConnectionAndEachIsAnsweredToItsCal
   EXPECT_EQ(engine.misplaced.load(), 0);
   line->reset();
   AwaitConnections(*socket, 0);
+}
+
+// One uid may hold kMaxConnectionsPerUid connections: libferry's next connect is refused
+// at once, RESOURCE_EXHAUSTED naming the uid (it then uses gRPC), while those open go on;
+// one closed makes room for the next.
+TEST_F(TransferSocketTest, PastAUidsConnectionsTheConnectIsRefusedSayingSo) {
+  std::vector<std::unique_ptr<SocketLine>> lines;
+  for (size_t i = 0; i < TransferSocket::kMaxConnectionsPerUid; ++i) {
+    auto line = SocketLine::Connect(path);
+    ASSERT_TRUE(line.ok()) << i << ": " << line.status();
+    lines.push_back(*std::move(line));
+  }
+  auto refused = SocketLine::Connect(path);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
+  EXPECT_THAT(refused.status().message(),
+              HasSubstr(absl::StrCat("uid ", getuid(), " has 64 connections open, at most 64")));
+  OpSpec op{ferry::v1::WRITE, 1, 0, "fast", "b", 0, 64};
+  EXPECT_TRUE(lines.back()->Run({op}, absl::Seconds(10), false, absl::Seconds(20)).result.ok());
+  EXPECT_EQ(socket->connections(), TransferSocket::kMaxConnectionsPerUid);
+  lines.pop_back();
+  AwaitConnections(*socket, TransferSocket::kMaxConnectionsPerUid - 1);
+  auto next = SocketLine::Connect(path);
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_TRUE((*next)->Run({op}, absl::Seconds(10), false, absl::Seconds(20)).result.ok());
 }
 
 // Transfers that end after Stop answer nobody, and nothing breaks: the connections hold
