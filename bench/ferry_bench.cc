@@ -21,6 +21,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <memory>
@@ -127,6 +128,13 @@ absl::StatusOr<Options> Parse(int argc, char** argv) {
     } else if (f == "--agents") {
       o.agents = v;
     } else if (f == "--out") {
+      // Made now, not found missing after the run: the results would be lost.
+      std::error_code error;
+      std::filesystem::create_directories(v, error);
+      if (error) {
+        s = absl::InvalidArgumentError(
+            absl::StrCat("--out: cannot make directory '", v, "': ", error.message()));
+      }
       o.out = v;
     } else {
       s = absl::InvalidArgumentError(absl::StrCat("unknown flag ", f));
