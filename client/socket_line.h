@@ -28,7 +28,9 @@
 namespace ferry {
 
 // A connection to the transfer socket at `path` (GetInfo.transfer_socket), non-blocking,
-// its hello sent. Errors name the call and errno.
+// its hello ("ferryxf2") sent and accepted. Else the agent's refusal (RESOURCE_EXHAUSTED:
+// past its connection limits), DEADLINE_EXCEEDED when it did not answer within 2 s, or the
+// call that failed and errno.
 absl::StatusOr<UniqueFd> ConnectTransferSocket(const std::string& path);
 
 class SocketLine {

@@ -59,7 +59,8 @@ inline std::string TransferSocketPath(const std::string& local_socket) {
 class TransferSocket {
  public:
   static constexpr size_t kMaxConnections = 256;
-  static constexpr size_t kMaxConnectionsPerUid = 64;
+  // Half the socket: one uid (root too) leaves the other half to the rest.
+  static constexpr size_t kMaxConnectionsPerUid = kMaxConnections / 2;
   static constexpr size_t kMaxUnsentBytes = 4 << 20;
   static constexpr size_t kRoundFrames = 16;
   // Requests of more ops start on a starter: planning a KV batch of thousands of ops takes

@@ -28,6 +28,7 @@
 #include "tests/agent_pair.h"
 #include "tests/shared_line_check.h"
 #include "tests/socket_clients.h"
+#include "tests/stop_process.h"
 
 namespace ferry {
 namespace {
@@ -200,7 +201,7 @@ TEST(ClientSocketLineTest, AStoppedAgentGivesDeadlineExceededAndADeadOneUnavaila
   auto line = SocketLine::Connect(w.path);
   ASSERT_TRUE(line.ok()) << line.status();
   ASSERT_TRUE((*line)->Run({op}, kTimeout, false, kTimeout).result.ok());
-  kill(pair.a->pid(), SIGSTOP);
+  StopProcess(pair.a->pid());
   absl::Time start = absl::Now();
   SocketLine::Outcome stalled = (*line)->Run({op}, absl::Seconds(1), false, absl::Seconds(2));
   const absl::Duration took = absl::Now() - start;
@@ -299,15 +300,16 @@ TEST(ClientSocketLineTest, AClientPastItsUidsConnectionsTransfersOverGrpc) {
   OneWrite w;
   ASSERT_NO_FATAL_FAILURE(w.Start("crowded", kBlock));
   Pair& pair = w.pair;
+  constexpr uint64_t kPerUid = 128;  // TransferSocket::kMaxConnectionsPerUid
   std::vector<std::unique_ptr<SocketLine>> lines;
-  for (int i = 0; i < 64; ++i) {
+  for (uint64_t i = 0; i < kPerUid; ++i) {
     auto line = SocketLine::Connect(w.path);
     ASSERT_TRUE(line.ok()) << i << ": " << line.status();
     lines.push_back(*std::move(line));
   }
-  ExpectSocketClients(*pair.ca, 64);
+  ExpectSocketClients(*pair.ca, kPerUid);
   ASSERT_TRUE(pair.ca->Run({w.op}).ok());
-  EXPECT_EQ(SocketClients(*pair.ca), 64u);  // its own connect was refused
+  EXPECT_EQ(SocketClients(*pair.ca), kPerUid);  // its own connect was refused
   lines.clear();
   ExpectSocketClients(*pair.ca, 0);
   absl::SleepFor(absl::Seconds(1));  // Client::kSocketRetry
@@ -329,7 +331,7 @@ TEST(ClientSocketLineTest, AClientPastItsWindowHoldsOnlyItsOwnConnection) {
   const std::string& path = w.path;
   const OpSpec& op = w.op;
   ASSERT_TRUE(pair.ca->Run({op}).ok());  // node-b's buffer is known: no request may block
-  kill(pair.b->pid(), SIGSTOP);
+  StopProcess(pair.b->pid());
   UniqueFd fd = RawConnect(path);
   SendAll(fd.get(), kTransferSocketHello);
   std::string requests;

@@ -282,7 +282,7 @@ TEST_F(TransferSocketTest, PastAUidsConnectionsTheConnectIsRefusedSayingSo) {
   auto refused = SocketLine::Connect(path);
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
   EXPECT_THAT(refused.status().message(),
-              HasSubstr(absl::StrCat("uid ", getuid(), " has 64 connections open, at most 64")));
+              HasSubstr(absl::StrCat("uid ", getuid(), " has 128 connections open, at most 128")));
   OpSpec op{ferry::v1::WRITE, 1, 0, "fast", "b", 0, 64};
   EXPECT_TRUE(lines.back()->Run({op}, absl::Seconds(10), false, absl::Seconds(20)).result.ok());
   EXPECT_EQ(socket->connections(), TransferSocket::kMaxConnectionsPerUid);
