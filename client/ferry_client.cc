@@ -342,11 +342,17 @@ std::string Client::TransferSocketPath() {
     if (!use_transfer_socket_ || absl::Now() < socket_retry_after_) return "";
     if (transfer_socket_.has_value()) return *transfer_socket_;
   }
-  absl::StatusOr<ferry::v1::GetInfoResponse> info = GetInfo();
-  if (!info.ok()) return "";  // the gRPC call made instead will say why
+  // Briefly: an agent that does not answer (stopped, overloaded) would otherwise hold the
+  // caller's transfer for GetInfo's 30 s before its own deadline even began.
+  ferry::v1::GetInfoResponse info;
+  auto ctx = Context(kSocketRetry);
+  if (!stub_->GetInfo(ctx.get(), {}, &info).ok()) {
+    SocketUnreached();  // the gRPC call made instead says why; asked again after a while
+    return "";
+  }
   absl::MutexLock lock(&mu_);
-  transfer_socket_ = info->transfer_socket();
-  socket_moves_ = info->transfer_socket_moves();
+  transfer_socket_ = info.transfer_socket();
+  socket_moves_ = info.transfer_socket_moves();
   return *transfer_socket_;
 }
 

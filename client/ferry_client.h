@@ -208,8 +208,9 @@ class Client {
   // ones), a new one when there is none yet or it ended; null when the agent has none, the
   // client does not reach it, or it is not to be used (gRPC carries Run then).
   std::shared_ptr<SocketLine> Socket(bool bulk);
-  // The transfer socket's path (GetInfo.transfer_socket, asked once); "" when the agent
-  // offers none, it is off here, or it was not reached within the last kSocketRetry.
+  // The transfer socket's path (GetInfo.transfer_socket, asked once, waiting kSocketRetry
+  // at most); "" when the agent offers none, it is off here, or it was not reached (or did
+  // not answer GetInfo) within the last kSocketRetry.
   std::string TransferSocketPath();
   // A connect to it failed: gRPC carries the next kSocketRetry's transfers.
   void SocketUnreached();
