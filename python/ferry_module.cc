@@ -555,6 +555,7 @@ PYBIND11_MODULE(_ferry, m) {
         d["registered_bytes"] = i.registered_bytes();
         d["block_lists"] = i.block_lists();
         d["threads"] = i.threads();
+        d["transfer_socket_clients"] = i.transfer_socket_clients();
         return d;
       })
       // The four calls below return a Call at once (see the comment at the top).

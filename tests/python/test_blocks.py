@@ -2,6 +2,7 @@
 (read_blocks / write_blocks) against real agents: bytes land in the process's own pages,
 each failure raises the ferry error that names the argument, and nothing is left at the
 agent once the memory and the clients are gone."""
+import gc
 import os
 import subprocess
 import sys
@@ -124,6 +125,28 @@ def test_wait_moves_in_one_call_and_a_failure_raises_from_the_handle(a, b):
     with pytest.raises(ferry.InvalidArgument, match="remote_ids"):
         a.read_blocks("node-b", "wait-kv", [9], ours, [0], wait=True)
     ours.release()
+    theirs.release()
+
+
+def test_a_move_with_wait_takes_the_agents_transfer_socket(nodes, a, b):
+    """One round trip without gRPC (server/transfer_socket.h): the new client's move opens
+    a connection of its own, which the agent counts and closes once the client is gone."""
+    keep = []
+    src, dst = shared_array(2 * BLOCK, keep), shared_array(2 * BLOCK, keep)
+    src[:] = np.random.default_rng(8).integers(0, 256, src.size, dtype=np.uint8)
+    theirs = b.prepare_blocks([src], BLOCK, name="socket-kv")
+    before = a.info()["transfer_socket_clients"]
+    with ferry.Client(nodes["node-a"].socket) as c:
+        ours = c.prepare_blocks([dst], BLOCK)
+        assert c.info()["transfer_socket_clients"] == before  # nothing moved yet
+        assert c.read_blocks("node-b", "socket-kv", [1], ours, [0], wait=True).status() == \
+            "succeeded"
+        assert np.array_equal(dst[:BLOCK], src[BLOCK:])
+        assert c.info()["transfer_socket_clients"] == before + 1
+        ours.release()
+    del c, ours  # the session, and its connections, go with the last reference to it
+    gc.collect()
+    wait_for(lambda: a.info()["transfer_socket_clients"] == before)
     theirs.release()
 
 
