@@ -109,6 +109,17 @@ class AgentKeptListsTest : public ::testing::Test {
     }
     EXPECT_EQ(distinct.size(), static_cast<size_t>(kCallers * kMoves));
   }
+  // A WRITE of our block `from` into block `to` of node-b's "kv", as a raw request.
+  ferry::v1::MoveBlocksRequest OnePair(uint64_t from, uint64_t to) const {
+    ferry::v1::MoveBlocksRequest req;
+    req.set_type(ferry::v1::WRITE);
+    req.set_list(local_);
+    req.set_peer("node-b");
+    req.set_remote_list("kv");
+    req.add_local_blocks(from);
+    req.add_remote_blocks(to);
+    return req;
+  }
   ferry::v1::PeerInfo AOfB() { return PeerOf(*pair_.ca, "node-b"); }
   ferry::v1::PeerInfo BOfA() { return PeerOf(*pair_.cb, "node-a"); }
 
@@ -152,13 +163,7 @@ TEST_F(AgentKeptListsTest, MovesWithWaitAtOnceAreEachAnsweredWithTheirOwnResult)
 
 // Lists belong to a session: a call outside one is refused before anything starts.
 TEST_F(AgentKeptListsTest, AMoveOutsideASessionIsRefusedSayingSo) {
-  ferry::v1::MoveBlocksRequest req;
-  req.set_type(ferry::v1::WRITE);
-  req.set_list(local_);
-  req.set_peer("node-b");
-  req.set_remote_list("kv");
-  req.add_local_blocks(0);
-  req.add_remote_blocks(0);
+  ferry::v1::MoveBlocksRequest req = OnePair(0, 0);
   req.set_wait(true);
   auto stub = ferry::v1::Tensors::NewStub(pair_.ca->shared_session()->channel());
   grpc::ClientContext ctx;  // not attached to the session
@@ -179,13 +184,7 @@ TEST_F(AgentKeptListsTest, AMoveOnTheTransferSocketMovesInTheSessionItNames) {
   EXPECT_TRUE(info->transfer_socket_moves());  // what tells libferry to send moves there
   auto line = SocketLine::Connect(info->transfer_socket());
   ASSERT_TRUE(line.ok()) << line.status();
-  ferry::v1::MoveBlocksRequest req;
-  req.set_type(ferry::v1::WRITE);
-  req.set_list(local_);
-  req.set_peer("node-b");
-  req.set_remote_list("kv");
-  req.add_local_blocks(3);
-  req.add_remote_blocks(5);
+  const ferry::v1::MoveBlocksRequest req = OnePair(3, 5);
   auto other = Client::Connect(pair_.a->socket());
   ASSERT_TRUE(other.ok()) << other.status();
   struct Case {
