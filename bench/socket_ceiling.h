@@ -15,7 +15,8 @@
 namespace ferry::bench {
 
 // Series "tcp sockets": `size` bytes split over `connections` per round, rounds repeated for
-// at least `min_seconds`; the best of three such runs.
-absl::StatusOr<Measurement> RunSocketCeiling(int connections, uint64_t size, double min_seconds);
+// at least `min_seconds`; the best of `runs` such runs, each on fresh connections.
+absl::StatusOr<Measurement> RunSocketCeiling(int connections, uint64_t size, double min_seconds,
+                                             int runs = 3);
 
 }  // namespace ferry::bench

@@ -18,7 +18,7 @@ namespace ferry::bench {
 // reports no p99 in one run: left 0).
 absl::StatusOr<Measurement> RunUcxPutLat(uint64_t size, int iterations);
 
-// Series "ucx put_bw": `iterations` puts of `size` bytes, the best of three runs.
-absl::StatusOr<Measurement> RunUcxPutBw(uint64_t size, int iterations);
+// Series "ucx put_bw": `iterations` puts of `size` bytes, the best of `runs` runs.
+absl::StatusOr<Measurement> RunUcxPutBw(uint64_t size, int iterations, int runs = 3);
 
 }  // namespace ferry::bench
