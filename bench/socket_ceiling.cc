@@ -129,7 +129,7 @@ absl::StatusOr<Measurement> RunSocketCeiling(int connections, uint64_t size, dou
     }
     double secs = 0;
     uint64_t rounds = 0;
-    for (int batch = 1; secs < min_seconds; batch *= 2) {
+    for (int batch = 1; rounds == 0 || secs < min_seconds; batch *= 2) {
       auto took = MoveRounds(*conns, src.get(), dst.get(), size, batch);
       if (!took.ok()) return took.status();
       secs += *took;

@@ -1,42 +1,49 @@
 #pragma once
-// The 64 MiB goal judged head to head. A ferry WRITE row, plain TCP sockets and
-// ucx_perftest's put_bw take turns, `rounds` times, one run each per turn. The size sweep
-// sets a single ferry row against a best of three for each baseline, minutes apart, and on
-// the shared 2-core VM loopback TCP swings by half within minutes (bench/results): more than
-// the gaps being judged. Here each baseline gets what ferry gets, and the three share the
-// machine's moments.
+// Goals judged head to head: the rows a goal compares take turns, `rounds` times, one run
+// each per turn, and the goal is judged on the ratios within each turn. The suite otherwise
+// sets rows measured minutes apart against each other (a single ferry row against a best
+// of three for each baseline, the KV rows against the sweep's 64 MiB row), and on the shared
+// 2-core VM loopback TCP swings by half within minutes (bench/results): more than the gaps
+// being judged. Taking turns, every row gets what the others get, in the same moments.
 
-#include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
-#include "bench/ferry_runner.h"
 #include "bench/measurement.h"
 
 namespace ferry::bench {
 
-struct Turns {
-  int rounds = 0;
-  // "ferry write turns", "tcp sockets turns" and "ucx put_bw turns" at the size: each its
-  // median turn, its note every turn's GB/s in order. A baseline that could not run is
-  // missing (said on stderr).
-  std::vector<Measurement> rows;
-  // GB/s, one per turn, in order; empty for a baseline that could not run. A ratio is taken
-  // between runs of the same turn only (its three runs are seconds apart).
-  std::vector<double> ferry, sockets, ucx;
+// One row in the turns.
+struct Contender {
+  std::string series;  // the series of its "... turns" row
+  std::function<absl::StatusOr<Measurement>()> run;
+  // A failure of a required row fails the turns (ferry's own); any other sits out the
+  // later turns and is left out (a baseline that cannot run here), said on stderr.
+  bool required = false;
 };
 
-// `rounds` rounds of `size` bytes: ferry's WRITE row (`options`: its seconds and warm-up),
-// then `connections` plain sockets for as long, then ucx_perftest put_bw (`ucx_iterations`
-// puts). Fails only where ferry's row fails.
-absl::StatusOr<Turns> RunTakingTurns(FerryRunner& runner, const RunOptions& options,
-                                     int connections, uint64_t size, int ucx_iterations,
-                                     int rounds);
+struct Turns {
+  int rounds = 0;
+  // Per contender, in the order given: its runs, one per turn; empty where it sat out.
+  std::vector<std::string> series;
+  std::vector<std::vector<Measurement>> runs;
 
-// The judged sentence: the median of ferry's per-turn ratios to each baseline, each turn's
-// ratio, and ferry's median against UCX's best turn.
-std::string DescribeTurns(const Turns& turns, uint64_t size);
+  // Each contender that ran every turn as one row: its median turn's measurement, its
+  // series with " turns" added, every turn's GB/s in its note.
+  std::vector<Measurement> Rows() const;
+  // `series`' GB/s, one per turn, in order; empty where it sat out or is not there.
+  std::vector<double> Figures(const std::string& series) const;
+};
+
+// `rounds` turns of the contenders, in their order within each turn.
+absl::StatusOr<Turns> TakeTurns(const std::vector<Contender>& contenders, int rounds);
+
+// "0.99 x NAME (per turn 0.99, 0.99, 2.72)": `series`' GB/s over `base`'s turn by turn, and
+// the median of those; "" where either did not run every turn.
+std::string RatioPerTurn(const Turns& turns, const std::string& series, const std::string& base,
+                         const std::string& name);
 
 // Median of `values` (the lower middle for an even count); 0 for none.
 double Median(std::vector<double> values);
