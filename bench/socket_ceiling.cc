@@ -5,6 +5,7 @@
 #include <sys/socket.h>
 #include <sys/types.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstring>
@@ -129,7 +130,8 @@ absl::StatusOr<Measurement> RunSocketCeiling(int connections, uint64_t size, dou
     }
     double secs = 0;
     uint64_t rounds = 0;
-    for (int batch = 1; rounds == 0 || secs < min_seconds; batch *= 2) {
+    // Batches of 1, 2, 4, ... rounds (at most 2^20 a batch), at least one.
+    for (int batch = 1; rounds == 0 || secs < min_seconds; batch = std::min(2 * batch, 1 << 20)) {
       auto took = MoveRounds(*conns, src.get(), dst.get(), size, batch);
       if (!took.ok()) return took.status();
       secs += *took;

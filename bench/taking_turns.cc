@@ -39,7 +39,10 @@ absl::StatusOr<Turns> TakeTurns(const std::vector<Contender>& contenders, int ro
   std::vector<bool> sat_out(contenders.size(), false);
   for (int round = 0; round < rounds; ++round) {
     std::string line;
-    for (size_t i = 0; i < contenders.size(); ++i) {
+    // Each turn starts one contender further on, so that none always runs right after the
+    // same neighbour (UCX's busy-polling processes, say) or always first.
+    for (size_t k = 0; k < contenders.size(); ++k) {
+      const size_t i = (k + static_cast<size_t>(round)) % contenders.size();
       if (sat_out[i]) continue;
       auto m = contenders[i].run();
       if (!m.ok() && contenders[i].required) return m.status();

@@ -37,7 +37,8 @@ struct Turns {
   std::vector<double> Figures(const std::string& series) const;
 };
 
-// `rounds` turns of the contenders, in their order within each turn.
+// `rounds` turns of the contenders: turn r runs them in their order starting at contender
+// r (mod their count).
 absl::StatusOr<Turns> TakeTurns(const std::vector<Contender>& contenders, int rounds);
 
 // "0.99 x NAME (per turn 0.99, 0.99, 2.72)": `series`' GB/s over `base`'s turn by turn, and
