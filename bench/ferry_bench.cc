@@ -43,6 +43,7 @@
 #include "bench/security_suite.h"
 #include "bench/socket_ceiling.h"
 #include "bench/staging_suite.h"
+#include "bench/stats.h"
 #include "bench/taking_turns.h"
 #include "bench/ucx_baseline.h"
 #include "client/agent_process.h"
@@ -340,7 +341,7 @@ void Judge(Report& r, const Options& o, const Turns& bw_turns, const Turns& kv_t
         ucx_best->gbps, FormatByteSize(ucx_best->size)));
   }
   // Taking turns: the goal is on the per-turn ratios; ferry's median turn is given beside.
-  const double ferry_turn = Median(bw_turns.Figures("ferry write"));
+  const double ferry_turn = Percentile(bw_turns.Figures("ferry write"), 0.5);
   if (std::string ucx = RatioPerTurn(bw_turns, "ferry write", "ucx put_bw", "ucx_perftest put_bw");
       !ucx.empty()) {
     // ucx_perftest's put is bimodal here (both its processes busy-poll, and two cores do

@@ -1,10 +1,10 @@
 #include "bench/taking_turns.h"
 
-#include <algorithm>
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "bench/stats.h"
 
 namespace ferry::bench {
 namespace {
@@ -16,19 +16,13 @@ std::string Listed(const std::vector<double>& figures) {
   return out;
 }
 
-std::vector<double> GBps(const std::vector<Measurement>& rows) {
+std::vector<double> GbpsOf(const std::vector<Measurement>& rows) {
   std::vector<double> out;
   for (const Measurement& m : rows) out.push_back(m.gbps);
   return out;
 }
 
 }  // namespace
-
-double Median(std::vector<double> values) {
-  if (values.empty()) return 0;
-  std::sort(values.begin(), values.end());
-  return values[(values.size() - 1) / 2];
-}
 
 absl::StatusOr<Turns> TakeTurns(const std::vector<Contender>& contenders, int rounds) {
   if (rounds < 1) return absl::InvalidArgumentError("taking turns: at least one round");
@@ -66,8 +60,8 @@ std::vector<Measurement> Turns::Rows() const {
   std::vector<Measurement> rows;
   for (size_t i = 0; i < runs.size(); ++i) {
     if (runs[i].empty()) continue;
-    const std::vector<double> gbps = GBps(runs[i]);
-    const double median = Median(gbps);
+    const std::vector<double> gbps = GbpsOf(runs[i]);
+    const double median = Percentile(gbps, 0.5);
     Measurement row = runs[i].front();
     for (const Measurement& m : runs[i]) {
       if (m.gbps == median) row = m;
@@ -82,7 +76,7 @@ std::vector<Measurement> Turns::Rows() const {
 
 std::vector<double> Turns::Figures(const std::string& name) const {
   for (size_t i = 0; i < series.size(); ++i) {
-    if (series[i] == name) return GBps(runs[i]);
+    if (series[i] == name) return GbpsOf(runs[i]);
   }
   return {};
 }
@@ -93,7 +87,8 @@ std::string RatioPerTurn(const Turns& turns, const std::string& series, const st
   if (top.empty() || top.size() != bottom.size()) return "";
   std::vector<double> ratios;
   for (size_t i = 0; i < top.size(); ++i) ratios.push_back(bottom[i] > 0 ? top[i] / bottom[i] : 0);
-  return absl::StrFormat("%.2f x %s (per turn %s)", Median(ratios), name, Listed(ratios));
+  return absl::StrFormat("%.2f x %s (per turn %s)", Percentile(ratios, 0.5), name,
+                         Listed(ratios));
 }
 
 }  // namespace ferry::bench

@@ -46,7 +46,4 @@ absl::StatusOr<Turns> TakeTurns(const std::vector<Contender>& contenders, int ro
 std::string RatioPerTurn(const Turns& turns, const std::string& series, const std::string& base,
                          const std::string& name);
 
-// Median of `values` (the lower middle for an even count); 0 for none.
-double Median(std::vector<double> values);
-
 }  // namespace ferry::bench

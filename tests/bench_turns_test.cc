@@ -36,12 +36,6 @@ Contender Fixed(const std::string& series, std::vector<double> gbps, std::string
           required};
 }
 
-TEST(BenchTurnsTest, MedianIsTheLowerMiddle) {
-  EXPECT_EQ(Median({}), 0);
-  EXPECT_EQ(Median({3, 1, 2}), 2);
-  EXPECT_EQ(Median({4, 1, 3, 2}), 2);
-}
-
 TEST(BenchTurnsTest, EachTurnStartsOneContenderFurtherOn) {
   std::string calls;
   auto turns = TakeTurns(
