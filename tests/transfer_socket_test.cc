@@ -273,8 +273,9 @@ TEST_F(TransferSocketTest, BlockMovesShareTheConnectionAndEachIsAnsweredToItsCal
 // at once, RESOURCE_EXHAUSTED naming the uid (it then uses gRPC), while those open go on;
 // one closed makes room for the next.
 TEST_F(TransferSocketTest, PastAUidsConnectionsTheConnectIsRefusedSayingSo) {
+  constexpr size_t kPerUid = TransferSocket::kMaxConnectionsPerUid;
   std::vector<std::unique_ptr<SocketLine>> lines;
-  for (size_t i = 0; i < TransferSocket::kMaxConnectionsPerUid; ++i) {
+  for (size_t i = 0; i < kPerUid; ++i) {
     auto line = SocketLine::Connect(path);
     ASSERT_TRUE(line.ok()) << i << ": " << line.status();
     lines.push_back(*std::move(line));
@@ -282,7 +283,8 @@ TEST_F(TransferSocketTest, PastAUidsConnectionsTheConnectIsRefusedSayingSo) {
   auto refused = SocketLine::Connect(path);
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
   EXPECT_THAT(refused.status().message(),
-              HasSubstr(absl::StrCat("uid ", getuid(), " has 128 connections open, at most 128")));
+              HasSubstr(absl::StrCat("uid ", getuid(), " has ", kPerUid,
+                                     " connections open, at most ", kPerUid)));
   OpSpec op{ferry::v1::WRITE, 1, 0, "fast", "b", 0, 64};
   EXPECT_TRUE(lines.back()->Run({op}, absl::Seconds(10), false, absl::Seconds(20)).result.ok());
   EXPECT_EQ(socket->connections(), TransferSocket::kMaxConnectionsPerUid);
