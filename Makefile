@@ -5,12 +5,15 @@
 # make test-asan  build-asan (clang-14, ASan + UBSan, -O1): the unit and integration suites
 # make test-tsan  build-tsan (gcc, TSan, -O1): the engine and provider tests
 # make fuzz       build-asan's libFuzzer targets, each FUZZ_SECONDS over its seed corpus
+# make test-rdma  the rdma tests, two agents, perftest and faults on a real verbs stack:
+#                 Soft-RoCE in two QEMU guests (tests/rdma/; as root; the guest is cached
+#                 in FERRY_RDMA_CACHE, default /var/cache/ferry-rdma)
 BUILD ?= build
 JOBS ?= $(shell nproc)
 CMAKE_FLAGS ?=
 
 .PHONY: all deps configure build demo test test-unit bench soak format-check clean \
-	test-asan test-tsan fuzz
+	test-asan test-tsan fuzz test-rdma
 
 all: build
 
@@ -30,6 +33,10 @@ demo: build
 
 test: build
 	cd $(BUILD) && ctest --output-on-failure -j$(JOBS) --timeout 600
+
+# Skips, saying why, without root, qemu or the kernel package (tests/rdma/test-rdma).
+test-rdma: build
+	tests/rdma/test-rdma $(BUILD)
 
 test-unit: build
 	cd $(BUILD) && ctest --output-on-failure -j$(JOBS) -L unit

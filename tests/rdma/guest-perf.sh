@@ -1,0 +1,67 @@
+# Sourced by guest-node-a (run_perf): perftest's ib_write_bw, ib_read_bw and ib_write_lat
+# between node-a and node-b beside ferry's 64 MiB WRITE and READ and 4 KiB WRITE latency,
+# as ratios: TCG makes absolute numbers meaningless (NOTES: 0.05-0.3 Gb/s), but both run on
+# the same emulated CPUs and the same rxe0s. ferry's times are the agent's (ferryctl
+# transfers: submit to settle), not ferryctl's start and file copies.
+
+PERF_BYTES=$((64 << 20))
+
+# The last finished transfer's duration (us) and rails, from node-a's agent.
+last_transfer() {
+  "$FERRYCTL" transfers --recent 1 --json |
+    jq -r '.recent[0] | "\(.duration_us // .durationUs) \((.rails // []) | join(","))"'
+}
+
+# perftest TOOL ARGS: runs TOOL's server on node-b and its client here; prints the client's
+# result row (the line after the one starting "#bytes").
+perftest() {
+  local tool=$1
+  shift
+  ask $B 20 "$tool -d rxe0 -x 0 $* >/tmp/$tool.server.log 2>&1 & sleep 1" >/dev/null
+  timeout 120 "$tool" -d rxe0 -x 0 "$@" "$PEER_ADDR" >/tmp/"$tool".log 2>&1
+  local rc=$?
+  ask $B 30 "timeout 20 tail --pid=\$(pgrep -x $tool) -f /dev/null || pkill -x $tool" >/dev/null
+  cat /tmp/"$tool".log
+  ((rc == 0)) || { note "$tool failed ($rc)"; return 1; }
+  awk '/^ *#bytes/ {getline; print; exit}' /tmp/"$tool".log >/tmp/"$tool".row
+}
+
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "-" }'; }
+gbps() { awk -v bytes="$1" -v us="$2" 'BEGIN { if (us > 0) printf "%.3f", bytes * 8 / us / 1000 }'; }
+
+run_perf() {
+  note "perf: ferry 64 MiB WRITE and READ, 4 KiB WRITE x 11"
+  head -c $PERF_BYTES /dev/urandom >/tmp/perf.src
+  timeout 180 "$FERRYCTL" put /tmp/perf.src --to $B:buf || note "perf put failed"
+  read -r w_us w_rails < <(last_transfer)
+  timeout 180 "$FERRYCTL" get $B:buf /tmp/perf.back --length $PERF_BYTES || note "perf get failed"
+  read -r r_us r_rails < <(last_transfer)
+  cmp -s /tmp/perf.src /tmp/perf.back || note "perf: READ back differs from what was written"
+  rm -f /tmp/perf.src /tmp/perf.back
+  head -c 4096 /dev/urandom >/tmp/perf.4k
+  local lat=() i us rails
+  for i in $(seq 11); do
+    timeout 60 "$FERRYCTL" put /tmp/perf.4k --to $B:buf >/dev/null || continue
+    read -r us rails < <(last_transfer)
+    lat+=("$us")
+  done
+  local l_us
+  l_us=$(printf '%s\n' "${lat[@]}" | sort -n | awk '{v[NR] = $1} END {print v[int((NR + 1) / 2)]}')
+
+  note "perftest between the guests"
+  local ib_w ib_r ib_lat
+  perftest ib_write_bw -s 1048576 -n 64 -F --report_gbits && ib_w=$(awk '{print $4}' /tmp/ib_write_bw.row)
+  perftest ib_read_bw -s 1048576 -n 64 -F --report_gbits && ib_r=$(awk '{print $4}' /tmp/ib_read_bw.row)
+  # t_typical (the median), column 5.
+  perftest ib_write_lat -s 4096 -n 200 -F && ib_lat=$(awk '{print $5}' /tmp/ib_write_lat.row)
+
+  local f_w f_r
+  f_w=$(gbps $PERF_BYTES "$w_us")
+  f_r=$(gbps $PERF_BYTES "$r_us")
+  result perf "WRITE 64 MiB: ferry ${f_w:--} Gb/s (rails $w_rails), ib_write_bw" \
+    "${ib_w:--} Gb/s: ratio $(ratio "${f_w:-0}" "${ib_w:-0}")"
+  result perf "READ  64 MiB: ferry ${f_r:--} Gb/s (rails $r_rails), ib_read_bw" \
+    "${ib_r:--} Gb/s: ratio $(ratio "${f_r:-0}" "${ib_r:-0}")"
+  result perf "WRITE 4 KiB latency: ferry median ${l_us:--} us (of ${#lat[@]}), ib_write_lat" \
+    "typical ${ib_lat:--} us: ferry/perftest $(ratio "${l_us:-0}" "${ib_lat:-0}")"
+}
