@@ -160,11 +160,31 @@ TEST(ConfigTest, RailsAndTheirMemoryAreParsedAndChecked) {
               HasSubstr("key 'verbs.qps_per_peer': 0 is outside 1..16"));
 }
 
+// The example shows the defaults: run as it stands, the agent takes the host's name and the
+// socket clients look for by default, no peers, and no metrics port (which a second agent on
+// the host would collide with).
 TEST(ConfigTest, ExampleFileDocumentsValidKeys) {
   auto c = LoadConfigFile(FERRY_SOURCE_DIR "/config/ferry.example.yaml");
   ASSERT_TRUE(c.ok()) << c.status();
-  EXPECT_EQ(c->node, "node-a");
-  EXPECT_EQ(c->peers.size(), 1u);
+  auto defaults = ParseConfig("", "empty.yaml");
+  ASSERT_TRUE(defaults.ok()) << defaults.status();
+  EXPECT_EQ(c->node, defaults->node);
+  EXPECT_EQ(c->local_socket, defaults->local_socket);
+  EXPECT_EQ(c->peer_listen, defaults->peer_listen);
+  EXPECT_TRUE(c->peers.empty());
+  EXPECT_EQ(c->metrics_listen, "");
+}
+
+// The second example runs beside the first on one host: its own node, socket and peer port.
+TEST(ConfigTest, NodeBExampleRunsBesideTheFirst) {
+  auto a = LoadConfigFile(FERRY_SOURCE_DIR "/config/ferry.example.yaml");
+  auto b = LoadConfigFile(FERRY_SOURCE_DIR "/config/ferry.node-b.example.yaml");
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_EQ(b->node, "node-b");
+  EXPECT_EQ(b->local_socket, "/tmp/ferryd-node-b.sock");
+  EXPECT_NE(b->peer_listen, a->peer_listen);
+  EXPECT_EQ(b->metrics_listen, "");
 }
 
 // The example documents discovery commented out (it is off by default): uncommented, the
