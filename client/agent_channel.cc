@@ -1,12 +1,18 @@
 #include "client/agent_channel.h"
 
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -41,6 +47,57 @@ absl::StatusOr<std::string> ChannelUri(const std::string& target) {
     return absl::StrCat("unix:", relative);
   }
   return absl::StrCat("unix:", absolute);
+}
+
+// How a user points a client at an agent, for errors that must say so.
+constexpr absl::string_view kPointAtAgent =
+    "point the client at the agent's socket (ferryctl --socket PATH, "
+    "ferry.Client(PATH), Client::Connect(PATH)) or set FERRY_SOCKET=PATH";
+
+// The agents' sockets in `dir` (ferryd-*.sock, as the default names them), for a hint.
+std::vector<std::string> AgentSocketsIn(const std::string& dir) {
+  std::vector<std::string> found;
+  struct CloseDir {
+    void operator()(DIR* d) const { closedir(d); }
+  };
+  std::unique_ptr<DIR, CloseDir> d(opendir(dir.c_str()));
+  if (d == nullptr) return found;
+  while (const dirent* e = readdir(d.get())) {
+    const absl::string_view name = e->d_name;
+    if (!absl::StartsWith(name, "ferryd-") || !absl::EndsWith(name, ".sock")) continue;
+    const std::string path = absl::StrCat(dir, dir == "/" ? "" : "/", name);
+    struct stat st;
+    if (stat(path.c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) found.push_back(path);
+  }
+  std::sort(found.begin(), found.end());
+  return found;
+}
+
+// Whether an agent holds `socket`.lock (server/local/instance_lock.h): one that is starting
+// has it before its socket exists, and one that restarts keeps it while the socket is gone
+// for a moment. A shared lock taken and dropped at once cannot hold such an agent up: it
+// tries its exclusive lock again until it has it.
+bool AgentHoldsLock(const std::string& socket) {
+  const std::string lock = absl::StrCat(socket, ".lock");
+  const int fd = open(lock.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;  // no agent ever ran here, or it cannot be read: do not wait
+  const bool held = flock(fd, LOCK_SH | LOCK_NB) != 0 && errno == EWOULDBLOCK;
+  close(fd);  // drops our lock if we took it
+  return held;
+}
+
+// No agent at `path`, said at once (UNAVAILABLE, as when none answers): a client given the
+// wrong path would otherwise wait out its whole timeout and learn less.
+absl::Status NoSocket(const std::string& path) {
+  const size_t slash = path.rfind('/');
+  std::string dir = ".";
+  if (slash != std::string::npos) dir = slash == 0 ? "/" : path.substr(0, slash);
+  std::string others;
+  for (const std::string& s : AgentSocketsIn(dir)) {
+    absl::StrAppend(&others, others.empty() ? "; agents' sockets there: " : ", ", s);
+  }
+  return absl::UnavailableError(absl::StrCat(
+      "no ferryd socket at ", path, " (no such file): start ferryd, or ", kPointAtAgent, others));
 }
 
 absl::StatusOr<std::string> ReadEnvFile(const char* var) {
@@ -80,10 +137,28 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> TcpCredentials(
 
 }  // namespace
 
+std::string DefaultAgentSocket() {
+  if (const char* env = std::getenv("FERRY_SOCKET"); env != nullptr && *env != '\0') return env;
+  // As ResolveDefaults names the agent's node when its config does not.
+  char host[256] = {};
+  if (gethostname(host, sizeof(host) - 1) != 0 || host[0] == '\0') {
+    return "/tmp/ferryd-localhost.sock";
+  }
+  return absl::StrCat("/tmp/ferryd-", host, ".sock");
+}
+
 absl::StatusOr<std::shared_ptr<grpc::Channel>> ConnectAgentChannel(const std::string& target,
                                                                    absl::Duration timeout) {
-  absl::StatusOr<std::string> uri = ChannelUri(target);
+  absl::StatusOr<std::string> uri = ChannelUri(target.empty() ? DefaultAgentSocket() : target);
   if (!uri.ok()) return uri.status();
+  if (absl::StartsWith(*uri, "unix:")) {
+    // Relative only where the absolute path is too long for sun_path; gRPC then reads it
+    // from the current directory, as access() does.
+    const std::string path = uri->substr(5);
+    if (access(path.c_str(), F_OK) != 0 && errno == ENOENT && !AgentHoldsLock(path)) {
+      return NoSocket(path);
+    }
+  }
   grpc::ChannelArguments args;
   // Batches of tens of thousands of ops exceed gRPC's 4 MiB default.
   args.SetMaxReceiveMessageSize(64 << 20);
@@ -96,7 +171,9 @@ absl::StatusOr<std::shared_ptr<grpc::Channel>> ConnectAgentChannel(const std::st
   }
   auto channel = grpc::CreateCustomChannel(*uri, credentials, args);
   if (!channel->WaitForConnected(absl::ToChronoTime(absl::Now() + timeout))) {
-    return absl::UnavailableError(absl::StrCat("no ferryd answers at ", *uri));
+    return absl::UnavailableError(
+        absl::StrCat("no ferryd answers at ", *uri, " within ", absl::FormatDuration(timeout),
+                     absl::StartsWith(*uri, "unix:") ? absl::StrCat("; ", kPointAtAgent) : ""));
   }
   return channel;
 }

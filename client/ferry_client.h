@@ -79,10 +79,13 @@ class TransferStream;
 
 class Client {
  public:
-  // `target`: a Unix socket path, or "unix:PATH" / "HOST:PORT" (the opt-in TCP listener).
-  // Opens a session (UNAVAILABLE when no agent answers): what this client allocates is
-  // freed when the Client is destroyed or the process ends, unless allocated to persist.
-  static absl::StatusOr<std::unique_ptr<Client>> Connect(const std::string& target,
+  // `target`: a Unix socket path, or "unix:PATH" / "HOST:PORT" (the opt-in TCP listener);
+  // "" is this host's agent by the rule ferryctl and Python use ($FERRY_SOCKET, else
+  // /tmp/ferryd-<host name>.sock: client/agent_channel.h DefaultAgentSocket).
+  // Opens a session: what this client allocates is freed when the Client is destroyed or the
+  // process ends, unless allocated to persist. UNAVAILABLE when no agent answers within
+  // `timeout`, and at once when the socket file does not exist (the message names the path).
+  static absl::StatusOr<std::unique_ptr<Client>> Connect(const std::string& target = "",
                                                          absl::Duration timeout = absl::Seconds(5),
                                                          const std::string& what = "libferry");
   // A client on a session opened already (shared with a TensorClient).

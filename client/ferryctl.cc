@@ -29,6 +29,8 @@
 #include "base/byte_size.h"
 #include "base/grpc_status.h"
 #include "base/unique_fd.h"
+#include "client/agent_channel.h"
+#include "client/certs_command.h"
 #include "client/ferry_client.h"
 #include "client/nics_view.h"
 #include "client/ops_views.h"
@@ -47,8 +49,9 @@ constexpr const char* kUsageText = R"(usage: ferryctl [--socket PATH] COMMAND [A
        ferryctl --help | --version
 Options may come before or after COMMAND; "--" ends them.
 
-Agent commands (the local ferryd, at --socket, $FERRY_SOCKET or /tmp/ferryd-<host>.sock;
-PATH may be relative, or HOST:PORT for the agent's TCP listener):
+Agent commands (the local ferryd, at --socket, $FERRY_SOCKET or /tmp/ferryd-<host>.sock,
+where ferryd's socket is when its config names neither node nor socket; PATH may be
+relative, or HOST:PORT for the agent's TCP listener):
   info [--json]                         node, version, providers, pool use, peers, NICs
   nics [--json]                         each rail (provider:NIC): health, the memory it
                                         carries, bytes by peer, paused rails and why
@@ -88,6 +91,12 @@ On a terminal, put and get show their progress on stderr.
 Offline commands (no agent needed):
   topo [--topology FILE] [--config FILE] [--json]
   doctor [--topology FILE] [--config FILE] [--sysfs-root DIR] [--json]
+  certs ca --out DIR [--days N]         a CA for the agents' mutual TLS: DIR/ca.pem and
+                                        DIR/ca.key (keep the key off the nodes)
+  certs node NAME --ca DIR --out DIR [--days N]
+                                        a certificate for node NAME (DNS name NAME) signed
+                                        by that CA: tls.crt, tls.key, ca.crt (default 365
+                                        days); prints the config's security section
 
 Exit codes: 0 ok, 1 refused or failed, 2 usage, 3 no agent.
 )";
@@ -97,10 +106,15 @@ constexpr absl::Duration kTransferTimeout = absl::Seconds(60);
 
 // Options that take a value, for every command: a scan for the command and the shared
 // options must skip their values ("--name info" names a buffer "info").
-constexpr absl::string_view kValueOptions[] = {"--socket",   "--name",   "--device",
-                                               "--to",       "--offset", "--length",
-                                               "--topology", "--config", "--sysfs-root",
-                                               "--reason",   "--recent", "--allow-peers"};
+constexpr absl::string_view kValueOptions[] = {
+    "--socket", "--name",        "--device", "--to",         "--offset",
+    "--length", "--topology",    "--config", "--sysfs-root", "--reason",
+    "--recent", "--allow-peers", "--out",    "--ca",         "--days"};
+
+// Every command, for the hint after an unknown one.
+constexpr absl::string_view kCommandNames[] = {
+    "info", "nics", "peers",  "transfers", "stats", "buffers", "alloc", "free",
+    "put",  "get",  "cancel", "policy",    "topo",  "doctor",  "certs", "help"};
 
 // The command line before the command's own options are read.
 struct CommandLine {
@@ -115,13 +129,43 @@ struct CommandLine {
 struct Args {
   std::vector<std::string> words;   // positional
   bool json = false;
-  std::string name, to, device = "host", reason, allow_peers;
-  std::optional<uint64_t> offset, length, recent;
+  std::string name, to, device = "host", reason, allow_peers, out, ca;
+  std::optional<uint64_t> offset, length, recent, days;
 };
 
+// One line saying what is wrong and where the full usage is: the usage text is 50 lines,
+// which would push the line that matters off a terminal.
 int Usage(const std::string& why) {
-  std::cerr << "ferryctl: " << why << "\n\n" << kUsageText;
+  std::cerr << "ferryctl: " << why << "\n"
+            << "(ferryctl --help lists every command and option)\n";
   return kUsage;
+}
+
+// Edits (insert, delete, replace) from `a` to `b`: for a "did you mean".
+size_t EditDistance(absl::string_view a, absl::string_view b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t above = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = above;
+    }
+  }
+  return row[b.size()];
+}
+
+int UnknownCommand(const std::string& command) {
+  std::string nearest;
+  size_t best = 3;  // farther than 2 edits is no suggestion
+  for (absl::string_view name : kCommandNames) {
+    if (size_t d = EditDistance(command, name); d < best) best = d, nearest = std::string(name);
+  }
+  return Usage(
+      absl::StrCat("unknown command '", command, "'",
+                   nearest.empty() ? "" : absl::StrCat(" (did you mean '", nearest, "'?)")));
 }
 
 int Fail(const absl::Status& s) {
@@ -212,6 +256,12 @@ std::string ParseArgs(const std::vector<std::string>& rest, Args& a) {
       text = &a.reason, what = "REASON";
     } else if (name == "--allow-peers") {
       text = &a.allow_peers, what = "NODE[,NODE...]";
+    } else if (name == "--out") {
+      text = &a.out, what = "DIR";
+    } else if (name == "--ca") {
+      text = &a.ca, what = "DIR";
+    } else if (name == "--days") {
+      size = &a.days, what = "N";
     } else if (name == "--offset") {
       size = &a.offset;
     } else if (name == "--length") {
@@ -232,13 +282,6 @@ std::string ParseArgs(const std::vector<std::string>& rest, Args& a) {
     *size = *bytes;
   }
   return "";
-}
-
-std::string DefaultSocket() {
-  if (const char* env = std::getenv("FERRY_SOCKET")) return env;
-  char host[256] = {};
-  gethostname(host, sizeof(host) - 1);
-  return absl::StrCat("/tmp/ferryd-", host, ".sock");
 }
 
 // "node-b:kv" -> {"node-b", "kv"}.
@@ -671,9 +714,41 @@ int Topo(const CommandLine& cl) {
   return client::RunTopoCommand(cl.rest, std::cout, std::cerr);
 }
 
+// `ferryctl certs ca|node`: offline, with client/certs_command.h.
+int Certs(const Args& a) {
+  constexpr const char* kForms = "certs ca --out DIR | certs node NAME --ca DIR --out DIR";
+  const std::string what = a.words.empty() ? "" : a.words[0];
+  if (what != "ca" && what != "node") {
+    return Usage(absl::StrCat("certs needs ca or node: ", kForms));
+  }
+  if (a.out.empty()) return Usage(absl::StrCat("certs ", what, " needs --out DIR"));
+  const uint64_t days = a.days.value_or(365);
+  if (days < 1 || days > 36500) return Usage("--days must be 1..36500");
+  // "dir/" and "dir" are one folder; the files are named under it.
+  auto folder = [](std::string dir) {
+    while (dir.size() > 1 && dir.back() == '/') dir.pop_back();
+    return dir;
+  };
+  absl::StatusOr<std::string> made;
+  if (what == "ca") {
+    if (a.words.size() != 1 || !a.ca.empty()) {
+      return Usage("certs ca takes only --out DIR [--days N]");
+    }
+    made = client::MakeCertificateAuthority(folder(a.out), static_cast<int>(days));
+  } else {
+    if (a.words.size() != 2) return Usage(absl::StrCat("certs node needs one NAME: ", kForms));
+    if (a.ca.empty()) return Usage("certs node needs --ca DIR (made by ferryctl certs ca)");
+    made = client::MakeNodeCertificate(a.words[1], folder(a.ca), folder(a.out),
+                                       static_cast<int>(days));
+  }
+  if (!made.ok()) return Fail(made.status());
+  std::cout << *made;
+  return kOk;
+}
+
 int Main(int argc, char** argv) {
   CommandLine cl;
-  cl.socket = DefaultSocket();
+  cl.socket = DefaultAgentSocket();
   const std::vector<std::string> argl(argv + 1, argv + argc);
   if (std::string problem = ScanCommandLine(argl, cl); !problem.empty()) {
     return Usage(problem);
@@ -688,7 +763,15 @@ int Main(int argc, char** argv) {
     std::cout << kUsageText;
     return kOk;
   }
-  if (cl.command.empty()) return Usage("no command");
+  if (cl.command.empty()) {
+    std::cerr << kUsageText;
+    return kUsage;
+  }
+  if (cl.command == "certs") {
+    Args a;
+    if (std::string problem = ParseArgs(cl.rest, a); !problem.empty()) return Usage(problem);
+    return Certs(a);
+  }
 
   using Handler = int (*)(Client&, const Args&);
   const std::pair<const char*, Handler> kCommands[] = {
@@ -701,13 +784,13 @@ int Main(int argc, char** argv) {
     if (std::string problem = ParseArgs(cl.rest, a); !problem.empty()) return Usage(problem);
     auto client = Client::Connect(cl.socket, absl::Seconds(3), "ferryctl");
     if (!client.ok()) {
-      std::cerr << "ferryctl: " << client.status().message()
-                << " (is ferryd running? --socket PATH)\n";
+      // The message names the socket tried and how to point at another one.
+      std::cerr << "ferryctl: " << client.status().message() << "\n";
       return kNoAgent;
     }
     return handler(**client, a);
   }
-  return Usage(absl::StrCat("unknown command '", cl.command, "'"));
+  return UnknownCommand(cl.command);
 }
 
 }  // namespace

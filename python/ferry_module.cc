@@ -24,6 +24,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "client/agent_channel.h"
 #include "client/ferry_client.h"
 #include "client/tensor_client.h"
 #include "python/dlpack.h"
@@ -455,6 +456,8 @@ PYBIND11_MODULE(_ferry, m) {
     }
   });
 
+  // The one rule libferry and ferryctl use (client/agent_channel.h), not a copy of it.
+  m.def("default_socket", &DefaultAgentSocket);
   m.def("dtype_size", [](const std::string& name) {
     return tensors::DTypeSize(Take(tensors::ParseDType(name)));
   });

@@ -29,8 +29,9 @@ def slug(heading):
     return text.replace(" ", "-")
 
 
-def prose_lines(path):
-    """(line number, text) outside fenced code blocks, inline code removed."""
+def prose_lines(path, keep_code=False):
+    """(line number, text) outside fenced code blocks; inline code removed unless
+    `keep_code` (a heading's code is part of its anchor)."""
     fenced = False
     with open(path, encoding="utf-8") as f:
         for number, line in enumerate(f, 1):
@@ -38,12 +39,12 @@ def prose_lines(path):
                 fenced = not fenced
                 continue
             if not fenced:
-                yield number, re.sub(r"`[^`]*`", "", line)
+                yield number, line if keep_code else re.sub(r"`[^`]*`", "", line)
 
 
 def anchors(path):
     found, counts = set(), {}
-    for _, line in prose_lines(path):
+    for _, line in prose_lines(path, keep_code=True):
         m = HEADING.match(line.rstrip("\n"))
         if not m:
             continue

@@ -1,7 +1,8 @@
 """ferry: tensors between machines, one call away.
 
     import ferry, numpy as np
-    c = ferry.Client()                       # $FERRY_SOCKET, else /tmp/ferryd-<host>.sock
+    c = ferry.Client()                       # ferry.default_socket(): $FERRY_SOCKET, else
+                                             # /tmp/ferryd-<host>.sock
     x = c.empty((1024, 1024), "float32")     # a numpy array in agent shared memory
     x[:] = 1.0
     c.send(x, "node-b", "grad/0")            # lands straight in node-b's buffer
@@ -23,8 +24,6 @@ import atexit
 import collections
 import concurrent.futures
 import itertools
-import os
-import socket as _socket
 import threading
 import weakref
 
@@ -39,7 +38,7 @@ __all__ = ["Client", "Buffer", "Future", "Notification", "Registration", "BlockL
            "empty", "DTYPES", "Error", "Cancelled",
            "InvalidArgument", "DeadlineExceeded", "NotFound", "AlreadyExists",
            "ResourceExhausted", "FailedPrecondition", "OutOfRange", "Unavailable", "DataLoss",
-           "launch"]
+           "launch", "default_socket"]
 
 DTYPES = ("float32", "float16", "bfloat16", "int8", "uint8", "int32", "int64",
           "float8_e4m3fn", "float8_e5m2", "float64", "int16", "bool")
@@ -305,12 +304,21 @@ def _same(result):
     return result
 
 
+def default_socket():
+    """The socket ferry.Client() connects to: $FERRY_SOCKET when set, else
+    /tmp/ferryd-<host name>.sock. The same rule as ferryctl and libferry."""
+    return _ferry.default_socket()
+
+
 class Client:
     """A connection to this node's agent."""
 
     def __init__(self, target=None, timeout=5.0):
-        target = (target or os.environ.get("FERRY_SOCKET")
-                  or f"/tmp/ferryd-{_socket.gethostname()}.sock")
+        """Connects to the agent at `target`: a socket path, or HOST:PORT (its TCP listener).
+        None: $FERRY_SOCKET, else /tmp/ferryd-<host name>.sock (ferryd's own default socket
+        when its config names neither node nor socket). Raises ferry.Unavailable at once when
+        the socket does not exist, naming it, or after `timeout` seconds with no answer."""
+        target = target or default_socket()
         self._s = _ferry.Session(target, timeout)
         self._lock = threading.Lock()
         self._buffers = weakref.WeakValueDictionary()  # id -> _ferry.Buffer: a tensor's home
