@@ -73,5 +73,31 @@ TEST(WorkerPoolTest, WorkQueuedByWorkWhileStoppingStillRuns) {
   EXPECT_EQ(ran.load(), 2);
 }
 
+TEST(WorkerPoolTest, AHungLaneHoldsItsShareOfThreadsAndOtherLanesRunOn) {
+  // A stopped peer: every work of lane "hung" blocks until released.
+  absl::Notification release;
+  std::atomic<int> hung_started{0}, hung_done{0}, healthy_done{0};
+  {
+    WorkerPool pool(8, "test-pool", /*per_lane=*/2);
+    for (int i = 0; i < 16; ++i) {
+      pool.Run("hung", [&] {
+        ++hung_started;
+        release.WaitForNotification();
+        ++hung_done;
+      });
+    }
+    // A healthy peer's 100 works finish while the hung ones wait (before: 8 threads, all
+    // taken by the hung peer, and the healthy batch waited for them).
+    for (int i = 0; i < 100; ++i) pool.Run("healthy", [&] { ++healthy_done; });
+    absl::Time until = absl::Now() + absl::Seconds(10);
+    while (healthy_done.load() < 100 && absl::Now() < until) absl::SleepFor(absl::Milliseconds(1));
+    EXPECT_EQ(healthy_done.load(), 100);
+    EXPECT_EQ(hung_started.load(), 2) << "a lane ran more than per_lane works at once";
+    EXPECT_LE(pool.threads(), 8u);
+    release.Notify();
+  }  // the destructor runs the hung lane's queued works, two at a time
+  EXPECT_EQ(hung_done.load(), 16);
+}
+
 }  // namespace
 }  // namespace ferry
