@@ -79,7 +79,8 @@ grpc::Status PeerService::ResolveBuffer(grpc::ServerContext* ctx,
                         absl::StrCat("name: no buffer named ", Echo(req->name()), " on ",
                                      core_->config().node));
   };
-  if (!buffer.ok() || !(*buffer)->ExportedTo(*caller)) {
+  // A broken client registration (its file shrank) is no longer the client's memory.
+  if (!buffer.ok() || !(*buffer)->ExportedTo(*caller) || (*buffer)->memory().broken()) {
     if (buffer.ok()) {
       spdlog::debug("ResolveBuffer: buffer '{}' is not exported to {}", req->name(), *caller);
     }

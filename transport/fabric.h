@@ -32,6 +32,12 @@ enum Access : uint32_t {
   // moves bytes with the CPU (tcp) refuses to register it, unless a peer-memory client maps
   // it (transport/memory/peer_memory.h; only the simulation's GPUs are mapped there).
   kDeviceMemory = 1u << 2,
+  // Memory another process may shrink under us (a client's file it can truncate, not sealed
+  // against it): a provider that moves its bytes with the CPU must fail the op that finds it
+  // gone, never fault or drop a connection other ops share (tcp: EFAULT is that op's error,
+  // and a READ answered from it is copied under a FaultGuard, base/fault_guard.h). DMA
+  // providers (verbs) ignore it: the NIC reports such an access as a completion error.
+  kMayShrink = 1u << 3,
 };
 
 // Memory registered with one fabric. Destroying it revokes the key: new remote accesses are

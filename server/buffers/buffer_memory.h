@@ -4,8 +4,10 @@
 // registry, the planner and the engine see only this interface; `mapping()` is the plain
 // description of how a client maps the memory, which the services turn into protos.
 
+#include <atomic>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <variant>
 
 #include "absl/status/statusor.h"
@@ -43,6 +45,19 @@ class BufferMemory {
   // The client's own memory (RegisterMemory), not the agent's pools: it counts in neither
   // pool's bytes, and DeregisterMemory (not FreeBuffer) ends it.
   virtual bool registered() const { return false; }
+  // Memory another process can shrink under us (a client's file it may truncate): the range
+  // every CPU touch of it guards (GuardedTouch, server/buffers/guarded_touch.h). Empty when
+  // nobody can take it away: the agent's pools, a memfd sealed against shrinking.
+  virtual std::pair<const char*, uint64_t> shrinkable_range() const { return {nullptr, 0}; }
+
+  // A guarded touch faulted: the file shrank, and the agent's mapping shows zero pages
+  // since, not the client's memory. Every later op on it fails.
+  // Const: the memory's state, not its contents or description.
+  void MarkBroken() const { broken_.store(true, std::memory_order_relaxed); }
+  bool broken() const { return broken_.load(std::memory_order_relaxed); }
+
+ private:
+  mutable std::atomic<bool> broken_{false};
 };
 
 }  // namespace ferry::server

@@ -2,13 +2,16 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
+#include <linux/magic.h>
 #include <sys/stat.h>
+#include <sys/statfs.h>
 #include <unistd.h>
 
 #include "absl/strings/str_cat.h"
 #include "base/byte_size.h"
 #include "base/status_macros.h"
 #include "server/buffers/gpu_pools.h"
+#include "server/buffers/open_files.h"
 
 namespace ferry::server {
 namespace {
@@ -18,10 +21,17 @@ namespace {
 class ClientFileMemory : public BufferMemory {
  public:
   ClientFileMemory(UniqueFd fd, char* mapping, uint64_t mapped, uint64_t lead, uint64_t offset,
-                   uint64_t length)
+                   uint64_t length, bool sealed)
       : fd_(std::move(fd)), mapping_(mapping), mapped_(mapped), lead_(lead), offset_(offset),
-        length_(length) {}
-  ~ClientFileMemory() override { munmap(mapping_, mapped_); }
+        length_(length), sealed_(sealed) {
+    held_.fetch_add(1);
+  }
+  ~ClientFileMemory() override {
+    munmap(mapping_, mapped_);
+    held_.fetch_sub(1);
+  }
+  // Client descriptors the registrations hold now (server/buffers/open_files.h).
+  static uint64_t held() { return held_.load(); }
 
   char* data() const override { return mapping_ + lead_; }
   uint64_t size() const override { return length_; }
@@ -32,6 +42,10 @@ class ClientFileMemory : public BufferMemory {
     return HostMapping{absl::StrCat("/proc/", getpid(), "/fd/", fd_.get()), offset_, length_};
   }
   bool registered() const override { return true; }
+  std::pair<const char*, uint64_t> shrinkable_range() const override {
+    if (sealed_) return {nullptr, 0};
+    return {mapping_, mapped_};
+  }
 
  private:
   UniqueFd fd_;
@@ -40,6 +54,8 @@ class ClientFileMemory : public BufferMemory {
   uint64_t lead_;
   uint64_t offset_;
   uint64_t length_;
+  const bool sealed_;  // F_SEAL_SHRINK: the file cannot shrink, nothing to guard
+  static inline std::atomic<uint64_t> held_{0};
 };
 
 // The file behind a client's descriptor, checked for what sharing its memory needs.
@@ -70,6 +86,20 @@ absl::StatusOr<struct stat> SharedFile(int fd, uint64_t offset, uint64_t length)
   return st;
 }
 
+// Shared memory lives on tmpfs (memfd_create, /dev/shm) or hugetlbfs. A file on a disk's
+// file system is refused: allocating its range below (posix_fallocate) would write the
+// disk on the client's behalf, with the agent's rights and outside any quota of the
+// client's (a 2 GiB sparse file cost a root agent 2 GiB of disk).
+absl::Status InMemoryFileSystem(int fd) {
+  struct statfs fs = {};
+  if (fstatfs(fd, &fs) != 0) return absl::ErrnoToStatus(errno, "fd_ticket: fstatfs");
+  if (fs.f_type == TMPFS_MAGIC || fs.f_type == HUGETLBFS_MAGIC) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "fd_ticket: the file is not shared memory (its file system, type 0x", absl::Hex(fs.f_type),
+      ", is not tmpfs or hugetlbfs): register a memfd (memfd_create) or a POSIX shm file "
+      "(/dev/shm), not a file on disk"));
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<BufferMemory>> MapClientFile(UniqueFd fd, uint64_t offset,
@@ -77,9 +107,13 @@ absl::StatusOr<std::unique_ptr<BufferMemory>> MapClientFile(UniqueFd fd, uint64_
   // A file that shrinks under a transfer faults the agent (SIGBUS) when its CPU touches the
   // pages that went. A memfd made with MFD_ALLOW_SEALING is sealed against shrinking first
   // (memfd_create(2), F_SEAL_SHRINK), and only then measured; other files (POSIX shm, plain
-  // files, memfds without sealing) cannot be sealed: shrinking those is the known limit
-  // (README).
+  // files, memfds without sealing) cannot be sealed: the agent's CPU touches those only
+  // under a FaultGuard (shrinkable_range), which fails the op and marks them broken.
+  RETURN_IF_ERROR(RoomForClientFd(ClientFileMemory::held()));
+  RETURN_IF_ERROR(InMemoryFileSystem(fd.get()));
   (void)fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK);
+  const int seals = fcntl(fd.get(), F_GET_SEALS);
+  const bool sealed = seals >= 0 && (seals & F_SEAL_SHRINK) != 0;
   RETURN_IF_ERROR(SharedFile(fd.get(), offset, length).status());
   // tmpfs allocates a sparse file's pages on first touch, and a full one (a container's
   // 64 MiB /dev/shm) answers that touch with SIGBUS: the range is allocated now, so that a
@@ -102,7 +136,7 @@ absl::StatusOr<std::unique_ptr<BufferMemory>> MapClientFile(UniqueFd fd, uint64_
                                absl::StrCat("mmap(client memory, ", FormatByteSize(length), ")"));
   }
   return std::unique_ptr<BufferMemory>(new ClientFileMemory(
-      std::move(fd), static_cast<char*>(p), mapped, lead, offset, length));
+      std::move(fd), static_cast<char*>(p), mapped, lead, offset, length, sealed));
 }
 
 absl::StatusOr<ClientRegistration> ClientMemory::Register(ClientMemorySpec spec,

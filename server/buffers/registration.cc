@@ -15,6 +15,7 @@ absl::StatusOr<BufferRegistrations> RegisterWithFabrics(const BufferMemory& memo
                                                         const std::vector<fabric::Fabric*>& fabrics,
                                                         uint32_t access, GpuPools* gpus) {
   BufferRegistrations out;
+  if (memory.shrinkable_range().second > 0) access |= fabric::kMayShrink;
   if (memory.gpu() < 0) {
     for (fabric::Fabric* f : fabrics) {
       ASSIGN_OR_RETURN(auto region, f->Register(memory.data(), memory.size(), access));

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/crc32c.h"
 #include "base/status_macros.h"
+#include "server/buffers/guarded_touch.h"
 #include "transport/memory/gpu_copy_wait.h"
 
 namespace ferry::server {
@@ -17,7 +18,12 @@ constexpr uint64_t kCopyPiece = 4 << 20;
 
 absl::StatusOr<uint32_t> BlockCrc32c(const Buffer& buffer, uint64_t offset, uint64_t length,
                                      GpuPools* gpus, std::vector<char>& scratch) {
-  if (buffer.gpu() < 0) return Crc32c(buffer.data() + offset, length);
+  if (buffer.gpu() < 0) {
+    // The client's own file may shrink under the read: that fails this block, not the agent.
+    uint32_t crc = 0;
+    RETURN_IF_ERROR(GuardedTouch(buffer, [&] { crc = Crc32c(buffer.data() + offset, length); }));
+    return crc;
+  }
   if (gpus == nullptr) {
     return absl::FailedPreconditionError(
         absl::StrCat("buffer ", buffer.id(), " is on ", buffer.device(), ", which has no pool"));

@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "base/fault_guard.h"
 #include "spdlog/spdlog.h"
 #include "transport/fabric.h"
 
@@ -50,6 +51,8 @@ const char* RegionCheckReason(RegionCheck check) {
       return "access the region does not give";
     case RegionCheck::kPeer:
       return "region not exported to this peer";
+    case RegionCheck::kFaulted:
+      return "the region's memory went away under an earlier op";
   }
   return "?";
 }
@@ -131,6 +134,9 @@ void IncomingConnection::ReadRequests() {
     ssize_t n;
     if (phase_ == Phase::kDiscard) {
       n = recv(fd_.get(), sink_.data(), sink_.size(), MSG_DONTWAIT);
+    } else if (phase_ == Phase::kSkip) {
+      n = recv(fd_.get(), sink_.data(), std::min<uint64_t>(sink_.size(), write_left_),
+               MSG_DONTWAIT);
     } else if (phase_ == Phase::kPayload) {
       // Into the pinned region, each piece at its place (a WRITE is one piece; a refused one
       // never gets here: it ends the connection).
@@ -152,14 +158,20 @@ void IncomingConnection::ReadRequests() {
     if (n < 0) {
       if (errno == EINTR) continue;
       if (WouldBlock(errno)) break;
+      if (errno == EFAULT && phase_ == Phase::kPayload) {
+        // The target memory went away (a client's file shrank): this WRITE fails, the
+        // connection goes on. recvmsg took none of the bytes it could not place.
+        StartSkip();
+        continue;
+      }
       spdlog::debug("tcp: connection from {}: recv(): {}", source_, strerror(errno));
       Close();
       return;
     }
     received += static_cast<uint64_t>(n);
     if (phase_ == Phase::kDiscard) continue;
-    if (phase_ == Phase::kPayload) {
-      write_into_.Consume(static_cast<size_t>(n));
+    if (phase_ == Phase::kPayload || phase_ == Phase::kSkip) {
+      if (phase_ == Phase::kPayload) write_into_.Consume(static_cast<size_t>(n));
       write_left_ -= static_cast<uint64_t>(n);
       if (write_left_ == 0) FinishWrite();
       continue;
@@ -260,12 +272,63 @@ void IncomingConnection::OnRequest() {
   // A READ answer goes out at once, behind the acks that were waiting, its payload straight
   // from the pinned region.
   resp.length = req.length;
+  char* payload = access->data();
+  if (access->may_shrink()) {
+    // sendmsg would fail EFAULT half way through a payload whose header already went, which
+    // only closing the connection could undo: memory that may go away is read first, by the
+    // CPU under a FaultGuard, and sent from the copy (one copy more, for such memory only).
+    read_copy_.resize(req.length);
+    bool faulted = false;
+    {
+      FaultGuard guard(payload, req.length);
+      std::memcpy(read_copy_.data(), payload, req.length);
+      faulted = guard.faulted();
+    }
+    if (faulted) {
+      access->MarkFaulted();
+      AnswerFault(req, "READ");
+      return;
+    }
+    payload = read_copy_.data();
+  }
   target_.served->read.fetch_add(req.length, std::memory_order_relaxed);
   target_.served->ops.fetch_add(1, std::memory_order_relaxed);
   acks_.push_back(resp);
-  char* payload = access->data();
   QueueOutput(payload, resp.length, std::move(access));
   Flush();
+}
+
+void IncomingConnection::AnswerFault(const RequestHeader& req, const char* what) {
+  uint64_t count = target_.admission->faulted.fetch_add(1) + 1;
+  if (LogThis(count)) {
+    spdlog::warn("tcp: a {} of {} bytes at 0x{:x} key 0x{:x} from {} found the region's memory "
+                 "gone (a client's file shrank?): that op fails, the connection goes on ({} such "
+                 "so far)",
+                 what, req.length, req.address, req.key, peer_.node, count);
+  }
+  acks_.push_back({kResponseMagic, Refusal::kFault, req.id, 0});
+  if (req.op == WireOp::kRead) {
+    QueueOutput(nullptr, 0, std::nullopt);
+    Flush();
+    return;
+  }
+  // A WRITE's payload follows its header (and table): drained, then answered.
+  acks_.pop_back();
+  write_answer_ = {kResponseMagic, Refusal::kFault, req.id, 0};
+  write_left_ = req.length;
+  write_notify_ = false;
+  phase_ = Phase::kSkip;
+  if (sink_.empty()) sink_.resize(kSinkBytes);
+  if (write_left_ == 0) FinishWrite();
+}
+
+void IncomingConnection::StartSkip() {
+  if (write_pin_) write_pin_->MarkFaulted();
+  const RequestHeader req = {kRequestMagic, WireOp::kWrite, write_answer_.id, 0, write_left_, 0,
+                             0};
+  write_pin_.reset();
+  write_into_.Clear();
+  AnswerFault(req, "WRITE");
 }
 
 void IncomingConnection::OnTable() {
@@ -304,6 +367,10 @@ void IncomingConnection::OnTable() {
 }
 
 void IncomingConnection::RefuseChecked(RegionCheck check, const RequestHeader& req) {
+  if (check == RegionCheck::kFaulted) {
+    AnswerFault(req, req.op == WireOp::kRead ? "READ" : "WRITE");
+    return;
+  }
   std::atomic<uint64_t>& counter =
       check == RegionCheck::kUnknownKey    ? target_.admission->refused_key
       : check == RegionCheck::kOutOfBounds ? target_.admission->refused_bounds
@@ -413,6 +480,7 @@ void IncomingConnection::Flush() {
   out_headers_.clear();
   out_payload_ = nullptr;
   out_pin_.reset();
+  if (!read_copy_.empty()) std::vector<char>().swap(read_copy_);  // not kept between READs
   out_sent_ = out_total_ = 0;
   if (end_after_output_) {
     end_after_output_ = false;

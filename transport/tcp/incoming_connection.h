@@ -44,6 +44,8 @@ struct AdmissionCounters {
   std::atomic<uint64_t> refused_bounds{0};
   std::atomic<uint64_t> refused_access{0};
   std::atomic<uint64_t> refused_peer{0};  // a region not exported to the connection's peer
+  // Ops answered kFault (the region's memory went away); their connections went on.
+  std::atomic<uint64_t> faulted{0};
 };
 
 class IncomingConnection : public EventLoop::Handler,
@@ -85,7 +87,9 @@ class IncomingConnection : public EventLoop::Handler,
   // until the peer closes (or a timer does), so that the kernel does not reset the connection
   // before the refusal reached the peer.
   // kTable: a kWriteList's frame table is coming (wire.h).
-  enum class Phase { kHello, kHeader, kTable, kPayload, kDiscard, kClosed };
+  // kSkip: a WRITE's target memory went away (kFault): the rest of its payload is drained,
+  // then answered kFault, and the connection goes on.
+  enum class Phase { kHello, kHeader, kTable, kPayload, kSkip, kDiscard, kClosed };
 
   // Reads requests until the socket is empty, an answer must go out first, or this round's
   // share is spent.
@@ -108,6 +112,12 @@ class IncomingConnection : public EventLoop::Handler,
   void StartDiscard();
   // The WRITE payload is in (or drained): unpin, notify, queue the ack.
   void FinishWrite();
+  // The region's memory went away under `req` (`what`: "READ" or "WRITE"): counted, logged
+  // now and then, answered kFault; a WRITE's payload (req.length bytes to come) is drained
+  // first. The connection goes on (wire.h).
+  void AnswerFault(const RequestHeader& req, const char* what);
+  // recvmsg of the WRITE payload failed EFAULT: the region is marked faulted, the rest drained.
+  void StartSkip();
   // Moves the coalesced acks (and a READ answer with its payload) to the output.
   void QueueOutput(char* payload, uint64_t length, std::optional<RegionTable::Access> pin);
   // Sends output until it is gone, the socket is full, or this round's share is spent.
@@ -135,7 +145,9 @@ class IncomingConnection : public EventLoop::Handler,
   uint64_t write_left_ = 0;
   uint32_t write_imm_ = 0;
   bool write_notify_ = false;
-  std::vector<char> sink_;  // kDiscard: the bytes drained after a refusal
+  std::vector<char> sink_;  // kDiscard, kSkip: the bytes drained
+  // A READ answer from memory that may go away, copied under a FaultGuard (kMayShrink).
+  std::vector<char> read_copy_;
   // A kWriteList's frame table, being received, then checked.
   std::vector<WirePiece> table_;
   size_t table_have_ = 0;  // bytes of table_ received

@@ -25,6 +25,19 @@ class IovCursor {
   iovec* next() { return &iov_[pos_]; }
   size_t next_count() const { return std::min<size_t>(iov_.size() - pos_, IOV_MAX); }
 
+  // The entry next() starts with cannot be read (sendmsg failed EFAULT: memory another
+  // process took away): the rest of it is sent as zeros instead, from `zeros` (`size`
+  // bytes), cut into entries of at most that size, so that the frame keeps its length.
+  void ZeroNext(const char* zeros, size_t size) {
+    size_t left = iov_[pos_].iov_len;
+    std::vector<iovec> padding;
+    for (; left > 0; left -= std::min(left, size)) {
+      padding.push_back({const_cast<char*>(zeros), std::min(left, size)});
+    }
+    iov_.erase(iov_.begin() + static_cast<std::ptrdiff_t>(pos_));
+    iov_.insert(iov_.begin() + static_cast<std::ptrdiff_t>(pos_), padding.begin(), padding.end());
+  }
+
   // `n` bytes went: skips the entries they covered and trims the one they ended in.
   void Consume(size_t n) {
     while (pos_ < iov_.size() && n >= iov_[pos_].iov_len) {

@@ -2,6 +2,7 @@
 
 #include "base/byte_range.h"
 #include "base/random_bytes.h"
+#include "transport/fabric.h"
 
 namespace ferry::tcp {
 
@@ -55,9 +56,16 @@ RegionCheck RegionTable::Acquire(uint32_t key, uint64_t address, uint64_t length
     return RegionCheck::kOutOfBounds;
   }
   if ((e.access & access) != access) return RegionCheck::kAccess;
+  if (e.faulted) return RegionCheck::kFaulted;
   ++e.users;
-  out.emplace(this, key, e.memory + (address - e.address));
+  out.emplace(this, key, e.memory + (address - e.address), (e.access & fabric::kMayShrink) != 0);
   return RegionCheck::kOk;
+}
+
+void RegionTable::MarkFaulted(uint32_t key) {
+  absl::MutexLock lock(&mu_);
+  auto it = entries_.find(key);
+  if (it != entries_.end()) it->second.faulted = true;
 }
 
 void RegionTable::Release(uint32_t key) {

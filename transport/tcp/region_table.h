@@ -20,7 +20,9 @@ namespace ferry::tcp {
 
 // Why Acquire did not give access: the target's own record (counters, log). Peers are told
 // only Refusal::kRefused, whatever the reason (wire.h).
-enum class RegionCheck { kOk, kUnknownKey, kOutOfBounds, kAccess, kPeer };
+// kFaulted: the region's memory went away under an earlier op (Access::MarkFaulted): its op
+// is answered Refusal::kFault and the connection goes on.
+enum class RegionCheck { kOk, kUnknownKey, kOutOfBounds, kAccess, kPeer, kFaulted };
 
 class RegionTable {
  public:
@@ -28,19 +30,28 @@ class RegionTable {
   class Access {
    public:
     Access() = default;
-    Access(RegionTable* table, uint32_t key, char* data) : table_(table), key_(key), data_(data) {}
+    Access(RegionTable* table, uint32_t key, char* data, bool may_shrink)
+        : table_(table), key_(key), data_(data), may_shrink_(may_shrink) {}
     Access(Access&& other) noexcept
-        : table_(std::exchange(other.table_, nullptr)), key_(other.key_), data_(other.data_) {}
+        : table_(std::exchange(other.table_, nullptr)), key_(other.key_), data_(other.data_),
+          may_shrink_(other.may_shrink_) {}
     Access& operator=(Access&&) = delete;
     ~Access() {
       if (table_ != nullptr) table_->Release(key_);
     }
     char* data() const { return data_; }
+    // Registered with fabric::kMayShrink: its memory may go away under the op.
+    bool may_shrink() const { return may_shrink_; }
+    // The op found the memory gone: later ops on the region are answered kFault.
+    void MarkFaulted() {
+      if (table_ != nullptr) table_->MarkFaulted(key_);
+    }
 
    private:
     RegionTable* table_ = nullptr;
     uint32_t key_ = 0;
     char* data_ = nullptr;
+    bool may_shrink_ = false;
   };
 
   // Adds a region that peers address from `address` and whose bytes are at `memory` (the
@@ -74,8 +85,10 @@ class RegionTable {
     absl::flat_hash_set<std::string> allowed_peers;  // empty: all
     int users = 0;
     bool removing = false;
+    bool faulted = false;
   };
   void Release(uint32_t key);
+  void MarkFaulted(uint32_t key);
 
   absl::Mutex mu_;
   // Node map: Remove() waits on an entry by address while others are added.

@@ -161,6 +161,8 @@ void TcpConnection::FailLocked(const absl::Status& why, Finished& finished) {
   have_ = 0;
   read_into_ = nullptr;
   read_left_ = 0;
+  read_faulted_ = false;
+  one_at_a_time_ = false;
   // Not from the destructor: then the loop holds no reference, so it no longer watches us.
   if (auto self = weak_from_this().lock()) {
     loop_->Post([self] {
@@ -202,6 +204,7 @@ void TcpConnection::TakeBatchLocked() {
   // wire_ is done: no iovec points into headers_ any more.
   headers_.clear();
   wire_.Clear();
+  one_at_a_time_ = false;  // a fault isolated in the last batch stays there
   uint64_t bytes = 0;
   while (!queue_.empty() && headers_.size() < kMaxBatch && bytes < kMaxBatchBytes) {
     Request request = std::move(queue_.front());
@@ -240,7 +243,7 @@ bool TcpConnection::SendNowLocked() {
 ssize_t TcpConnection::SendWireLocked() {
   msghdr msg = {};
   msg.msg_iov = wire_.next();
-  msg.msg_iovlen = wire_.next_count();
+  msg.msg_iovlen = one_at_a_time_ ? 1 : wire_.next_count();
   ssize_t n;
   do {
     n = sendmsg(fd_.get(), &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
@@ -270,6 +273,19 @@ void TcpConnection::SendLocked(Finished& finished) {
         SetWantOutLocked(true);  // the rest when the socket has room
         return;
       }
+      if (errno == EFAULT) {
+        // The kernel copies a send's iovecs in chunks and takes none of a chunk that faults,
+        // so the error names no iovec: the next sends go one iovec at a time until the
+        // faulting payload is the first, then it is padded.
+        if (PadFaultedLocked()) {
+          one_at_a_time_ = false;
+          continue;
+        }
+        if (!one_at_a_time_) {
+          one_at_a_time_ = true;
+          continue;
+        }
+      }
       FailLocked(absl::UnavailableError(absl::StrCat("tcp: send to ", peer_, ": ",
                                                      SocketError(errno, "sendmsg()").message())),
                  finished);
@@ -284,7 +300,10 @@ void TcpConnection::ReceiveLocked(Finished& finished) {
   uint64_t received = 0;
   while (!failed_ && received < kLoopRoundBytes) {
     ssize_t n;
-    if (read_left_ > 0) {
+    if (read_left_ > 0 && read_faulted_) {
+      n = recv(fd_.get(), sink_.data(), std::min<uint64_t>(read_left_, sink_.size()),
+               MSG_DONTWAIT);
+    } else if (read_left_ > 0) {
       // READ payload goes straight into the destination region.
       n = recv(fd_.get(), read_into_, read_left_, MSG_DONTWAIT);
     } else {
@@ -307,6 +326,13 @@ void TcpConnection::ReceiveLocked(Finished& finished) {
     if (n < 0) {
       if (errno == EINTR) continue;
       if (WouldBlock(errno)) return;
+      if (errno == EFAULT && read_left_ > 0 && !read_faulted_) {
+        // The destination went away (a client's file shrank): this READ fails, the rest of
+        // its payload is drained, the connection goes on. recv took none of those bytes.
+        read_faulted_ = true;
+        if (sink_.empty()) sink_.resize(64 << 10);
+        continue;
+      }
       FailLocked(absl::UnavailableError(absl::StrCat("tcp: connection to ", peer_, ": ",
                                                      SocketError(errno, "recv()").message())),
                  finished);
@@ -314,9 +340,14 @@ void TcpConnection::ReceiveLocked(Finished& finished) {
     }
     received += static_cast<uint64_t>(n);
     if (read_left_ > 0) {
-      read_into_ += n;
+      if (!read_faulted_) read_into_ += n;
       read_left_ -= static_cast<uint64_t>(n);
-      if (read_left_ == 0) finished.emplace_back(PopOutstandingLocked(), absl::OkStatus());
+      if (read_left_ == 0) {
+        absl::Status landed = absl::OkStatus();
+        if (read_faulted_) landed = LocalFault(outstanding_.front().header);
+        read_faulted_ = false;
+        finished.emplace_back(PopOutstandingLocked(), std::move(landed));
+      }
       continue;
     }
     have_ += static_cast<size_t>(n);
@@ -346,6 +377,11 @@ absl::Status TcpConnection::AnswerLocked(const ResponseHeader& resp, Finished& f
     return absl::DataLossError(absl::StrCat("answer for unexpected request ", resp.id));
   }
   Request& front = outstanding_.front();
+  if (resp.refusal == Refusal::kFault) {
+    // The target's memory went away under this op; the connection goes on (wire.h).
+    finished.emplace_back(PopOutstandingLocked(), Refused(resp.refusal, front.header));
+    return absl::OkStatus();
+  }
   if (resp.refusal != Refusal::kNone) {
     absl::Status refused = Refused(resp.refusal, front.header);
     finished.emplace_back(PopOutstandingLocked(), std::move(refused));
@@ -366,8 +402,41 @@ absl::Status TcpConnection::AnswerLocked(const ResponseHeader& resp, Finished& f
       return absl::OkStatus();  // completes once its payload is in
     }
   }
-  finished.emplace_back(PopOutstandingLocked(), absl::OkStatus());
+  absl::Status landed = front.faulted ? LocalFault(front.header) : absl::OkStatus();
+  finished.emplace_back(PopOutstandingLocked(), std::move(landed));
   return absl::OkStatus();
+}
+
+bool TcpConnection::PadFaultedLocked() {
+  // As large as any piece needs (fewer iovecs): what a faulted payload is sent as.
+  static const char kZeros[64 << 10] = {};
+  const char* at = static_cast<const char*>(wire_.next()->iov_base);
+  auto inside = [at](const char* from, uint64_t length) {
+    return at >= from && at < from + length;
+  };
+  for (Request& r : outstanding_) {
+    bool holds = false;
+    if (r.pieces) {
+      for (size_t i = 0; i < r.pieces->table.size() && !holds; ++i) {
+        holds = inside(r.pieces->from[i], r.pieces->table[i].length);
+      }
+    } else if (r.header.op != WireOp::kRead) {
+      holds = inside(r.local, r.header.length);
+    }
+    if (!holds) continue;
+    r.faulted = true;
+    wire_.ZeroNext(kZeros, sizeof(kZeros));
+    return true;
+  }
+  return false;
+}
+
+absl::Status TcpConnection::LocalFault(const RequestHeader& h) const {
+  return absl::DataLossError(absl::StrFormat(
+      "%s of %d bytes on %s: the local memory could not be %s (EFAULT: a client's file shrank "
+      "under the op?); the op failed, the connection goes on",
+      h.op == WireOp::kRead ? "READ" : "WRITE", h.length, peer_,
+      h.op == WireOp::kRead ? "written" : "read"));
 }
 
 fabric::Completion TcpConnection::PopOutstandingLocked() {
@@ -390,6 +459,9 @@ absl::Status TcpConnection::Refused(Refusal refusal, const RequestHeader& h) con
           absl::StrCat("remote access refused: key, bounds or access rights: ", what));
     case Refusal::kBadOp:
       return absl::InternalError(absl::StrCat("peer does not know the op: ", what));
+    case Refusal::kFault:
+      return absl::DataLossError(absl::StrCat(
+          "the target's memory went away under the op (a client's file shrank?): ", what));
     default:
       return absl::InternalError(absl::StrCat("peer refused the op: ", what));
   }

@@ -38,6 +38,8 @@ class TcpConnection : public EventLoop::Handler,
     char* local;  // source (WRITE) or destination (READ) bytes; unused by a kWriteList
     fabric::Completion done;
     std::unique_ptr<PieceList> pieces;  // a kWriteList's
+    // Its source could not be read (EFAULT): zeros went in its place, and it fails.
+    bool faulted = false;
   };
 
   // Takes a connected socket that has sent its hello and serves it on `loop`.
@@ -99,6 +101,12 @@ class TcpConnection : public EventLoop::Handler,
 
   // Takes the oldest outstanding request off, and its bytes off the load: its completion.
   fabric::Completion PopOutstandingLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // sendmsg failed EFAULT at a request's payload (its memory went away): the rest of that
+  // payload goes as zeros and the request fails once answered. False when the fault is not
+  // in a payload (the connection then fails).
+  bool PadFaultedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The DATA_LOSS a request whose local memory went away fails with.
+  absl::Status LocalFault(const RequestHeader& h) const;
 
   const std::string peer_;
   EventLoop* const loop_;
@@ -130,6 +138,12 @@ class TcpConnection : public EventLoop::Handler,
   size_t have_ ABSL_GUARDED_BY(mu_) = 0;  // bytes of acks_ received
   char* read_into_ ABSL_GUARDED_BY(mu_) = nullptr;
   uint64_t read_left_ ABSL_GUARDED_BY(mu_) = 0;  // READ payload bytes still to come
+  // The READ's destination went away (recv EFAULT): the rest of its payload is drained into
+  // sink_, and it fails.
+  bool read_faulted_ ABSL_GUARDED_BY(mu_) = false;
+  // A send failed EFAULT: iovecs go one per sendmsg until the faulting payload is found.
+  bool one_at_a_time_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<char> sink_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace ferry::tcp

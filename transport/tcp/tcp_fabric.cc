@@ -334,6 +334,7 @@ ListenerStats TcpFabric::listener_stats() const {
   stats.refused_bounds = admission_.refused_bounds.load(std::memory_order_relaxed);
   stats.refused_access = admission_.refused_access.load(std::memory_order_relaxed);
   stats.refused_peer = admission_.refused_peer.load(std::memory_order_relaxed);
+  stats.faulted = admission_.faulted.load(std::memory_order_relaxed);
   return stats;
 }
 

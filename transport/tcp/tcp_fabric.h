@@ -69,6 +69,7 @@ struct ListenerStats {
   uint64_t refused_bounds = 0;  // range outside the region
   uint64_t refused_access = 0;  // access the region does not give
   uint64_t refused_peer = 0;    // a region not exported to the connection's peer
+  uint64_t faulted = 0;  // ops answered kFault (memory gone); their connections went on
   uint64_t accept_errors = 0;  // accept() failures waited out (EMFILE, ENOBUFS, ...)
   uint32_t open = 0;           // incoming connections now
 };

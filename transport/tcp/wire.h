@@ -49,7 +49,13 @@ static_assert(sizeof(WirePiece) == 16);
 // exist: the target keeps the reason in its own counters (ListenerStats) and log. After a
 // kRefused or kBadOp answer the target closes the connection (as an RC QP goes to the error
 // state after a remote access error), so one connection cannot scan keys.
-enum class Refusal : uint32_t { kNone = 0, kRefused = 1, kBadOp = 4 };
+//
+// kFault is the one answer after which the connection goes on: the request was well formed
+// and allowed, but the target's memory could not be read or written (a client's file shrank
+// under it: EFAULT, or SIGBUS under a FaultGuard). A WRITE's payload was drained (none of it
+// is known to have landed), a READ's answer carries no payload. One client's bad memory
+// fails that client's op, never a connection other clients' ops share.
+enum class Refusal : uint32_t { kNone = 0, kRefused = 1, kBadOp = 4, kFault = 5 };
 
 struct RequestHeader {
   uint32_t magic;

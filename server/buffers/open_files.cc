@@ -1,0 +1,47 @@
+#include "server/buffers/open_files.h"
+
+#include <sys/resource.h>
+
+#include "absl/strings/str_cat.h"
+#include "spdlog/spdlog.h"
+
+namespace ferry::server {
+namespace {
+
+uint64_t SoftLimit() {
+  rlimit limit = {};
+  if (getrlimit(RLIMIT_NOFILE, &limit) != 0) return 1024;
+  return limit.rlim_cur == RLIM_INFINITY ? UINT64_MAX : limit.rlim_cur;
+}
+
+}  // namespace
+
+uint64_t RaiseOpenFileLimit() {
+  rlimit limit = {};
+  if (getrlimit(RLIMIT_NOFILE, &limit) != 0) {
+    spdlog::warn("getrlimit(RLIMIT_NOFILE): {}", strerror(errno));
+    return SoftLimit();
+  }
+  if (limit.rlim_cur < limit.rlim_max) {
+    const rlim_t was = limit.rlim_cur;
+    limit.rlim_cur = limit.rlim_max;
+    if (setrlimit(RLIMIT_NOFILE, &limit) != 0) {
+      spdlog::warn("setrlimit(RLIMIT_NOFILE, {}): {}; staying at {}", limit.rlim_max,
+                   strerror(errno), was);
+    }
+  }
+  const uint64_t now = SoftLimit();
+  spdlog::info("open files: at most {} ({} kept for the agent's own sockets)", now, kReservedFds);
+  return now;
+}
+
+absl::Status RoomForClientFd(uint64_t held) {
+  const uint64_t soft = SoftLimit();
+  if (soft > kReservedFds && held + 1 <= soft - kReservedFds) return absl::OkStatus();
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "fd_ticket: the agent holds ", held, " client descriptors; its RLIMIT_NOFILE is ", soft,
+      " and ", kReservedFds,
+      " are kept for its own sockets: deregister memory first (or raise the agent's limit)"));
+}
+
+}  // namespace ferry::server
