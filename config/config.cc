@@ -417,7 +417,19 @@ absl::Status ParseInto(const Context& ctx, const YAML::Node& root, Config& c) {
         ctx, limits, "limits",
         {"max_op_bytes", "max_ops_per_submit", "default_timeout_ms", "max_timeout_ms",
          "slice_bytes", "peer_window_bytes", "tcp_max_connections", "tcp_max_connections_per_peer",
-         "tcp_handshake_timeout_ms", "shutdown_grace_ms"}));
+         "tcp_handshake_timeout_ms", "shutdown_grace_ms", "per_uid_transfers",
+         "per_uid_registrations", "per_uid_buffers", "notifications_per_receiver"}));
+    for (auto [key, field] : {std::pair{"per_uid_transfers", &c.per_uid_transfers},
+                              std::pair{"per_uid_registrations", &c.per_uid_registrations},
+                              std::pair{"per_uid_buffers", &c.per_uid_buffers}}) {
+      if (auto n = limits[key]) {
+        ASSIGN_OR_RETURN(*field, ReadCount(ctx, n, absl::StrCat("limits.", key), 0, 1u << 24));
+      }
+    }
+    if (auto n = limits["notifications_per_receiver"]) {
+      ASSIGN_OR_RETURN(c.notifications_per_receiver,
+                       ReadCount(ctx, n, "limits.notifications_per_receiver", 1, 1u << 24));
+    }
     if (auto n = limits["max_op_bytes"]) {
       ASSIGN_OR_RETURN(c.max_op_bytes, ReadByteSize(ctx, n, "limits.max_op_bytes"));
       if (c.max_op_bytes == 0) return ctx.Error(n, "limits.max_op_bytes", "must be positive");

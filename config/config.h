@@ -123,6 +123,12 @@ struct Config {
   uint32_t tcp_max_connections = 1024;
   uint32_t tcp_max_connections_per_peer = 64;
   uint32_t tcp_handshake_timeout_ms = 5000;
+  // What one local uid may hold at once (0: no limit); every refusal names the key and the
+  // use (README "Local trust model").
+  uint32_t per_uid_transfers = 1024;      // transfers running
+  uint32_t per_uid_registrations = 4096;  // RegisterMemory registrations (each holds an fd)
+  uint32_t per_uid_buffers = 4096;        // AllocBuffer buffers
+  uint32_t notifications_per_receiver = 65536;  // untaken, per uid and sending node
   // Logging: trace, debug, info, warn, error; "text" or "json" lines.
   std::string log_level = "info";
   std::string log_format = "text";

@@ -114,7 +114,8 @@ absl::StatusOr<std::unique_ptr<AgentCore>> AgentCore::Create(const config::Confi
                                                    EngineLimitsFromConfig(config));
   // The directory's self entry makes sending to oneself work like sending to any peer.
   core->tensors_ = std::make_unique<TensorState>(core->peers_.get(), core->buffers_.get(),
-                                                 core->engine_.get(), config.max_op_bytes);
+                                                 core->engine_.get(), config.max_op_bytes,
+                                                 config.notifications_per_receiver);
   // The lists, not the tensor state: a session's sweep may still run as that is torn down.
   core->sessions_->OnClose([blocks = core->tensors_->shared_blocks()](uint64_t session) {
     blocks->ReleaseOwnedBy(session);

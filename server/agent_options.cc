@@ -85,6 +85,7 @@ EngineLimits EngineLimitsFromConfig(const config::Config& config) {
   limits.slice_bytes = config.slice_bytes;
   limits.peer_window_bytes = config.peer_window_bytes;
   limits.shutdown_grace = absl::Milliseconds(config.shutdown_grace_ms);
+  limits.per_uid_transfers = config.per_uid_transfers;
   return limits;
 }
 

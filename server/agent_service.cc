@@ -16,7 +16,9 @@
 #include "server/nic_info.h"
 #include "server/views.h"
 #include "server/runtime_peers.h"
+#include "server/local/own_node_access.h"
 #include "server/local/session_call.h"
+#include "server/local/uid_quotas.h"
 #include "server/transfer_socket.h"
 #include "server/transfer_stream.h"
 #include "server/unary_transfer.h"
@@ -75,20 +77,45 @@ ResultPage PageOf(const ferry::v1::TransferRequest& req) {
 
 }  // namespace
 
-absl::Status AgentService::MayUseLocalBuffers(
-    const std::optional<LocalCaller>& caller,
-    const google::protobuf::RepeatedPtrField<ferry::v1::Op>& ops) {
+absl::Status AgentService::MayUseOpBuffers(const std::optional<LocalCaller>& caller,
+                                           const ferry::v1::SubmitRequest& request) {
   const LocalCallers& callers = core_->local_callers();
-  if (!caller || callers.Privileged(*caller)) return absl::OkStatus();
+  if (callers.SeesAll(caller)) return absl::OkStatus();
+  const std::string& self = core_->config().node;
   // A batch names a few buffers thousands of times: each is looked up once.
   absl::flat_hash_set<uint64_t> checked;
-  for (int i = 0; i < ops.size(); ++i) {
-    const uint64_t id = ops[i].local_buffer();
-    if (!checked.insert(id).second) continue;
-    RETURN_IF_ERROR(MayUseBuffer(callers, caller, core_->buffers(), id,
-                                 absl::StrCat("ops[", i, "].local_buffer")));
+  absl::flat_hash_set<const std::string*> checked_names;
+  const std::string* last_name = nullptr;
+  for (int i = 0; i < request.ops_size(); ++i) {
+    const uint64_t id = request.ops(i).local_buffer();
+    if (checked.insert(id).second) {
+      RETURN_IF_ERROR(MayUseBuffer(callers, caller, core_->buffers(), id,
+                                   absl::StrCat("ops[", i, "].local_buffer")));
+    }
+    auto target = TargetOf(request, i);
+    if (!target.ok() || *target->peer != self) continue;  // a bad target: the engine says so
+    if (target->remote_buffer == last_name || !checked_names.insert(target->remote_buffer).second) {
+      continue;
+    }
+    last_name = target->remote_buffer;
+    RETURN_IF_ERROR(MayReachOwnNodeBuffer(callers, caller, core_->buffers(),
+                                          *target->remote_buffer,
+                                          target->Field(i, "remote_buffer")));
   }
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<server::Transfer>> AgentService::OwnTransfer(
+    const grpc::ServerContext& ctx, uint64_t id) {
+  ASSIGN_OR_RETURN(std::shared_ptr<server::Transfer> transfer, core_->engine().Find(id));
+  RETURN_IF_ERROR(core_->local_callers().MayUse(core_->local_callers().Of(ctx),
+                                                transfer->owner_uid(),
+                                                absl::StrCat("transfer_id: transfer ", id)));
+  return transfer;
+}
+
+absl::Status AgentService::Authorize(const grpc::ServerContext& ctx, absl::string_view call) {
+  return core_->local_callers().Authorize(core_->local_callers().Of(ctx), call);
 }
 
 grpc::ServerWriteReactor<ferry::v1::SessionEvent>* AgentService::OpenSession(
@@ -139,14 +166,17 @@ grpc::Status AgentService::ListPeers(grpc::ServerContext*, const ferry::v1::List
   return grpc::Status::OK;
 }
 
-grpc::Status AgentService::ListTransfers(grpc::ServerContext*,
+grpc::Status AgentService::ListTransfers(grpc::ServerContext* ctx,
                                          const ferry::v1::ListTransfersRequest* req,
                                          ferry::v1::ListTransfersResponse* resp) {
   if (req->recent() > 4096) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                         "recent: at most 4096 finished transfers are kept");
   }
-  DescribeTransfers(*core_, req->recent(), resp);
+  std::optional<LocalCaller> caller = core_->local_callers().Of(*ctx);
+  DescribeTransfers(*core_, req->recent(), resp,
+                    core_->local_callers().SeesAll(caller) ? Transfer::kUnknownOwner
+                                                           : LocalCallers::OwnerUid(caller));
   return grpc::Status::OK;
 }
 
@@ -156,9 +186,12 @@ grpc::Status AgentService::GetStats(grpc::ServerContext*, const ferry::v1::GetSt
   return grpc::Status::OK;
 }
 
-grpc::Status AgentService::SetNicState(grpc::ServerContext*,
+grpc::Status AgentService::SetNicState(grpc::ServerContext* ctx,
                                        const ferry::v1::SetNicStateRequest* req,
                                        ferry::v1::SetNicStateResponse* resp) {
+  if (absl::Status allowed = Authorize(*ctx, "Agent.SetNicState"); !allowed.ok()) {
+    return ToGrpcStatus(allowed);
+  }
   auto changed = server::SetNicState(*core_, *req);
   if (!changed.ok()) return ToGrpcStatus(changed.status());
   *resp = *std::move(changed);
@@ -180,6 +213,11 @@ grpc::Status AgentService::AllocBuffer(grpc::ServerContext* ctx,
   if (std::optional<LocalCaller> caller = core_->local_callers().Of(*ctx)) {
     owner.uid = caller->uid;
     if (req->persist()) owner.label = absl::StrCat("uid ", caller->uid);
+  }
+  if (absl::Status room = CheckUidQuota(core_->buffers(), owner.uid, /*registered=*/false,
+                                        core_->config().per_uid_buffers, "limits.per_uid_buffers");
+      !room.ok()) {
+    return ToGrpcStatus(room);
   }
   auto buffer =
       core_->buffers().Allocate(req->size(), req->name(), req->device(), std::move(owner),
@@ -241,14 +279,11 @@ grpc::Status AgentService::ListBuffers(grpc::ServerContext* ctx,
                                        ferry::v1::ListBuffersResponse* resp) {
   const LocalCallers& callers = core_->local_callers();
   std::optional<LocalCaller> caller = callers.Of(*ctx);
+  // Another uid's buffers are not listed (their names, sizes and owners are theirs); root
+  // and the admin group see every one.
   for (const auto& b : core_->buffers().List()) {
-    ferry::v1::BufferInfo* info = resp->add_buffers();
-    DescribeBuffer(*b, info);
-    // Listed, but not how to map it: another uid's memory is not this caller's to touch.
-    if (!callers.MayUse(caller, b->owner_uid(), "").ok()) {
-      info->clear_shm();
-      info->clear_gpu();
-    }
+    if (!callers.MayUse(caller, b->owner_uid(), "").ok()) continue;
+    DescribeBuffer(*b, resp->add_buffers());
   }
   return grpc::Status::OK;
 }
@@ -260,6 +295,14 @@ grpc::Status AgentService::StatRemoteBuffer(grpc::ServerContext* ctx,
     return grpc::Status(grpc::StatusCode::NOT_FOUND,
                         absl::StrCat("node: unknown node '", req->node(), "'"));
   }
+  if (req->node() == core_->config().node) {
+    if (absl::Status mine = MayReachOwnNodeBuffer(core_->local_callers(),
+                                                  core_->local_callers().Of(*ctx),
+                                                  core_->buffers(), req->name(), "name");
+        !mine.ok()) {
+      return ToGrpcStatus(mine);
+    }
+  }
   absl::Time deadline =
       std::min(absl::FromChrono(ctx->deadline()), absl::Now() + absl::Seconds(10));
   auto remote = core_->peers().Resolve(req->node(), req->name(), deadline);
@@ -270,11 +313,11 @@ grpc::Status AgentService::StatRemoteBuffer(grpc::ServerContext* ctx,
 
 grpc::Status AgentService::Submit(grpc::ServerContext* ctx, const ferry::v1::SubmitRequest* req,
                                   ferry::v1::SubmitResponse* resp) {
-  if (absl::Status mine = MayUseLocalBuffers(core_->local_callers().Of(*ctx), req->ops());
-      !mine.ok()) {
+  std::optional<LocalCaller> caller = core_->local_callers().Of(*ctx);
+  if (absl::Status mine = MayUseOpBuffers(caller, *req); !mine.ok()) {
     return ToGrpcStatus(mine);
   }
-  auto id = core_->engine().Submit(*req);
+  auto id = core_->engine().Submit(*req, {}, {}, LocalCallers::OwnerUid(caller));
   if (!id.ok()) return ToGrpcStatus(id.status());
   resp->set_transfer_id(*id);
   return grpc::Status::OK;
@@ -282,7 +325,7 @@ grpc::Status AgentService::Submit(grpc::ServerContext* ctx, const ferry::v1::Sub
 
 grpc::Status AgentService::Wait(grpc::ServerContext* ctx, const ferry::v1::WaitRequest* req,
                                 ferry::v1::TransferResult* resp) {
-  auto transfer = core_->engine().Find(req->transfer_id());
+  auto transfer = OwnTransfer(*ctx, req->transfer_id());
   if (!transfer.ok()) return ToGrpcStatus(transfer.status());
   // poll: answer now; wait_ms: at most that long; either answers RUNNING rather than failing.
   if (req->poll() || req->wait_ms() > 0) {
@@ -304,33 +347,37 @@ TransferCalls AgentService::CallsFor(std::optional<LocalCaller> caller) {
                     const ferry::v1::TransferRequest& req,
                     std::function<void(ferry::v1::TransferResult)> answer)
       -> absl::StatusOr<uint64_t> {
-    RETURN_IF_ERROR(MayUseLocalBuffers(caller, req.submit().ops()));
+    RETURN_IF_ERROR(MayUseOpBuffers(caller, req.submit()));
     // No thread waits for it: the engine's finished hook answers, on the thread that settled
     // the last op.
     return core_->engine().Submit(
-        req.submit(), [page = PageOf(req), answer = std::move(answer)](const server::Transfer& t) {
+        req.submit(),
+        [page = PageOf(req), answer = std::move(answer)](const server::Transfer& t) {
           answer(t.Result(page));
-        });
+        },
+        {}, LocalCallers::OwnerUid(caller));
   };
   // Submit blocks only to ask a peer: to resolve a remote buffer that is not kept (the
   // engine's Plan, once per buffer), or for its rails when the last answer is old (Post);
   // an unknown peer is refused without a call.
-  calls.may_block = [this](const ferry::v1::TransferRequest& req) {
+  calls.may_block = [this](const ferry::v1::TransferRequest& req) -> std::optional<std::string> {
     const std::string* peer = nullptr;
     const std::string* name = nullptr;
     const ferry::v1::SubmitRequest& submit = req.submit();
     for (int i = 0; i < submit.ops_size(); ++i) {
       auto target = TargetOf(submit, i);
-      if (!target.ok()) return false;  // refused by Plan, which asks no peer first
+      if (!target.ok()) return std::nullopt;  // refused by Plan, which asks no peer first
       if (peer && *peer == *target->peer && *name == *target->remote_buffer) continue;
       const bool new_peer = !peer || *peer != *target->peer;
       peer = target->peer;
       name = target->remote_buffer;
       if (!core_->peers().Known(*peer)) continue;
-      if (new_peer && !core_->peers().RailsFresh(*peer)) return true;
-      if (!core_->peers().Kept(*peer, *name)) return true;
+      // The lane is the first peer it would ask: a batch to a hung peer and a healthy one
+      // waits in the hung one's lane, as it would wait for it anyway.
+      if (new_peer && !core_->peers().RailsFresh(*peer)) return *peer;
+      if (!core_->peers().Kept(*peer, *name)) return *peer;
     }
-    return false;
+    return std::nullopt;
   };
   return calls;
 }
@@ -347,8 +394,12 @@ AgentService::TransferStream(grpc::CallbackServerContext* ctx) {
   return StartTransferStream(&starters_, CallsFor(core_->local_callers().Of(*ctx)));
 }
 
-grpc::Status AgentService::Cancel(grpc::ServerContext*, const ferry::v1::CancelTransferRequest* req,
+grpc::Status AgentService::Cancel(grpc::ServerContext* ctx,
+                                  const ferry::v1::CancelTransferRequest* req,
                                   ferry::v1::TransferResult* resp) {
+  if (auto mine = OwnTransfer(*ctx, req->transfer_id()); !mine.ok()) {
+    return ToGrpcStatus(mine.status());
+  }
   auto transfer = core_->engine().Cancel(req->transfer_id());
   if (!transfer.ok()) return ToGrpcStatus(transfer.status());
   *resp = (*transfer)->Result();
@@ -357,7 +408,7 @@ grpc::Status AgentService::Cancel(grpc::ServerContext*, const ferry::v1::CancelT
 
 grpc::Status AgentService::Watch(grpc::ServerContext* ctx, const ferry::v1::WatchRequest* req,
                                  grpc::ServerWriter<ferry::v1::TransferProgress>* writer) {
-  auto transfer = core_->engine().Find(req->transfer_id());
+  auto transfer = OwnTransfer(*ctx, req->transfer_id());
   if (!transfer.ok()) return ToGrpcStatus(transfer.status());
   uint64_t version = 0;
   while (true) {
@@ -385,8 +436,12 @@ grpc::Status AgentService::GetPolicy(grpc::ServerContext*, const ferry::v1::GetP
   return grpc::Status::OK;
 }
 
-grpc::Status AgentService::SetPolicy(grpc::ServerContext*, const ferry::v1::SetPolicyRequest* req,
+grpc::Status AgentService::SetPolicy(grpc::ServerContext* ctx,
+                                     const ferry::v1::SetPolicyRequest* req,
                                      ferry::v1::PolicyState* resp) {
+  if (absl::Status allowed = Authorize(*ctx, "Agent.SetPolicy"); !allowed.ok()) {
+    return ToGrpcStatus(allowed);
+  }
   std::vector<std::pair<std::string, std::string>> settings;
   for (const auto& s : req->settings()) settings.emplace_back(s.key(), s.value());
   if (settings.empty() && !req->clear_overrides()) {
@@ -404,17 +459,23 @@ grpc::Status AgentService::SetPolicy(grpc::ServerContext*, const ferry::v1::SetP
   return grpc::Status::OK;
 }
 
-grpc::Status AgentService::AddPeer(grpc::ServerContext*, const ferry::v1::AddPeerRequest* req,
+grpc::Status AgentService::AddPeer(grpc::ServerContext* ctx, const ferry::v1::AddPeerRequest* req,
                                    ferry::v1::PeerChange* resp) {
+  if (absl::Status allowed = Authorize(*ctx, "Agent.AddPeer"); !allowed.ok()) {
+    return ToGrpcStatus(allowed);
+  }
   auto change = AddRuntimePeer(core_->peers(), *req);
   if (!change.ok()) return ToGrpcStatus(change.status());
   *resp = *std::move(change);
   return grpc::Status::OK;
 }
 
-grpc::Status AgentService::RemovePeer(grpc::ServerContext*,
+grpc::Status AgentService::RemovePeer(grpc::ServerContext* ctx,
                                       const ferry::v1::RemovePeerRequest* req,
                                       ferry::v1::PeerChange* resp) {
+  if (absl::Status allowed = Authorize(*ctx, "Agent.RemovePeer"); !allowed.ok()) {
+    return ToGrpcStatus(allowed);
+  }
   auto change = RemoveRuntimePeer(core_->peers(), *req);
   if (!change.ok()) return ToGrpcStatus(change.status());
   *resp = *std::move(change);

@@ -91,9 +91,16 @@ class AgentService final
   // session and uid may end it; FAILED_PRECONDITION naming the other call for the other kind.
   grpc::Status EndBuffer(const grpc::ServerContext& ctx, uint64_t id, bool registered);
   // PERMISSION_DENIED naming the op when a local caller names another uid's buffer (root
-  // and the admin group may); the engine validates the rest.
-  absl::Status MayUseLocalBuffers(const std::optional<LocalCaller>& caller,
-                                  const google::protobuf::RepeatedPtrField<ferry::v1::Op>& ops);
+  // and the admin group may): its local buffer, or its remote one when the op's peer is this
+  // node (server/local/own_node_access.h). The engine validates the rest.
+  absl::Status MayUseOpBuffers(const std::optional<LocalCaller>& caller,
+                               const ferry::v1::SubmitRequest& request);
+  // The transfer `id` when `ctx`'s caller may act on it (its submitter, root, the admin
+  // group); NOT_FOUND or PERMISSION_DENIED naming transfer_id else.
+  absl::StatusOr<std::shared_ptr<server::Transfer>> OwnTransfer(const grpc::ServerContext& ctx,
+                                                                uint64_t id);
+  // Operator calls (server/local/call_rules.h): OK for root, the admin group, local_tcp.
+  absl::Status Authorize(const grpc::ServerContext& ctx, absl::string_view call);
 
   AgentCore* const core_;
   // Atomic: GetInfo over local_tcp may run while main sets it.
@@ -104,7 +111,7 @@ class AgentService final
   // to resolve a buffer not kept yet, or for its rails (blocking calls), which gRPC's
   // callback threads must not make. Declared last, so it stops (running what is queued)
   // before the rest of the service goes.
-  WorkerPool starters_{kTransferStarters, "ferry-start"};
+  WorkerPool starters_{kTransferStarters, "ferry-start", kStartersPerPeer};
 };
 
 }  // namespace ferry::server

@@ -30,6 +30,7 @@
 #include "grpcpp/health_check_service_interface.h"
 #include "base/port_owner.h"
 #include "base/status_macros.h"
+#include "server/buffers/open_files.h"
 #include "server/agent_core.h"
 #include "server/agent_discovery.h"
 #include "server/config_reload.h"
@@ -201,6 +202,7 @@ int Run(int argc, char** argv) {
   }
   const config::Config& config = *loaded;
   SetUpLogging(config.node, config.log_level, config.log_format);
+  RaiseOpenFileLimit();
 
   // Signals are taken synchronously by this thread; every other thread inherits the mask.
   sigset_t signals;

@@ -7,6 +7,7 @@
 #include "server/agent_service.h"
 #include "server/info_protos.h"
 #include "server/local/session_call.h"
+#include "server/local/uid_quotas.h"
 
 namespace ferry::server {
 
@@ -43,6 +44,12 @@ grpc::Status AgentService::RegisterMemory(grpc::ServerContext* ctx,
   spec.allowed_peers.assign(req->allowed_peers().begin(), req->allowed_peers().end());
   BufferOwner owner = core_->sessions().OwnerFor(*session);
   if (caller) owner.uid = caller->uid;
+  if (absl::Status room = CheckUidQuota(core_->buffers(), owner.uid, /*registered=*/true,
+                                        core_->config().per_uid_registrations,
+                                        "limits.per_uid_registrations");
+      !room.ok()) {
+    return ToGrpcStatus(room);
+  }
   auto registered = core_->client_memory().Register(std::move(spec), std::move(owner));
   if (!registered.ok()) return ToGrpcStatus(registered.status());
   if (!core_->sessions().IsOpen(*session)) {

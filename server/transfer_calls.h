@@ -6,6 +6,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <optional>
+#include <string>
 
 #include "absl/status/statusor.h"
 #include "ferry/v1/agent.pb.h"
@@ -13,10 +15,13 @@
 
 namespace ferry::server {
 
-// Threads a service keeps to start the requests that may block on (`may_block` below): a
-// stream's requests start one at a time, in order, so this many streams and Transfer calls
-// at once may wait on a peer; the rest start at once or queue.
-inline constexpr size_t kTransferStarters = 8;
+// Threads a service keeps to start the requests that may block (`may_block` below), in
+// one lane per peer (base/worker_pool.h), at most kStartersPerPeer of them on one peer: a
+// peer that stops answering holds that many, and another peer's requests start on the rest
+// (8 shared starters once let 16 transfers to a stopped node hold up a healthy node's batch
+// for 59 s). A stream's requests start one at a time, in order.
+inline constexpr size_t kTransferStarters = 32;
+inline constexpr size_t kStartersPerPeer = 2;
 
 struct TransferCalls {
   // Validates it as Submit and starts it (a refusal is returned, and nothing moved; else
@@ -28,10 +33,11 @@ struct TransferCalls {
       const ferry::v1::TransferRequest& request,
       std::function<void(ferry::v1::TransferResult result)> answer)>
       start;
-  // Whether `start` may block (it would ask a peer something): then it runs on a starter
-  // thread, else on gRPC's thread at once (no hand-off). A hint: a revocation just after
-  // the answer costs one blocking call where it runs.
-  std::function<bool(const ferry::v1::TransferRequest& request)> may_block;
+  // The peer `start` may block on (it would ask it something): then it runs on a starter
+  // thread, in that peer's lane; nullopt: it runs on gRPC's thread at once (no hand-off). A
+  // hint: a revocation just after the answer costs one blocking call where it runs.
+  std::function<std::optional<std::string>(const ferry::v1::TransferRequest& request)>
+      may_block;
 };
 
 // A block move on the transfer socket (SessionMove): as TransferCalls, for Tensors.MoveBlocks
@@ -44,8 +50,8 @@ struct MoveCalls {
       const ferry::v1::SessionMove& move,
       std::function<void(ferry::v1::TransferResult result)> answer)>
       start;
-  // Whether `start` may block (it would ask the peer for its list or rails).
-  std::function<bool(const ferry::v1::SessionMove& move)> may_block;
+  // The peer `start` may block on (it would ask it for its list or rails), as above.
+  std::function<std::optional<std::string>(const ferry::v1::SessionMove& move)> may_block;
 };
 
 }  // namespace ferry::server

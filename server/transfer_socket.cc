@@ -72,12 +72,15 @@ void RefuseAtAccept(const UniqueFd& conn, const std::string& why) {
 class TransferSocket::Connection : public std::enable_shared_from_this<Connection> {
  public:
   Connection(UniqueFd fd, uid_t uid, Calls calls, WorkerPool* starters,
-             std::shared_ptr<const UniqueFd> wake)
+             std::shared_ptr<const UniqueFd> wake, std::shared_ptr<UidBuffered> buffered)
       : fd_(std::move(fd)),
         uid_(uid),
         calls_(std::move(calls)),
         starters_(starters),
-        wake_(std::move(wake)) {}
+        wake_(std::move(wake)),
+        buffered_(std::move(buffered)) {}
+  // What its buffer held is the uid's no more.
+  ~Connection() { buffered_->fetch_sub(charged_); }
 
   uid_t uid() const { return uid_; }
 
@@ -177,7 +180,10 @@ class TransferSocket::Connection : public std::enable_shared_from_this<Connectio
   bool ReadSome() {
     if (in_begin_ == in_end_) {
       in_begin_ = in_end_ = 0;
-      if (in_.size() > kKeptBufferBytes) std::vector<char>().swap(in_);
+      if (in_.size() > kKeptBufferBytes) {
+        std::vector<char>().swap(in_);
+        Charge();
+      }
     }
     const size_t have = in_end_ - in_begin_;
     std::optional<uint32_t> length = FrameLength(Unread());
@@ -190,7 +196,25 @@ class TransferSocket::Connection : public std::enable_shared_from_this<Connectio
       if (have > 0) std::memmove(in_.data(), in_.data() + in_begin_, have);
       in_end_ -= in_begin_;
       in_begin_ = 0;
-      if (in_.size() - in_end_ < need) in_.resize(in_end_ + need);
+      if (in_.size() - in_end_ < need) {
+        // One uid's connections together hold at most kMaxBufferedBytesPerUid of requests
+        // not yet started (128 connections each holding most of a 64 MiB frame held 8 GB).
+        const size_t grow = in_end_ + need - in_.size();
+        const size_t held = buffered_->load();
+        if (held + grow > kMaxBufferedBytesPerUid) {
+          spdlog::warn("transfer socket: uid {} holds {} bytes of requests not yet started, "
+                       "{} more asked; connection closed", uid_, held, grow);
+          Send(Refusal(0, absl::ResourceExhaustedError(absl::StrCat(
+                              "transfer socket: uid ", uid_, "'s connections hold ", held,
+                              " bytes of requests not yet started, and this one needs ", grow,
+                              " more; at most ", kMaxBufferedBytesPerUid,
+                              " a uid (send smaller requests, or fewer at once)"))),
+               /*counted=*/false);
+          return false;
+        }
+        in_.resize(in_end_ + need);
+        Charge();
+      }
     }
     const ssize_t n = recv(fd_.get(), in_.data() + in_end_, need, MSG_DONTWAIT);
     if (n > 0) {
@@ -249,17 +273,17 @@ class TransferSocket::Connection : public std::enable_shared_from_this<Connectio
       // A peer must resolve a buffer (a blocking call), or a batch takes long to plan: on a
       // starter, and this connection's next request waits for it, so requests start in the
       // order sent while the thread serves the other connections.
-      const bool on_starter = OnStarter(*request);
+      const std::optional<std::string> lane = StarterLane(*request);
       {
         absl::MutexLock lock(&mu_);
         ++open_;  // counted before it starts: its answer may come first
-        starting_ = on_starter;
+        starting_ = lane.has_value();
       }
-      if (!on_starter) {
+      if (!lane) {
         Start(*request);
         continue;
       }
-      starters_->Run([self = shared_from_this(), request] {
+      starters_->Run(*lane, [self = shared_from_this(), request] {
         {
           absl::MutexLock lock(&self->mu_);
           if (self->closed_) return;  // nobody to answer: start nothing
@@ -274,14 +298,20 @@ class TransferSocket::Connection : public std::enable_shared_from_this<Connectio
     return true;
   }
 
-  // Whether `request` starts on a starter: it may ask a peer something, or is long to plan.
-  bool OnStarter(const Request& request) const {
+  // The starter lane `request` starts in: the peer it may ask something, or "" when it is
+  // only long to plan; nullopt: it starts on this thread.
+  std::optional<std::string> StarterLane(const Request& request) const {
+    std::optional<std::string> peer;
+    bool large = false;
     if (request.has_move()) {
-      return request.move().request().local_blocks_size() > kInlineOps ||
-             (calls_.moves.may_block && calls_.moves.may_block(request.move()));
+      large = request.move().request().local_blocks_size() > kInlineOps;
+      if (calls_.moves.may_block) peer = calls_.moves.may_block(request.move());
+    } else {
+      large = request.transfer().submit().ops_size() > kInlineOps;
+      peer = calls_.transfers.may_block(request.transfer());
     }
-    return request.transfer().submit().ops_size() > kInlineOps ||
-           calls_.transfers.may_block(request.transfer());
+    if (!peer && large) peer = "";
+    return peer;
   }
 
   // Starts `request` (read into arena_, which it empties).
@@ -340,6 +370,16 @@ class TransferSocket::Connection : public std::enable_shared_from_this<Connectio
     if (out_.capacity() > kKeptBufferBytes) out_.shrink_to_fit();
   }
 
+  // Counts in_'s size against the uid's buffered bytes (the socket thread's).
+  void Charge() {
+    if (in_.size() >= charged_) {
+      buffered_->fetch_add(in_.size() - charged_);
+    } else {
+      buffered_->fetch_sub(charged_ - in_.size());
+    }
+    charged_ = in_.size();
+  }
+
   // Written under mu_ only by the socket thread (Close), read there without it and by
   // answers under it.
   UniqueFd fd_;
@@ -347,6 +387,8 @@ class TransferSocket::Connection : public std::enable_shared_from_this<Connectio
   const Calls calls_;
   WorkerPool* const starters_;
   const std::shared_ptr<const UniqueFd> wake_;
+  const std::shared_ptr<UidBuffered> buffered_;  // its uid's connections' in_ bytes
+  size_t charged_ = 0;                           // in_.size() counted there
 
   // What was read and not yet started: in_[in_begin_, in_end_). The socket thread's, and a
   // starter's while starting_ (the thread takes nothing then).
@@ -460,9 +502,11 @@ void TransferSocket::Accept(std::vector<std::shared_ptr<Connection>>& open) {
                                               kMaxConnectionsPerUid, " a uid"));
       continue;
     }
+    std::shared_ptr<UidBuffered>& buffered = buffered_[cred.uid];
+    if (buffered == nullptr) buffered = std::make_shared<UidBuffered>(0);
     open.push_back(std::make_shared<Connection>(std::move(conn), cred.uid,
                                                 calls_for_({cred.uid, cred.gid, cred.pid}),
-                                                starters_, wake_));
+                                                starters_, wake_, buffered));
   }
 }
 

@@ -43,6 +43,7 @@
 #include <string>
 #include <thread>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "base/unique_fd.h"
 #include "base/worker_pool.h"
@@ -62,6 +63,9 @@ class TransferSocket {
   // Half the socket: one uid (root too) leaves the other half to the rest.
   static constexpr size_t kMaxConnectionsPerUid = kMaxConnections / 2;
   static constexpr size_t kMaxUnsentBytes = 4 << 20;
+  // Requests read and not yet started that one uid's connections hold, together: past it
+  // the connection that needs more is refused (RESOURCE_EXHAUSTED naming the use) and closed.
+  static constexpr size_t kMaxBufferedBytesPerUid = 256 << 20;
   static constexpr size_t kRoundFrames = 16;
   // Requests of more ops start on a starter: planning a KV batch of thousands of ops takes
   // the thread a millisecond, which other connections' one-op transfers would wait out.
@@ -91,6 +95,7 @@ class TransferSocket {
 
  private:
   class Connection;
+  using UidBuffered = std::atomic<size_t>;
   TransferSocket(std::string path, UniqueFd listener, std::shared_ptr<const UniqueFd> wake,
                  WorkerPool* starters, CallsFor calls_for)
       : path_(std::move(path)),
@@ -111,6 +116,9 @@ class TransferSocket {
   const CallsFor calls_for_;
   std::atomic<bool> stopping_{false};
   std::atomic<size_t> connections_{0};
+  // By uid: what its connections' request buffers hold (the socket thread's map; the
+  // counters are shared with the connections, which may outlive their place in the loop).
+  absl::flat_hash_map<uid_t, std::shared_ptr<UidBuffered>> buffered_;
   std::thread thread_;
 };
 

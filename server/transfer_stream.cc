@@ -58,12 +58,13 @@ class TransferStreamReactor : public grpc::ServerBidiReactor<Request, Answers>,
     }
     // The next read starts once this one started (reading_ stays true until then), so a
     // stream's requests start in the order sent and request_ is not overwritten meanwhile.
-    if (!calls_.may_block(request_->transfer())) {
+    std::optional<std::string> peer = calls_.may_block(request_->transfer());
+    if (!peer) {
       StartRequest();
       return;
     }
     // A peer must resolve a buffer (a blocking call): on a starter, not on this gRPC thread.
-    starters_->Run([self = shared_from_this()] { self->StartRequest(); });
+    starters_->Run(*peer, [self = shared_from_this()] { self->StartRequest(); });
   }
 
   void OnWriteDone(bool ok) override {

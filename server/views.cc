@@ -70,10 +70,16 @@ ferry::v1::TransferSummary Summarize(const Transfer& t) {
 
 }  // namespace
 
-void DescribeTransfers(AgentCore& core, uint32_t recent, ferry::v1::ListTransfersResponse* out) {
-  for (const auto& t : core.engine().Running()) *out->add_running() = Summarize(*t);
+void DescribeTransfers(AgentCore& core, uint32_t recent, ferry::v1::ListTransfersResponse* out,
+                       int64_t owner_uid) {
+  auto shown = [owner_uid](const Transfer& t) {
+    return owner_uid == Transfer::kUnknownOwner || t.owner_uid() == owner_uid;
+  };
+  for (const auto& t : core.engine().Running()) {
+    if (shown(*t)) *out->add_running() = Summarize(*t);
+  }
   for (const auto& t : core.engine().Recent(recent == 0 ? 20 : recent)) {
-    *out->add_recent() = Summarize(*t);
+    if (shown(*t)) *out->add_recent() = Summarize(*t);
   }
 }
 

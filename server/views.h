@@ -9,7 +9,10 @@ namespace ferry::server {
 class AgentCore;
 
 void DescribePeers(AgentCore& core, ferry::v1::ListPeersResponse* out);
-void DescribeTransfers(AgentCore& core, uint32_t recent, ferry::v1::ListTransfersResponse* out);
+// The running transfers and the `recent` newest finished ones; with `owner_uid` >= 0, only
+// that uid's (of those newest).
+void DescribeTransfers(AgentCore& core, uint32_t recent, ferry::v1::ListTransfersResponse* out,
+                       int64_t owner_uid = -1);
 void DescribeStats(AgentCore& core, ferry::v1::GetStatsResponse* out);
 
 // The upper bound of the bucket holding quantile `q` (0..1) of a histogram of `buckets`

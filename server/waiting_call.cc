@@ -32,12 +32,13 @@ class WaitingReactor final : public grpc::ServerUnaryReactor,
       absl::MutexLock lock(&mu_);
       self_ = std::move(self);
     }
-    if (!call_.may_block()) {
+    std::optional<std::string> peer = call_.may_block();
+    if (!peer) {
       Start();
       return;
     }
     // A peer must answer first (a blocking call): on a starter, not on this gRPC thread.
-    starters->Run([self = shared_from_this()] { self->Start(); });
+    starters->Run(*peer, [self = shared_from_this()] { self->Start(); });
   }
 
   void OnCancel() override {

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <optional>
+#include <string>
 
 #include <grpcpp/grpcpp.h>
 
@@ -24,10 +25,10 @@ struct WaitingCall {
   // answers at once (MoveBlocks without `wait`) calls `ended` itself before it returns.
   std::function<absl::StatusOr<uint64_t>(std::function<void(ferry::v1::TransferResult)> ended)>
       start;
-  // Whether `start` may block (it would ask a peer something): then it runs on a starter
-  // thread, else on gRPC's thread at once (no hand-off). A hint: a revocation just after
-  // costs one blocking call where it runs.
-  std::function<bool()> may_block;
+  // The peer `start` may block on (it would ask it something): then it runs on a starter
+  // thread, in that peer's lane (base/worker_pool.h); nullopt: on gRPC's thread at once (no
+  // hand-off). A hint: a revocation just after costs one blocking call where it runs.
+  std::function<std::optional<std::string>()> may_block;
   // Writes the answer into the call's response: once, after `start` returned (so `start`
   // may write the response's other fields) and before the call is finished.
   std::function<void(ferry::v1::TransferResult result)> respond;

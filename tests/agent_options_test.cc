@@ -42,7 +42,7 @@ static_assert(FieldCount<verbs::VerbsOptions>() == 16,
               "new field: map it in server/agent_options.cc and test it here");
 static_assert(FieldCount<fabric::ProviderOptions>() == 5,
               "new field: map it in server/agent_options.cc and test it here");
-static_assert(FieldCount<EngineLimits>() == 9,
+static_assert(FieldCount<EngineLimits>() == 10,
               "new field: map it in server/agent_options.cc and test it here");
 
 // Every key that maps to a provider or engine option, each set to a value that is neither
@@ -85,6 +85,7 @@ limits:
   tcp_max_connections_per_peer: 17
   tcp_handshake_timeout_ms: 1234
   shutdown_grace_ms: 4321
+  per_uid_transfers: 77
 security:
   ca: /etc/ferry/ca.pem
   cert: /etc/ferry/node.pem
@@ -159,6 +160,7 @@ TEST(AgentOptionsTest, EveryEngineKeyArrives) {
   EXPECT_EQ(limits.slice_bytes, 256u << 10);
   EXPECT_EQ(limits.peer_window_bytes, 8u << 20);
   EXPECT_EQ(limits.shutdown_grace, absl::Milliseconds(4321));
+  EXPECT_EQ(limits.per_uid_transfers, 77u);
   // No config key: the engine's defaults.
   EXPECT_EQ(limits.history, EngineLimits{}.history);
   EXPECT_EQ(limits.history_ops, EngineLimits{}.history_ops);
@@ -202,6 +204,7 @@ TEST(AgentOptionsTest, ConfigDefaultsAreTheOptionDefaults) {
   EXPECT_EQ(limits.slice_bytes, engine.slice_bytes);
   EXPECT_EQ(limits.peer_window_bytes, engine.peer_window_bytes);
   EXPECT_EQ(limits.shutdown_grace, engine.shutdown_grace);  // 30 s
+  EXPECT_EQ(limits.per_uid_transfers, engine.per_uid_transfers);
 }
 
 TEST(AgentOptionsTest, TcpListensOnThePeerApiHostWhenTcpListenIsEmpty) {

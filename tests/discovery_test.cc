@@ -404,3 +404,61 @@ TEST_F(DiscoveryTest, PeersAddedAtRunTimeWorkSurviveReloadsAndRefuseBadInput) {
 
 }  // namespace
 }  // namespace ferry
+
+namespace ferry {
+namespace {
+
+// Issue 44 row 13: an agent's own key deleted, or overwritten by a rogue record, is put
+// back within a lease TTL (it used to stay gone until the agent restarted).
+TEST_F(DiscoveryTest, AnAgentPutsItsOwnKeyBackWhenItIsDeletedOrOverwritten) {
+  ASSERT_NE(StartAgent("node-a", DiscoveryYaml()), nullptr);
+  server::EtcdClient etcd({etcd_->endpoint()});
+  const std::string key = std::string(kPrefix) + "node-a";
+  // node-a's record as etcd holds it now (nullopt: none).
+  auto record = [&]() -> std::optional<server::NodeRecord> {
+    auto range = etcd.RangePrefix(kPrefix);
+    if (!range.ok()) return std::nullopt;
+    for (const auto& kv : range->kvs) {
+      if (kv.key != key) continue;
+      auto decoded = server::DecodeNodeRecord(kv.value);
+      if (decoded.ok()) return *decoded;
+    }
+    return std::nullopt;
+  };
+  // Until `want` holds, at most a lease TTL and a second more; how long it took.
+  auto await = [&](const std::function<bool()>& want) -> std::optional<absl::Duration> {
+    const absl::Time start = absl::Now();
+    while (absl::Now() - start < kLeaseTtl + absl::Seconds(1)) {
+      if (want()) return absl::Now() - start;
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    return std::nullopt;
+  };
+  ASSERT_TRUE(await([&] { return record().has_value(); })) << "node-a never registered";
+  const server::NodeRecord original = *record();
+
+  ASSERT_TRUE(etcd.Delete(key).ok());
+  auto back = await([&] {
+    auto now = record();
+    return now && now->incarnation == original.incarnation;
+  });
+  ASSERT_TRUE(back) << "the deleted key was not put back";
+  std::printf("a deleted own key was back after %s (lease %s)\n",
+              absl::FormatDuration(*back).c_str(), absl::FormatDuration(kLeaseTtl).c_str());
+
+  server::NodeRecord rogue = original;
+  rogue.address = "127.0.0.1:1";
+  rogue.incarnation = original.incarnation + 1;
+  ASSERT_TRUE(etcd.Put(key, server::EncodeNodeRecord(rogue), 0).ok());
+  auto restored = await([&] {
+    auto now = record();
+    return now && now->address == original.address && now->incarnation == original.incarnation;
+  });
+  ASSERT_TRUE(restored) << "the overwritten key was not put back";
+  std::printf("an overwritten own key was back after %s\n",
+              absl::FormatDuration(*restored).c_str());
+  EXPECT_THAT(ReadFile(agents_.at("node-a")->log_path()), HasSubstr("put it back"));
+}
+
+}  // namespace
+}  // namespace ferry

@@ -94,8 +94,11 @@ struct FakeEngine {
       });
       return id;
     };
-    calls.may_block = [](const ferry::v1::TransferRequest& req) {
-      return req.submit().targets_size() > 0 && req.submit().targets(0).peer() == "slow";
+    calls.may_block = [](const ferry::v1::TransferRequest& req) -> std::optional<std::string> {
+      if (req.submit().targets_size() > 0 && req.submit().targets(0).peer() == "slow") {
+        return "slow";
+      }
+      return std::nullopt;
     };
     return calls;
   }
@@ -132,8 +135,9 @@ struct FakeEngine {
       });
       return id;
     };
-    calls.may_block = [](const ferry::v1::SessionMove& move) {
-      return move.request().peer() == "slow";
+    calls.may_block = [](const ferry::v1::SessionMove& move) -> std::optional<std::string> {
+      if (move.request().peer() == "slow") return "slow";
+      return std::nullopt;
     };
     return calls;
   }

@@ -18,9 +18,14 @@ std::vector<uint64_t> Lengths(const std::vector<PlannedOp>& ops) {
 }  // namespace
 
 Transfer::Transfer(uint64_t id, PlannedBatch ops, absl::Time deadline,
-                   std::shared_ptr<const PolicySnapshot> policy)
-    : id_(id), lengths_(Lengths(ops.ops)), start_(absl::Now()), deadline_(deadline),
-      policy_(std::move(policy)), ops_(std::make_shared<const PlannedBatch>(std::move(ops))),
+                   std::shared_ptr<const PolicySnapshot> policy, int64_t owner_uid)
+    : id_(id),
+      owner_uid_(owner_uid),
+      lengths_(Lengths(ops.ops)),
+      start_(absl::Now()),
+      deadline_(deadline),
+      policy_(std::move(policy)),
+      ops_(std::make_shared<const PlannedBatch>(std::move(ops))),
       states_(lengths_.size()) {
   for (uint64_t length : lengths_) bytes_total_ += length;
   op_peer_.reserve(lengths_.size());

@@ -70,10 +70,16 @@ struct ResultPage {
 
 class Transfer {
  public:
+  // `owner_uid`: the local uid that submitted it (kUnknownOwner: a peer's, or a caller
+  // authenticated by TLS, not by the kernel).
   Transfer(uint64_t id, PlannedBatch ops, absl::Time deadline,
-           std::shared_ptr<const PolicySnapshot> policy);
+           std::shared_ptr<const PolicySnapshot> policy, int64_t owner_uid = kUnknownOwner);
+
+  static constexpr int64_t kUnknownOwner = -1;
 
   uint64_t id() const { return id_; }
+  // Who may Wait on, Watch, Cancel and list it (server/local/local_callers.h MayUse).
+  int64_t owner_uid() const { return owner_uid_; }
   absl::Time deadline() const { return deadline_; }
   size_t op_count() const { return lengths_.size(); }
   // The ops while the transfer runs; null once it finished. The transfer lets go of them
@@ -188,6 +194,7 @@ class Transfer {
   Names Intern(std::vector<std::string> names, Names& last) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const uint64_t id_;
+  const int64_t owner_uid_;
   const std::vector<uint64_t> lengths_;  // of each op, for the result after ops_ is gone
   std::vector<std::string> peers_;        // each peer once
   std::vector<uint32_t> op_peer_;         // op -> index in peers_

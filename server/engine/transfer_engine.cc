@@ -13,6 +13,7 @@
 #include "base/byte_range.h"
 #include "base/echo.h"
 #include "base/status_macros.h"
+#include "server/buffers/guarded_touch.h"
 #include "server/engine/op_target.h"
 #include "server/engine/route_choice.h"
 #include "server/engine/slice_planner.h"
@@ -125,6 +126,10 @@ absl::StatusOr<PlannedBatch> TransferEngine::Plan(const ferry::v1::SubmitRequest
       if (!local.ok()) {
         return absl::Status(local.status().code(), absl::StrCat(f(), local.status().message()));
       }
+      // A client file that shrank under an earlier touch shows zeros, not the client's bytes.
+      if (absl::Status whole = NotBroken(**local, kLocalBuffer); !whole.ok()) {
+        return absl::Status(whole.code(), absl::StrCat(f(), whole.message()));
+      }
       p.local = batch.Keep(*std::move(local));
     }
     if (!RangeFits(op.local_offset(), op.length(), p.local->size())) {
@@ -179,7 +184,8 @@ absl::StatusOr<PlannedBatch> TransferEngine::Plan(const ferry::v1::SubmitRequest
 }
 
 absl::StatusOr<uint64_t> TransferEngine::Submit(const ferry::v1::SubmitRequest& request,
-                                                FinishedHook on_finished, CheckHook check) {
+                                                FinishedHook on_finished, CheckHook check,
+                                                int64_t owner_uid) {
   // Checked before planning too: Plan may ask peers to resolve buffers, which a drain need
   // not wait for.
   if (draining()) return absl::UnavailableError(kDrainingMessage);
@@ -198,8 +204,18 @@ absl::StatusOr<uint64_t> TransferEngine::Submit(const ferry::v1::SubmitRequest& 
     absl::MutexLock lock(&mu_);
     if (stopping_) return absl::UnavailableError("agent is shutting down");
     if (draining_) return absl::UnavailableError(kDrainingMessage);
+    if (owner_uid != Transfer::kUnknownOwner && limits.per_uid_transfers > 0) {
+      size_t& running = active_by_owner_[owner_uid];
+      if (running >= limits.per_uid_transfers) {
+        return absl::ResourceExhaustedError(absl::StrCat(
+            "uid ", owner_uid, " has ", running, " transfers running, at most ",
+            limits.per_uid_transfers, " (limits.per_uid_transfers): wait for some to end"));
+      }
+      ++running;
+    }
     uint64_t id = next_id_++;
-    transfer = std::make_shared<Transfer>(id, std::move(ops), deadline, deps_.policies->Current());
+    transfer = std::make_shared<Transfer>(id, std::move(ops), deadline, deps_.policies->Current(),
+                                          owner_uid);
     transfers_.emplace(id, transfer);
     active_.emplace(id, transfer);
     if (on_finished) finished_hooks_.emplace(id, std::move(on_finished));
@@ -664,6 +680,10 @@ void TransferEngine::OnFinished(uint64_t id) {
     if (it == active_.end()) return;
     finished = std::move(it->second);
     active_.erase(it);
+    if (auto owned = active_by_owner_.find(finished->owner_uid());
+        owned != active_by_owner_.end() && --owned->second == 0) {
+      active_by_owner_.erase(owned);
+    }
     if (auto h = finished_hooks_.find(id); h != finished_hooks_.end()) {
       hook = std::move(h->second);
       finished_hooks_.erase(h);

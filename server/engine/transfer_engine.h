@@ -50,6 +50,10 @@ struct EngineLimits {
   static constexpr uint64_t kSoloWindows = 4;
   // How long a drain (SIGTERM) lets running transfers finish before it cancels them.
   absl::Duration shutdown_grace = absl::Seconds(30);
+  // Transfers one local uid may have running at once (limits.per_uid_transfers): past it
+  // Submit is RESOURCE_EXHAUSTED naming the limit and the use, so that one client's
+  // thousands of handles cannot take the engine from the others. 0: no limit.
+  size_t per_uid_transfers = 1024;
 };
 
 // What a Submit made while the agent drains is told (UNAVAILABLE).
@@ -94,8 +98,10 @@ class TransferEngine {
   // Validates the whole batch (nothing moves if any op is bad; the status names the field,
   // e.g. "ops[3].remote_offset"), then posts every op. Returns the transfer id.
   // `on_finished` runs when it finished (never when Submit fails), after `check` if given.
+  // `owner_uid`: the local uid it is made for (Transfer::owner_uid; kUnknownOwner for none).
   absl::StatusOr<uint64_t> Submit(const ferry::v1::SubmitRequest& request,
-                                  FinishedHook on_finished = {}, CheckHook check = {});
+                                  FinishedHook on_finished = {}, CheckHook check = {},
+                                  int64_t owner_uid = Transfer::kUnknownOwner);
   // NOT_FOUND for an unknown (or long forgotten) transfer id.
   absl::StatusOr<std::shared_ptr<Transfer>> Find(uint64_t id) const;
   // Ends a running transfer: its open ops settle CANCELLED now, its staging pipeline stops
@@ -176,6 +182,8 @@ class TransferEngine {
   uint64_t finished_count_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<uint64_t, std::shared_ptr<Transfer>> transfers_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<uint64_t, std::shared_ptr<Transfer>> active_ ABSL_GUARDED_BY(mu_);
+  // How many of active_ each local uid owns (Transfer::owner_uid >= 0).
+  absl::flat_hash_map<int64_t, size_t> active_by_owner_ ABSL_GUARDED_BY(mu_);
   // Submit's on_finished and check of the active transfers that have one; a check is taken
   // out when it starts.
   absl::flat_hash_map<uint64_t, FinishedHook> finished_hooks_ ABSL_GUARDED_BY(mu_);

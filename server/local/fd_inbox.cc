@@ -5,6 +5,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <vector>
@@ -19,9 +20,6 @@ namespace ferry::server {
 namespace {
 
 constexpr size_t kHelloBytes = sizeof(FdInbox::kHello) - 1;
-// How long one connection may take to send its message: the accept thread reads it, so a
-// client that connects and says nothing holds up the next one this long at most.
-constexpr int kReceiveTimeoutMs = 1000;
 
 }  // namespace
 
@@ -49,32 +47,71 @@ void FdInbox::Stop() {
 }
 
 void FdInbox::AcceptLoop() {
+  std::vector<Pending> pending;
+  std::vector<pollfd> fds;
   while (true) {
-    pollfd fds[2] = {{listener_.get(), POLLIN, 0}, {wake_.get(), POLLIN, 0}};
-    if (poll(fds, 2, -1) < 0) {
+    fds.clear();
+    fds.push_back({listener_.get(), POLLIN, 0});
+    fds.push_back({wake_.get(), POLLIN, 0});
+    absl::Time next = absl::InfiniteFuture();
+    for (const Pending& p : pending) {
+      fds.push_back({p.conn.get(), POLLIN, 0});
+      next = std::min(next, p.until);
+    }
+    const int timeout_ms = next == absl::InfiniteFuture()
+                               ? -1
+                               : static_cast<int>(std::max<int64_t>(
+                                     0, absl::ToInt64Milliseconds(next - absl::Now()) + 1));
+    if (poll(fds.data(), fds.size(), timeout_ms) < 0) {
       if (errno == EINTR) continue;
       spdlog::error("fd socket: poll: {}; no more descriptors taken", strerror(errno));
       listener_ = UniqueFd();  // clients are refused at once rather than left waiting
       return;
     }
     if (fds[1].revents != 0) return;
-    UniqueFd conn(accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC));
-    if (!conn.valid()) {
-      if (errno == EAGAIN || errno == EINTR || errno == ECONNABORTED) continue;
-      spdlog::warn("fd socket: accept: {}", strerror(errno));
-      poll(nullptr, 0, 50);
-      continue;
+    // Those that spoke (or hung up) are answered; those silent too long are closed.
+    const absl::Time now = absl::Now();
+    std::vector<Pending> still;
+    for (size_t i = 0; i < pending.size(); ++i) {
+      if (fds[i + 2].revents != 0) {
+        Receive(pending[i].conn.get(), pending[i].cred);
+      } else if (now < pending[i].until) {
+        still.push_back(std::move(pending[i]));
+      }
     }
-    Receive(conn.get());
+    pending = std::move(still);
+    if (fds[0].revents != 0) AcceptAll(pending);
   }
 }
 
-void FdInbox::Receive(int conn) {
-  ucred cred = {};
-  socklen_t len = sizeof(cred);
-  if (getsockopt(conn, SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) return;
-  pollfd p = {conn, POLLIN, 0};
-  if (poll(&p, 1, kReceiveTimeoutMs) <= 0) return;
+void FdInbox::AcceptAll(std::vector<Pending>& pending) {
+  while (true) {
+    UniqueFd conn(accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK));
+    if (!conn.valid()) {
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      if (errno != EAGAIN && errno != EWOULDBLOCK) {
+        spdlog::warn("fd socket: accept: {}", strerror(errno));
+        poll(nullptr, 0, 50);  // out of descriptors: they come back as others close
+      }
+      return;
+    }
+    ucred cred = {};
+    socklen_t len = sizeof(cred);
+    if (getsockopt(conn.get(), SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) continue;
+    const size_t of_uid =
+        std::count_if(pending.begin(), pending.end(),
+                      [&](const Pending& p) { return p.cred.uid == cred.uid; });
+    if (pending.size() >= kMaxPending || of_uid >= kMaxPendingPerUid) {
+      spdlog::warn("fd socket: uid {} has {} connections waiting to send ({} in all): closed "
+                   "one more",
+                   cred.uid, of_uid, pending.size());
+      continue;  // closed without a ticket: the client sees the connection end
+    }
+    pending.push_back({std::move(conn), cred, absl::Now() + kReceiveTimeout});
+  }
+}
+
+void FdInbox::Receive(int conn, const ucred& cred) {
   char data[kHelloBytes + 1] = {};
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 4)] = {};
   iovec iov = {data, sizeof(data)};

@@ -12,13 +12,19 @@
 // kernel's SO_PEERCRED of both connections, never what the client says), within kTicketTtl.
 // At most kMaxHeld descriptors wait at a time, kMaxHeldPerUid of one uid, so a client that
 // never registers can neither exhaust the agent's descriptors nor crowd out other uids.
+// Connections are served side by side, not one after the other: one that says nothing is
+// closed after kReceiveTimeout and holds up nobody meanwhile (20 idle ones once made every
+// other client's RegisterMemory wait 20 s); at most kMaxPending wait for their message,
+// kMaxPendingPerUid of one uid, and more are closed at once.
 
+#include <sys/socket.h>
 #include <sys/types.h>
 
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
@@ -38,6 +44,9 @@ class FdInbox {
   static constexpr absl::Duration kTicketTtl = absl::Seconds(60);
   static constexpr size_t kMaxHeld = 1024;
   static constexpr size_t kMaxHeldPerUid = 256;
+  static constexpr absl::Duration kReceiveTimeout = absl::Seconds(1);
+  static constexpr size_t kMaxPending = 256;
+  static constexpr size_t kMaxPendingPerUid = 16;
 
   // Binds `path` as ListenUnix does and starts accepting.
   static absl::StatusOr<std::unique_ptr<FdInbox>> Start(const std::string& path, mode_t mode,
@@ -59,8 +68,17 @@ class FdInbox {
   FdInbox(std::string path, UniqueFd listener, UniqueFd wake)
       : path_(std::move(path)), listener_(std::move(listener)), wake_(std::move(wake)) {}
   void AcceptLoop();
-  // Reads one connection's message and answers it; `conn` is closed by the caller.
-  void Receive(int conn);
+  // A connection waiting for its message.
+  struct Pending {
+    UniqueFd conn;
+    ucred cred;
+    absl::Time until;
+  };
+  // Takes the connections waiting at the listener into `pending` (or closes them: over a cap).
+  void AcceptAll(std::vector<Pending>& pending);
+  // Reads one connection's message (it is readable) and answers it; `conn` is closed by the
+  // caller.
+  void Receive(int conn, const ucred& cred);
   // A ticket for `fd` passed by `uid`; 0 when full.
   uint64_t Hold(UniqueFd fd, uid_t uid);
   void DropExpiredLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -10,6 +10,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "server/local/call_rules.h"
 
 namespace ferry::server {
 namespace {
@@ -66,6 +67,24 @@ bool LocalCallers::Privileged(const LocalCaller& caller) const {
   if (caller.uid == 0) return true;
   if (admin_group_ == static_cast<gid_t>(-1)) return false;
   return caller.gid == admin_group_ || InSupplementaryGroup(caller.pid, admin_group_);
+}
+
+absl::Status LocalCallers::Authorize(const std::optional<LocalCaller>& caller,
+                                     absl::string_view call) const {
+  const CallRuleRow* row = FindCallRule(call);
+  if (row == nullptr) {
+    return absl::InternalError(absl::StrCat(call, ": no access rule (server/local/call_rules.cc)"));
+  }
+  if (row->rule != CallRule::kOperator || !caller || Privileged(*caller)) {
+    return absl::OkStatus();
+  }
+  return absl::PermissionDeniedError(absl::StrCat(
+      call, " is an operator call (it ", row->what, "): uid ", caller->uid,
+      " is neither root nor in security.admin_group"));
+}
+
+bool LocalCallers::SeesAll(const std::optional<LocalCaller>& caller) const {
+  return !caller || Privileged(*caller);
 }
 
 absl::Status LocalCallers::MayUse(const std::optional<LocalCaller>& caller, int64_t owner_uid,

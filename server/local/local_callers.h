@@ -16,6 +16,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "grpcpp/server_context.h"
 #include "server/buffers/buffer_registry.h"
@@ -48,6 +49,16 @@ class LocalCallers {
   // PERMISSION_DENIED naming `what` and both uids.
   absl::Status MayUse(const std::optional<LocalCaller>& caller, int64_t owner_uid,
                       const std::string& what) const;
+  // OK when `caller` may make `call` (a row of server/local/call_rules.h): an operator call
+  // needs root, the admin group or a caller not known (local_tcp, authenticated by TLS);
+  // PERMISSION_DENIED naming the call and the uid else. INTERNAL for a call with no row.
+  absl::Status Authorize(const std::optional<LocalCaller>& caller, absl::string_view call) const;
+  // Whether a listing shows `caller` every uid's rows (privileged, or not known), or its own.
+  bool SeesAll(const std::optional<LocalCaller>& caller) const;
+  // The uid what `caller` makes or starts belongs to; -1 for a caller not known.
+  static int64_t OwnerUid(const std::optional<LocalCaller>& caller) {
+    return caller ? static_cast<int64_t>(caller->uid) : -1;
+  }
 
  private:
   const gid_t admin_group_;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <charconv>
 #include <map>
+#include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -105,8 +106,26 @@ void EtcdDiscovery::Deregister() {
 
 bool EtcdDiscovery::Pause(absl::Duration d) {
   absl::MutexLock lock(&mu_);
-  mu_.AwaitWithTimeout(absl::Condition(&stop_), d);
+  auto woken = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_ || !reclaim_.empty(); };
+  mu_.AwaitWithTimeout(absl::Condition(&woken), d);
   return !stop_;
+}
+
+void EtcdDiscovery::AskReclaim(const std::string& why) {
+  absl::MutexLock lock(&mu_);
+  if (reclaim_.empty()) reclaim_ = why;
+}
+
+std::string EtcdDiscovery::TakeReclaim() {
+  absl::MutexLock lock(&mu_);
+  return std::exchange(reclaim_, std::string());
+}
+
+bool EtcdDiscovery::IsOurs(const EtcdKeyValue& kv) const {
+  absl::StatusOr<NodeRecord> record = DecodeNodeRecord(kv.value);
+  return record.ok() && record->node == options_.self.node &&
+         record->incarnation == options_.self.incarnation &&
+         record->address == options_.self.address;
 }
 
 void EtcdDiscovery::Report(std::atomic<bool>& failing, const std::string& what,
@@ -137,6 +156,18 @@ void EtcdDiscovery::RegisterLoop() {
       spdlog::info("etcd: registered {} on lease {:x}", key(), lease_);
     }
     if (!Pause(keepalive_every)) break;
+    if (std::string why = TakeReclaim(); !why.empty()) {
+      absl::Status put = etcd_.Put(key(), record_, lease_);
+      if (put.ok()) {
+        spdlog::warn("etcd: {} {}; put it back on lease {:x}", key(), why, lease_);
+      } else {
+        // The lease may be gone too (it lapsed): registering anew, on a new lease.
+        spdlog::warn("etcd: {} {}; putting it back on lease {:x} failed, registering anew: {}",
+                     key(), why, lease_, std::string(put.message()));
+        lease_ = 0;
+      }
+      continue;
+    }
     absl::StatusOr<int64_t> ttl = etcd_.KeepAlive(lease_);
     Report(register_failing_, "lease keepalive", ttl.status());
     if (!ttl.ok()) {
@@ -198,9 +229,14 @@ std::optional<NodeRecord> EtcdDiscovery::PeerOf(const EtcdKeyValue& kv) {
 
 void EtcdDiscovery::Sync(const EtcdRange& range) {
   std::map<std::string, std::string> found;  // node -> address
+  bool ours = false;
   for (const auto& kv : range.kvs) {
+    if (kv.key == key()) ours = IsOurs(kv);
     if (auto record = PeerOf(kv)) found[record->node] = record->address;
   }
+  // Before our first registration the register thread puts it anyway; after, it is missing
+  // or not ours only if someone removed or overwrote it.
+  if (!ours) AskReclaim("is missing or holds another record");
   for (auto it = known_.begin(); it != known_.end();) {
     if (found.contains(*it)) {
       ++it;
@@ -220,6 +256,17 @@ void EtcdDiscovery::Sync(const EtcdRange& range) {
 void EtcdDiscovery::Apply(const EtcdEvent& event) {
   if (!absl::StartsWith(event.kv.key, options_.prefix)) return;
   const std::string node = event.kv.key.substr(options_.prefix.size());
+  if (node == options_.self.node) {
+    // Our own key: a delete not of our doing (our revoke ends the watch first), or a record
+    // that is not the one we put.
+    if (event.type == EtcdEvent::Type::kDelete) {
+      AskReclaim("was deleted");
+    } else if (!IsOurs(event.kv)) {
+      PeerOf(event.kv);  // warns about another agent registering as this node
+      AskReclaim("was overwritten with another record");
+    }
+    return;
+  }
   if (event.type == EtcdEvent::Type::kDelete) {
     if (known_.erase(node) == 0) return;
     std::string change = peers_->Remove(node, PeerSource::kEtcd);

@@ -85,8 +85,16 @@ class EtcdDiscovery {
   // The peer a record under the prefix names, or nullopt (with a warning) for a record that
   // is not one, or this agent's own.
   std::optional<NodeRecord> PeerOf(const EtcdKeyValue& kv);
-  // Sleeps `d`, or less when stopping; false when stopping.
+  // Sleeps `d`, or less when stopping or a reclaim is asked; false when stopping.
   bool Pause(absl::Duration d);
+  // The watch saw this agent's own key deleted or holding another record (`why`): the
+  // register thread puts it back at once (an agent must not vanish from discovery until it
+  // restarts because an operator or a rogue client removed its key).
+  void AskReclaim(const std::string& why);
+  // The register thread: why a reclaim was asked, taken ("" for none).
+  std::string TakeReclaim();
+  // Whether `kv` holds this agent's own record, as it registered it.
+  bool IsOurs(const EtcdKeyValue& kv) const;
   bool stopping() const { return stopping_.load(); }
   // Warns about `what` once until `ok` says it works again (not every second while etcd is
   // down); then says so.
@@ -101,6 +109,7 @@ class EtcdDiscovery {
   std::atomic<bool> watch_failing_{false};
   absl::Mutex mu_;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;  // wakes Pause
+  std::string reclaim_ ABSL_GUARDED_BY(mu_);   // wakes Pause too: why the key must go back
   // The lease the record is on (0: none); the register thread's until it is joined.
   int64_t lease_ = 0;
   // The nodes this agent took from etcd (only the watch thread reads or writes it).

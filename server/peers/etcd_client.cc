@@ -138,6 +138,14 @@ absl::Status EtcdClient::Put(const std::string& key, const std::string& value, i
   return ErrorOf(answer, absl::StrCat("etcd put ", key));
 }
 
+absl::Status EtcdClient::Delete(const std::string& key) {
+  JsonWriter w;
+  w.BeginObject().Key("key").String(Base64(key)).EndObject();
+  ASSIGN_OR_RETURN(std::string text, Call("/v3/kv/deleterange", w.str()));
+  ASSIGN_OR_RETURN(Struct answer, ParseJson(text, "deleterange"));
+  return ErrorOf(answer, absl::StrCat("etcd delete ", key));
+}
+
 absl::StatusOr<EtcdRange> EtcdClient::RangePrefix(const std::string& prefix) {
   JsonWriter w;
   w.BeginObject()

@@ -54,6 +54,8 @@ class EtcdClient {
   absl::Status Revoke(int64_t lease);
   // `key` = `value`, attached to `lease` (0: none).
   absl::Status Put(const std::string& key, const std::string& value, int64_t lease);
+  // Deletes `key` (OK when there is none).
+  absl::Status Delete(const std::string& key);
   // Every key that starts with `prefix`.
   absl::StatusOr<EtcdRange> RangePrefix(const std::string& prefix);
   // Streams the changes under `prefix` from `start_revision` to `on_event` (on this thread)

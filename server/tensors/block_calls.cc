@@ -4,6 +4,7 @@
 // the peer's ResolveBlocks and ChecksumBlocks.
 
 #include "absl/strings/str_cat.h"
+#include "base/echo.h"
 #include "base/grpc_status.h"
 #include "base/status_macros.h"
 #include "server/agent_core.h"
@@ -70,19 +71,25 @@ grpc::ServerUnaryReactor* TensorService::MoveBlocks(grpc::CallbackServerContext*
     return refused;
   }
   const absl::Time deadline = absl::FromChrono(ctx->deadline());
+  std::optional<LocalCaller> caller = core_->local_callers().Of(*ctx);
   WaitingCall call;
   // Only the peer's answer is waited for in `start`; the transfer runs on after it returned.
-  call.start = [this, req, resp, session = *session,
+  call.start = [this, req, resp, session = *session, caller,
                 deadline](std::function<void(ferry::v1::TransferResult)> ended)
       -> absl::StatusOr<uint64_t> {
+    RETURN_IF_ERROR(MayReachOwnNodeList(caller, *req));
     BlockMover::Finished then;
     if (req->wait()) then = ended;
-    ASSIGN_OR_RETURN(*resp, core_->tensors().mover().Move(*req, session, req->timeout_ms(),
-                                                          deadline, std::move(then)));
+    ASSIGN_OR_RETURN(*resp, core_->tensors().mover().Move(
+                                *req, session, LocalCallers::OwnerUid(caller), req->timeout_ms(),
+                                deadline, std::move(then)));
     if (!req->wait()) ended(ferry::v1::TransferResult());  // answered once started
     return resp->transfer_id();
   };
-  call.may_block = [this, req] { return core_->tensors().mover().MayAskPeer(*req); };
+  call.may_block = [this, req]() -> std::optional<std::string> {
+    if (!core_->tensors().mover().MayAskPeer(*req)) return std::nullopt;
+    return req->peer();
+  };
   call.respond = [req, resp](ferry::v1::TransferResult result) {
     if (req->wait()) *resp->mutable_result() = std::move(result);
   };
@@ -96,6 +103,17 @@ grpc::ServerUnaryReactor* TensorService::MoveBlocks(grpc::CallbackServerContext*
     };
   }
   return StartWaitingCall(ctx, &starters_, std::move(call));
+}
+
+absl::Status TensorService::MayReachOwnNodeList(const std::optional<LocalCaller>& caller,
+                                                const ferry::v1::MoveBlocksRequest& req) {
+  const LocalCallers& callers = core_->local_callers();
+  if (req.peer() != core_->config().node || callers.SeesAll(caller)) return absl::OkStatus();
+  auto list = core_->tensors().blocks().Exported(req.remote_list());
+  if (!list.ok()) return absl::OkStatus();  // resolving it says so, as a peer would
+  return callers.MayUse(caller, core_->sessions().UidOf((*list)->session()),
+                        absl::StrCat("remote_list: list ", Echo(req.remote_list()),
+                                     " of this node"));
 }
 
 grpc::Status TensorPeerService::ResolveBlocks(grpc::ServerContext* ctx,

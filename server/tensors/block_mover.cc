@@ -109,8 +109,8 @@ bool BlockMover::MayAskPeer(const ferry::v1::MoveBlocksRequest& req) {
 }
 
 absl::StatusOr<ferry::v1::MoveBlocksResponse> BlockMover::Move(
-    const ferry::v1::MoveBlocksRequest& req, uint64_t session, uint32_t timeout_ms,
-    absl::Time deadline, Finished then) {
+    const ferry::v1::MoveBlocksRequest& req, uint64_t session, int64_t owner_uid,
+    uint32_t timeout_ms, absl::Time deadline, Finished then) {
   if (req.type() != ferry::v1::READ && req.type() != ferry::v1::WRITE) {
     return absl::InvalidArgumentError("type: must be READ or WRITE");
   }
@@ -138,7 +138,7 @@ absl::StatusOr<ferry::v1::MoveBlocksResponse> BlockMover::Move(
   ASSIGN_OR_RETURN(std::shared_ptr<const RemoteList> remote_list,
                    RemoteListOf(req.peer(), req.remote_list(),
                                 std::min(deadline, absl::Now() + kResolveTimeout)));
-  auto moved = MoveOn(req, *list, remote_list, timeout_ms, std::move(then));
+  auto moved = MoveOn(req, *list, remote_list, owner_uid, timeout_ms, std::move(then));
   // Refused on a kept answer (a block out of its range, a buffer it names gone when the
   // engine resolved it): the answer may be what is wrong, so the next move asks again.
   if (!moved.ok() && remote_list->answer.revocable()) {
@@ -149,7 +149,7 @@ absl::StatusOr<ferry::v1::MoveBlocksResponse> BlockMover::Move(
 
 absl::StatusOr<ferry::v1::MoveBlocksResponse> BlockMover::MoveOn(
     const ferry::v1::MoveBlocksRequest& req, const BlockList& list,
-    std::shared_ptr<const RemoteList> remote_list, uint32_t timeout_ms,
+    std::shared_ptr<const RemoteList> remote_list, int64_t owner_uid, uint32_t timeout_ms,
     Finished then) {
   const int n = req.local_blocks_size();
   const ferry::v1::ResolveBlocksResponse& remote = remote_list->answer;
@@ -219,13 +219,14 @@ absl::StatusOr<ferry::v1::MoveBlocksResponse> BlockMover::MoveOn(
   std::shared_ptr<const RemoteList> kept = remote.revocable() ? remote_list : nullptr;
   if (!req.notification().empty() || kept != nullptr || then) {
     hook = [notifier = notifier_, node = req.peer(), name = req.notification(),
-            blocks = static_cast<uint32_t>(n), kept = std::move(kept),
+            list = req.remote_list(), blocks = static_cast<uint32_t>(n), kept = std::move(kept),
             cache = &peers_->kept_answers(), then = std::move(then)](const Transfer& transfer) {
       ferry::v1::TransferResult result = transfer.Result();
       if (kept != nullptr && result.state() != ferry::v1::SUCCEEDED) cache->ForgetList(kept);
       if (!name.empty()) {
         ferry::v1::Notification note;
         note.set_name(name);
+        note.set_list(list);  // its owner there is who the notification is for
         note.set_bytes(result.bytes());
         note.set_blocks(blocks);
         note.set_code(result.state() == ferry::v1::SUCCEEDED ? 0 : result.code());
@@ -236,7 +237,8 @@ absl::StatusOr<ferry::v1::MoveBlocksResponse> BlockMover::MoveOn(
     };
   }
   auto id = engine_->Submit(submit, std::move(hook),
-                            plan ? verifier_.Hook(std::move(plan)) : TransferEngine::CheckHook());
+                            plan ? verifier_.Hook(std::move(plan)) : TransferEngine::CheckHook(),
+                            owner_uid);
   if (!id.ok()) return AsPairs(id.status());
   ferry::v1::MoveBlocksResponse resp;
   resp.set_transfer_id(*id);

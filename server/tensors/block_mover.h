@@ -44,9 +44,10 @@ class BlockMover {
   // the peer where its blocks are (by `deadline`) and submits the transfer; returns at once.
   // `then`, if given, runs with the transfer's result when it finished, after the move's own
   // hook (the notification queued), as the engine's finished hooks do: it must not block.
+  // `owner_uid`: the session's uid, who may then Wait on, Cancel and list the transfer.
   absl::StatusOr<ferry::v1::MoveBlocksResponse> Move(const ferry::v1::MoveBlocksRequest& req,
-                                                     uint64_t session, uint32_t timeout_ms,
-                                                     absl::Time deadline,
+                                                     uint64_t session, int64_t owner_uid,
+                                                     uint32_t timeout_ms, absl::Time deadline,
                                                      Finished then = {});
   // Whether Move(req) may block: it would ask the peer for its list or the buffers the list
   // names, or for its rails (PeerDirectory::Kept, RailsFresh). A hint, for callers that
@@ -74,7 +75,7 @@ class BlockMover {
   absl::StatusOr<ferry::v1::MoveBlocksResponse> MoveOn(const ferry::v1::MoveBlocksRequest& req,
                                                        const BlockList& list,
                                                        std::shared_ptr<const RemoteList> remote,
-                                                       uint32_t timeout_ms,
+                                                       int64_t owner_uid, uint32_t timeout_ms,
                                                        Finished then);
   // The peer's answer for `list`: the kept one (no call), else AskPeer's, kept when the
   // peer said it revokes it. UNAVAILABLE when it was revoked on its way every time.

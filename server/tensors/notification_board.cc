@@ -8,41 +8,70 @@
 
 namespace ferry::server {
 
-void NotificationBoard::Post(ferry::v1::Notification n) {
+void NotificationBoard::Post(ferry::v1::Notification n, int64_t owner) {
   absl::MutexLock lock(&mu_);
   uint64_t seq = next_sequence_++;
   n.set_sequence(seq);
   by_name_[n.name()].push_back(seq);
-  by_sequence_.emplace(seq, std::move(n));
-  while (by_sequence_.size() > capacity_) {
-    const auto& oldest = by_sequence_.begin()->second;
-    spdlog::warn("notification board full ({}): dropping '{}' from {}", capacity_, oldest.name(),
-                 oldest.from_node());
-    EraseLocked(by_sequence_.begin()->first);
-  }
+  Receiver receiver{owner, n.from_node()};
+  Queue& queue = by_receiver_[receiver];
+  queue.sequences.push_back(seq);
+  ++queue.live;
+  by_sequence_.emplace(seq, Entry{std::move(n), owner});
+  TrimLocked(receiver);
   posted_.SignalAll();
+}
+
+void NotificationBoard::TrimLocked(const Receiver& receiver) {
+  auto it = by_receiver_.find(receiver);
+  if (it == by_receiver_.end()) return;
+  Queue& queue = it->second;
+  while (queue.live > capacity_ && !queue.sequences.empty()) {
+    const uint64_t oldest = queue.sequences.front();
+    queue.sequences.pop_front();
+    auto entry = by_sequence_.find(oldest);
+    if (entry == by_sequence_.end()) continue;  // taken already
+    spdlog::warn("notification board: {} untaken notifications from {} for uid {}: dropping '{}'",
+                 capacity_, receiver.second, receiver.first, entry->second.note.name());
+    EraseLocked(oldest);
+  }
+  // Taken ones leave their numbers behind: dropped once they outnumber the live ones.
+  if (queue.sequences.size() > 2 * queue.live + 64) {
+    std::deque<uint64_t> live;
+    for (uint64_t seq : queue.sequences) {
+      if (by_sequence_.contains(seq)) live.push_back(seq);
+    }
+    queue.sequences = std::move(live);
+  }
 }
 
 void NotificationBoard::EraseLocked(uint64_t sequence) {
   auto it = by_sequence_.find(sequence);
   if (it == by_sequence_.end()) return;
-  auto names = by_name_.find(it->second.name());
+  const ferry::v1::Notification& note = it->second.note;
+  auto names = by_name_.find(note.name());
   if (names != by_name_.end()) {
     auto& seqs = names->second;
     seqs.erase(std::remove(seqs.begin(), seqs.end(), sequence), seqs.end());
     if (seqs.empty()) by_name_.erase(names);
   }
+  auto receiver = by_receiver_.find(Receiver{it->second.owner, note.from_node()});
+  if (receiver != by_receiver_.end() && --receiver->second.live == 0) {
+    by_receiver_.erase(receiver);
+  }
   by_sequence_.erase(it);
 }
 
 std::optional<ferry::v1::Notification> NotificationBoard::TakeLocked(const std::string& name,
-                                                                     const std::string& from_node) {
+                                                                     const std::string& from_node,
+                                                                     int64_t taker) {
   auto names = by_name_.find(name);
   if (names == by_name_.end()) return std::nullopt;
   for (uint64_t seq : names->second) {
-    const auto& n = by_sequence_.at(seq);
-    if (!from_node.empty() && n.from_node() != from_node) continue;
-    ferry::v1::Notification out = n;
+    const Entry& e = by_sequence_.at(seq);
+    if (!from_node.empty() && e.note.from_node() != from_node) continue;
+    if (!MayTake(e, taker)) continue;
+    ferry::v1::Notification out = e.note;
     EraseLocked(seq);
     return out;
   }
@@ -51,11 +80,12 @@ std::optional<ferry::v1::Notification> NotificationBoard::TakeLocked(const std::
 
 absl::StatusOr<ferry::v1::Notification> NotificationBoard::Take(const std::string& name,
                                                                 const std::string& from_node,
+                                                                int64_t taker,
                                                                 absl::Time deadline,
                                                                 const CancelledFn& cancelled) {
   absl::MutexLock lock(&mu_);
   while (true) {
-    if (auto n = TakeLocked(name, from_node)) return *std::move(n);
+    if (auto n = TakeLocked(name, from_node, taker)) return *std::move(n);
     absl::Time now = absl::Now();
     if (cancelled && cancelled()) {
       return absl::CancelledError(absl::StrCat("wait for notification '", name, "' was cancelled"));
@@ -71,12 +101,13 @@ absl::StatusOr<ferry::v1::Notification> NotificationBoard::Take(const std::strin
 }
 
 std::optional<ferry::v1::Notification> NotificationBoard::TakePrefix(const std::string& prefix,
+                                                                     int64_t taker,
                                                                      absl::Time until) {
   absl::MutexLock lock(&mu_);
   while (true) {
-    for (const auto& [seq, n] : by_sequence_) {
-      if (absl::StartsWith(n.name(), prefix)) {
-        ferry::v1::Notification out = n;
+    for (const auto& [seq, e] : by_sequence_) {
+      if (MayTake(e, taker) && absl::StartsWith(e.note.name(), prefix)) {
+        ferry::v1::Notification out = e.note;
         EraseLocked(seq);
         return out;
       }
@@ -89,6 +120,16 @@ std::optional<ferry::v1::Notification> NotificationBoard::TakePrefix(const std::
 size_t NotificationBoard::size() const {
   absl::MutexLock lock(&mu_);
   return by_sequence_.size();
+}
+
+size_t NotificationBoard::size_for(int64_t taker) const {
+  absl::MutexLock lock(&mu_);
+  if (taker == kAnyone) return by_sequence_.size();
+  size_t n = 0;
+  for (const auto& [receiver, queue] : by_receiver_) {
+    if (receiver.first == taker || receiver.first == kAnyone) n += queue.live;
+  }
+  return n;
 }
 
 }  // namespace ferry::server

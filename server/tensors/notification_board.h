@@ -22,36 +22,68 @@ namespace ferry::server {
 
 class NotificationBoard {
  public:
-  // At most `capacity` untaken notifications; beyond it the oldest is dropped (and logged),
-  // so a client that never waits cannot grow the agent without bound.
+  // Who a notification is for: the uid owning the list or buffer its batch landed in
+  // (kAnyone when that is not known: the target went, or an older peer did not name it).
+  // A taker gets its own uid's and kAnyone's; a taker of kAnyone (a caller over local_tcp,
+  // authenticated by TLS) gets every one.
+  static constexpr int64_t kAnyone = -1;
+
+  // At most `capacity` untaken notifications per receiver, a receiver being a uid and the
+  // node the notifications came from; beyond it that receiver's oldest is dropped (and
+  // logged), so a client that never waits cannot grow the agent without bound, and a
+  // flood from one node to one uid never drops another receiver's.
   explicit NotificationBoard(size_t capacity = 65536) : capacity_(capacity) {}
 
   // Assigns the sequence number and wakes waiters.
-  void Post(ferry::v1::Notification n);
-  // Takes the oldest notification named `name` (and from `from_node`, if not empty).
-  // DEADLINE_EXCEEDED at `deadline`, CANCELLED when `cancelled()`. A notification that
-  // reports a failed batch is returned as is; the caller turns it into an error.
+  void Post(ferry::v1::Notification n, int64_t owner = kAnyone);
+  // Takes the oldest notification named `name` (and from `from_node`, if not empty) that
+  // `taker` may have. DEADLINE_EXCEEDED at `deadline`, CANCELLED when `cancelled()`. A
+  // notification that reports a failed batch is returned as is; the caller turns it into
+  // an error.
   absl::StatusOr<ferry::v1::Notification> Take(const std::string& name,
-                                               const std::string& from_node, absl::Time deadline,
+                                               const std::string& from_node, int64_t taker,
+                                               absl::Time deadline,
                                                const CancelledFn& cancelled);
-  // Takes the oldest notification whose name starts with `prefix`, waiting until `until`.
-  std::optional<ferry::v1::Notification> TakePrefix(const std::string& prefix, absl::Time until);
+  // Takes the oldest notification whose name starts with `prefix` that `taker` may have,
+  // waiting until `until`.
+  std::optional<ferry::v1::Notification> TakePrefix(const std::string& prefix, int64_t taker,
+                                                    absl::Time until);
 
   size_t size() const;
+  // Untaken notifications `taker` may have.
+  size_t size_for(int64_t taker) const;
 
  private:
+  struct Entry {
+    ferry::v1::Notification note;
+    int64_t owner = kAnyone;
+  };
+  using Receiver = std::pair<int64_t, std::string>;  // (owner, from_node)
+
+  static bool MayTake(const Entry& e, int64_t taker) {
+    return taker == kAnyone || e.owner == kAnyone || e.owner == taker;
+  }
   std::optional<ferry::v1::Notification> TakeLocked(const std::string& name,
-                                                    const std::string& from_node)
+                                                    const std::string& from_node, int64_t taker)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EraseLocked(uint64_t sequence) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Drops `receiver`'s oldest notifications while it holds more than capacity_.
+  void TrimLocked(const Receiver& receiver) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const size_t capacity_;
   mutable absl::Mutex mu_;
   absl::CondVar posted_;
   uint64_t next_sequence_ ABSL_GUARDED_BY(mu_) = 1;
   // In arrival order, and by name for O(1) waits on one name among thousands.
-  std::map<uint64_t, ferry::v1::Notification> by_sequence_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, Entry> by_sequence_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::deque<uint64_t>> by_name_ ABSL_GUARDED_BY(mu_);
+  // Each receiver's notifications in arrival order: live ones and, until trimmed, the
+  // sequence numbers of ones taken since (no longer in by_sequence_); and how many are live.
+  struct Queue {
+    std::deque<uint64_t> sequences;
+    size_t live = 0;
+  };
+  absl::flat_hash_map<Receiver, Queue> by_receiver_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace ferry::server

@@ -198,11 +198,16 @@ absl::StatusOr<RecvOutcome> RecvMatcher::Await(const Ticket& recv, absl::Time de
   return out;
 }
 
-int RecvMatcher::CancelRecv(const std::string& peer, const std::string& tag) {
+int RecvMatcher::CancelRecv(const std::string& peer, const std::string& tag, int64_t taker,
+                            bool* others) {
   absl::MutexLock lock(&mu_);
   auto it = recvs_.find({peer, tag});
   if (it == recvs_.end()) return 0;
   Recv& recv = *it->second;
+  if (taker >= 0 && recv.spec.owner_uid >= 0 && recv.spec.owner_uid != taker) {
+    if (others != nullptr) *others = true;
+    return 0;
+  }
   absl::Status why = absl::CancelledError(
       absl::StrCat("receive of '", tag, "' from ", peer, " was cancelled"));
   if (recv.state == Recv::kMatched) {
@@ -358,9 +363,10 @@ void RecvMatcher::ReapLoop() {
   }
 }
 
-void RecvMatcher::List(ferry::v1::ListPendingResponse* out) const {
+void RecvMatcher::List(ferry::v1::ListPendingResponse* out, int64_t taker) const {
   absl::MutexLock lock(&mu_);
   for (const auto& [key, recv] : recvs_) {
+    if (taker >= 0 && recv->spec.owner_uid >= 0 && recv->spec.owner_uid != taker) continue;
     auto* p = out->add_recvs();
     p->set_peer(key.first);
     p->set_tag(key.second);
@@ -368,6 +374,8 @@ void RecvMatcher::List(ferry::v1::ListPendingResponse* out) const {
     p->set_bytes(recv->bytes);
   }
   for (const auto& [key, offer] : offers_) {
+    // An offer nobody received yet is nobody's: only those who see all see it.
+    if (taker >= 0 && (!offer->recv || offer->recv->spec.owner_uid != taker)) continue;
     auto* p = out->add_arrived();
     p->set_peer(key.first);
     p->set_tag(offer->meta.tag());

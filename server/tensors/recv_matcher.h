@@ -50,6 +50,9 @@ struct RecvSpec {
   std::shared_ptr<Buffer> buffer;  // null: allocate at match time, once the size is known
   uint64_t offset = 0;
   ferry::v1::TensorMeta expect;
+  // The local uid that posted it (-1: not known): only it, root or the admin group cancel or
+  // list it (server/local/call_rules.h).
+  int64_t owner_uid = -1;
 };
 
 class RecvMatcher {
@@ -71,8 +74,10 @@ class RecvMatcher {
   // (its sender learns at Complete), and the status says which.
   absl::StatusOr<RecvOutcome> Await(const Ticket& ticket, absl::Time deadline,
                                     const CancelledFn& cancelled);
-  // Cancels the pending receive for (peer, tag); returns how many (0 or 1).
-  int CancelRecv(const std::string& peer, const std::string& tag);
+  // Cancels the pending receive for (peer, tag) when `taker` may (its owner_uid, or -1 for
+  // every one); returns how many (0 or 1), and in `others` whether one of another uid was left.
+  int CancelRecv(const std::string& peer, const std::string& tag, int64_t taker = -1,
+                 bool* others = nullptr);
 
   // --- offers from peers' agents (TensorPeer) ---
   // Registers (or re-asks about) offer `send_id` and waits until `wait_until` for a match.
@@ -86,7 +91,8 @@ class RecvMatcher {
   // The sender gave up; a matched receive fails with CANCELLED and `reason`.
   void Withdraw(const std::string& from_node, uint64_t send_id, const std::string& reason);
 
-  void List(ferry::v1::ListPendingResponse* out) const;
+  // The pending receives and arrived offers; of `taker`'s receives only (-1: all).
+  void List(ferry::v1::ListPendingResponse* out, int64_t taker = -1) const;
 
  private:
   using Key = std::pair<std::string, std::string>;  // (node, tag)

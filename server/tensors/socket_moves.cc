@@ -28,13 +28,15 @@ MoveCalls TensorService::MovesFor(const LocalCaller& caller) {
                                     ? absl::InfiniteFuture()
                                     : absl::Now() + absl::Milliseconds(req.timeout_ms());
     // The transfer's end answers (the move's hook copies the result for it).
+    RETURN_IF_ERROR(MayReachOwnNodeList(caller, req));
     ASSIGN_OR_RETURN(ferry::v1::MoveBlocksResponse started,
-                     core_->tensors().mover().Move(req, session, req.timeout_ms(), deadline,
-                                                   std::move(answer)));
+                     core_->tensors().mover().Move(req, session, caller.uid, req.timeout_ms(),
+                                                   deadline, std::move(answer)));
     return started.transfer_id();
   };
-  calls.may_block = [this](const ferry::v1::SessionMove& move) {
-    return core_->tensors().mover().MayAskPeer(move.request());
+  calls.may_block = [this](const ferry::v1::SessionMove& move) -> std::optional<std::string> {
+    if (!core_->tensors().mover().MayAskPeer(move.request())) return std::nullopt;
+    return move.request().peer();
   };
   return calls;
 }

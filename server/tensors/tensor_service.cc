@@ -5,6 +5,7 @@
 #include "server/agent_core.h"
 #include "server/peers/caller_identity.h"
 #include "server/info_protos.h"
+#include "server/local/own_node_access.h"
 #include "server/local/session_call.h"
 #include "server/tensors/tensor_meta.h"
 
@@ -33,6 +34,27 @@ bool Draining(AgentCore* core, grpc::Status* refusal) {
 
 }  // namespace
 
+int64_t TensorService::CallerUid(const grpc::ServerContext& ctx) const {
+  return LocalCallers::OwnerUid(core_->local_callers().Of(ctx));
+}
+
+int64_t TensorService::ListedUid(const grpc::ServerContext& ctx) const {
+  std::optional<LocalCaller> caller = core_->local_callers().Of(ctx);
+  return core_->local_callers().SeesAll(caller) ? -1 : LocalCallers::OwnerUid(caller);
+}
+
+int64_t TensorPeerService::NotificationOwner(const ferry::v1::Notification& n) const {
+  if (!n.list().empty()) {
+    auto list = core_->tensors().blocks().Exported(n.list());
+    if (list.ok()) return core_->sessions().UidOf((*list)->session());
+  }
+  if (!n.buffer().empty()) {
+    auto buffer = core_->buffers().FindByName(n.buffer());
+    if (buffer.ok()) return (*buffer)->owner_uid();
+  }
+  return NotificationBoard::kAnyone;
+}
+
 grpc::Status TensorService::Send(grpc::ServerContext* ctx, const ferry::v1::SendRequest* req,
                                  ferry::v1::SendResponse* resp) {
   if (grpc::Status refusal; Draining(core_, &refusal)) return refusal;
@@ -41,7 +63,8 @@ grpc::Status TensorService::Send(grpc::ServerContext* ctx, const ferry::v1::Send
       !mine.ok()) {
     return ToGrpcStatus(mine);
   }
-  auto r = core_->tensors().Send(*req, CallDeadline(ctx, req->timeout_ms()), ClientGone(ctx));
+  auto r = core_->tensors().Send(*req, CallerUid(*ctx), CallDeadline(ctx, req->timeout_ms()),
+                                 ClientGone(ctx));
   if (!r.ok()) return ToGrpcStatus(r.status());
   *resp = *std::move(r);
   return grpc::Status::OK;
@@ -50,7 +73,16 @@ grpc::Status TensorService::Send(grpc::ServerContext* ctx, const ferry::v1::Send
 grpc::Status TensorService::Recv(grpc::ServerContext* ctx, const ferry::v1::RecvRequest* req,
                                  ferry::v1::RecvResponse* resp) {
   if (grpc::Status refusal; Draining(core_, &refusal)) return refusal;
-  auto r = core_->tensors().Recv(*req, CallDeadline(ctx, req->timeout_ms()), ClientGone(ctx));
+  if (req->buffer() != 0) {
+    // A tensor landing in a buffer writes it: the buffer must be the caller's to write.
+    if (absl::Status mine = MayUseBuffer(core_->local_callers(), *ctx, core_->buffers(),
+                                         req->buffer(), "buffer");
+        !mine.ok()) {
+      return ToGrpcStatus(mine);
+    }
+  }
+  auto r = core_->tensors().Recv(*req, CallerUid(*ctx), CallDeadline(ctx, req->timeout_ms()),
+                                 ClientGone(ctx));
   if (!r.ok()) return ToGrpcStatus(r.status());
   *resp = *std::move(r);
   if (resp->has_buffer()) {
@@ -84,8 +116,17 @@ grpc::Status TensorService::WriteBlocks(grpc::ServerContext* ctx,
       !mine.ok()) {
     return ToGrpcStatus(mine);
   }
-  auto r =
-      core_->tensors().WriteBlocks(*req, CallDeadline(ctx, req->timeout_ms()), ClientGone(ctx));
+  if (req->peer() == core_->config().node) {
+    if (absl::Status mine = MayReachOwnNodeBuffer(core_->local_callers(),
+                                                  core_->local_callers().Of(*ctx),
+                                                  core_->buffers(), req->remote_buffer(),
+                                                  "remote_buffer");
+        !mine.ok()) {
+      return ToGrpcStatus(mine);
+    }
+  }
+  auto r = core_->tensors().WriteBlocks(*req, CallerUid(*ctx),
+                                        CallDeadline(ctx, req->timeout_ms()), ClientGone(ctx));
   if (!r.ok()) return ToGrpcStatus(r.status());
   *resp = *std::move(r);
   return grpc::Status::OK;
@@ -97,7 +138,7 @@ grpc::Status TensorService::WaitNotification(grpc::ServerContext* ctx,
   if (req->name().empty()) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "name: must be set");
   }
-  auto n = core_->tensors().board().Take(req->name(), req->from_node(),
+  auto n = core_->tensors().board().Take(req->name(), req->from_node(), CallerUid(*ctx),
                                          CallDeadline(ctx, req->timeout_ms()), ClientGone(ctx));
   if (!n.ok()) return ToGrpcStatus(n.status());
   if (n->code() != 0) {
@@ -119,13 +160,14 @@ grpc::Status TensorService::StreamNotifications(
                                        absl::Now() + absl::Milliseconds(req->timeout_ms()))
                             : absl::FromChrono(ctx->deadline());
   uint32_t sent = 0;
+  const int64_t taker = CallerUid(*ctx);
   while (!ctx->IsCancelled() && absl::Now() < deadline) {
     auto n = core_->tensors().board().TakePrefix(
-        req->prefix(), std::min(deadline, absl::Now() + absl::Milliseconds(200)));
+        req->prefix(), taker, std::min(deadline, absl::Now() + absl::Milliseconds(200)));
     if (!n) continue;
     if (!writer->Write(*n)) {
-      // Not delivered: put it back for the next taker.
-      core_->tensors().board().Post(*std::move(n));
+      // Not delivered: put it back for the next taker of this uid.
+      core_->tensors().board().Post(*std::move(n), taker);
       return grpc::Status(grpc::StatusCode::CANCELLED, "client went away");
     }
     if (req->max_count() > 0 && ++sent >= req->max_count()) break;
@@ -133,17 +175,18 @@ grpc::Status TensorService::StreamNotifications(
   return grpc::Status::OK;
 }
 
-grpc::Status TensorService::Cancel(grpc::ServerContext*, const ferry::v1::CancelRequest* req,
+grpc::Status TensorService::Cancel(grpc::ServerContext* ctx, const ferry::v1::CancelRequest* req,
                                    ferry::v1::CancelResponse* resp) {
-  auto r = core_->tensors().Cancel(req->peer(), req->tag());
+  auto r = core_->tensors().Cancel(req->peer(), req->tag(), ListedUid(*ctx));
   if (!r.ok()) return ToGrpcStatus(r.status());
   *resp = *r;
   return grpc::Status::OK;
 }
 
-grpc::Status TensorService::ListPending(grpc::ServerContext*, const ferry::v1::ListPendingRequest*,
+grpc::Status TensorService::ListPending(grpc::ServerContext* ctx,
+                                        const ferry::v1::ListPendingRequest*,
                                         ferry::v1::ListPendingResponse* resp) {
-  core_->tensors().ListPending(resp);
+  core_->tensors().ListPending(resp, ListedUid(*ctx));
   return grpc::Status::OK;
 }
 
@@ -206,7 +249,7 @@ grpc::Status TensorPeerService::Notify(grpc::ServerContext* ctx, const ferry::v1
   if (!from.ok()) return ToGrpcStatus(from.status());
   ferry::v1::Notification posted = *req;
   posted.set_from_node(*from);
-  core_->tensors().board().Post(posted);
+  core_->tensors().board().Post(posted, NotificationOwner(*req));
   return grpc::Status::OK;
 }
 

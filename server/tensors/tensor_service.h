@@ -47,10 +47,21 @@ class TensorService final
   MoveCalls MovesFor(const LocalCaller& caller);
 
  private:
+  // The caller's uid, owner of what it starts and taker of its notifications (-1: a
+  // caller over local_tcp, known by its certificate only).
+  int64_t CallerUid(const grpc::ServerContext& ctx) const;
+  // Whose pending sends and receives the caller lists and cancels: its uid's, or -1 (every
+  // uid's) for root, the admin group and local_tcp.
+  int64_t ListedUid(const grpc::ServerContext& ctx) const;
+  // PERMISSION_DENIED naming remote_list when `req` moves to or from a list of this node
+  // itself that `caller` may not use (server/local/own_node_access.h says why).
+  absl::Status MayReachOwnNodeList(const std::optional<LocalCaller>& caller,
+                                   const ferry::v1::MoveBlocksRequest& req);
+
   AgentCore* const core_;
   // MoveBlocks' starts that would ask a peer (its list, or the buffers it names); last, so
   // it runs its queue before the rest goes.
-  WorkerPool starters_{kTransferStarters, "ferry-start"};
+  WorkerPool starters_{kTransferStarters, "ferry-start", kStartersPerPeer};
 };
 
 class TensorPeerService final : public ferry::v1::TensorPeer::Service {
@@ -71,6 +82,9 @@ class TensorPeerService final : public ferry::v1::TensorPeer::Service {
                       ferry::v1::NotifyResponse*) override;
 
  private:
+  // Who a peer's notification is for: the uid owning the list or buffer it names here.
+  int64_t NotificationOwner(const ferry::v1::Notification& n) const;
+
   AgentCore* const core_;
 };
 

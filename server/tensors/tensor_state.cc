@@ -35,13 +35,14 @@ absl::Status RenameOps(const absl::Status& s) {
 }  // namespace
 
 TensorState::TensorState(PeerDirectory* peers, BufferRegistry* buffers, TransferEngine* engine,
-                         uint64_t max_op_bytes)
+                         uint64_t max_op_bytes, size_t notifications_per_receiver)
     : peers_(peers),
       node_(peers->self()),
       buffers_(buffers),
       engine_(engine),
       max_op_bytes_(max_op_bytes),
       matcher_(node_, buffers),
+      board_(notifications_per_receiver),
       blocks_(std::make_shared<BlockLists>(buffers)),
       mover_(peers, buffers, engine, blocks_.get()) {
   // Send ids only need to be unique per sending agent; a random start keeps a restarted
@@ -110,6 +111,7 @@ absl::Status TensorState::NotifyPeer(ferry::v1::TensorPeer::Stub* stub, ferry::v
 }
 
 absl::StatusOr<ferry::v1::SendResponse> TensorState::Send(const ferry::v1::SendRequest& req,
+                                                          int64_t owner_uid,
                                                           absl::Time deadline,
                                                           const CancelledFn& client_gone) {
   const absl::Time start = absl::Now();
@@ -140,6 +142,7 @@ absl::StatusOr<ferry::v1::SendResponse> TensorState::Send(const ferry::v1::SendR
   const auto key = std::make_pair(req.peer(), meta.tag());
   auto active = std::make_shared<ActiveSend>();
   active->bytes = bytes;
+  active->owner_uid = owner_uid;
   uint64_t send_id;
   {
     absl::MutexLock lock(&mu_);
@@ -220,7 +223,7 @@ absl::StatusOr<ferry::v1::SendResponse> TensorState::Send(const ferry::v1::SendR
       op->set_length(std::min(chunk, bytes - done));
     }
     submit.set_timeout_ms(EngineTimeoutMs(deadline));
-    auto id = engine_->Submit(submit);
+    auto id = engine_->Submit(submit, {}, {}, owner_uid);
     // Bytes in flight land in the peer's buffer whatever the client does now, so the send
     // is settled (and the peer told) only after the transfer itself ended.
     written = id.ok() ? AwaitTransfer(*id) : id.status();
@@ -243,6 +246,7 @@ absl::StatusOr<ferry::v1::SendResponse> TensorState::Send(const ferry::v1::SendR
 }
 
 absl::StatusOr<ferry::v1::RecvResponse> TensorState::Recv(const ferry::v1::RecvRequest& req,
+                                                          int64_t owner_uid,
                                                           absl::Time deadline,
                                                           const CancelledFn& client_gone) {
   RETURN_IF_ERROR(CheckName(req.peer(), "peer"));
@@ -266,6 +270,7 @@ absl::StatusOr<ferry::v1::RecvResponse> TensorState::Recv(const ferry::v1::RecvR
   spec.tag = req.tag();
   spec.offset = req.offset();
   spec.expect = expect;
+  spec.owner_uid = owner_uid;
   if (req.buffer() != 0) {
     ASSIGN_OR_RETURN(spec.buffer, buffers_->Get(req.buffer(), "buffer"));
     if (spec.buffer->name().empty()) {
@@ -297,7 +302,8 @@ absl::StatusOr<ferry::v1::RecvResponse> TensorState::Recv(const ferry::v1::RecvR
 }
 
 absl::StatusOr<ferry::v1::WriteBlocksResponse> TensorState::WriteBlocks(
-    const ferry::v1::WriteBlocksRequest& req, absl::Time deadline, const CancelledFn& client_gone) {
+    const ferry::v1::WriteBlocksRequest& req, int64_t owner_uid, absl::Time deadline,
+    const CancelledFn& client_gone) {
   const absl::Time start = absl::Now();
   RETURN_IF_ERROR(CheckName(req.peer(), "peer"));
   RETURN_IF_ERROR(CheckName(req.remote_buffer(), "remote_buffer"));
@@ -324,7 +330,7 @@ absl::StatusOr<ferry::v1::WriteBlocksResponse> TensorState::WriteBlocks(
     bytes += b.length();
   }
   submit.set_timeout_ms(EngineTimeoutMs(deadline));
-  auto id = engine_->Submit(submit);
+  auto id = engine_->Submit(submit, {}, {}, owner_uid);
   absl::Status written = id.ok() ? AwaitTransfer(*id) : RenameOps(id.status());
   if (written.ok() && client_gone && client_gone()) {
     written = absl::CancelledError("the batch was cancelled by its sender");
@@ -335,6 +341,7 @@ absl::StatusOr<ferry::v1::WriteBlocksResponse> TensorState::WriteBlocks(
     // receiver never sees "landed" before the last block has.
     ferry::v1::Notification n;
     n.set_name(req.notification());
+    n.set_buffer(req.remote_buffer());  // its owner there is who the notification is for
     n.set_bytes(written.ok() ? bytes : 0);
     n.set_blocks(static_cast<uint32_t>(req.blocks_size()));
     n.set_code(static_cast<int>(written.code()));
@@ -354,27 +361,40 @@ absl::StatusOr<ferry::v1::WriteBlocksResponse> TensorState::WriteBlocks(
 }
 
 absl::StatusOr<ferry::v1::CancelResponse> TensorState::Cancel(const std::string& peer,
-                                                              const std::string& tag) {
+                                                              const std::string& tag,
+                                                              int64_t taker) {
   ferry::v1::CancelResponse resp;
+  bool others = false;
   {
     absl::MutexLock lock(&mu_);
     auto it = sends_.find({peer, tag});
     if (it != sends_.end()) {
-      it->second->cancelled = true;
-      resp.set_sends(1);
+      const int64_t owner = it->second->owner_uid;
+      if (taker < 0 || owner < 0 || owner == taker) {
+        it->second->cancelled = true;
+        resp.set_sends(1);
+      } else {
+        others = true;
+      }
     }
   }
-  resp.set_recvs(matcher_.CancelRecv(peer, tag));
+  resp.set_recvs(matcher_.CancelRecv(peer, tag, taker, &others));
   if (resp.sends() == 0 && resp.recvs() == 0) {
+    if (others) {
+      return absl::PermissionDeniedError(
+          absl::StrCat("tag: what is pending for tag '", tag, "' with ", peer,
+                       " belongs to another uid; uid ", taker, " may not cancel it"));
+    }
     return absl::NotFoundError(absl::StrCat("nothing pending for tag '", tag, "' with ", peer));
   }
   return resp;
 }
 
-void TensorState::ListPending(ferry::v1::ListPendingResponse* out) {
+void TensorState::ListPending(ferry::v1::ListPendingResponse* out, int64_t taker) {
   {
     absl::MutexLock lock(&mu_);
     for (const auto& [key, send] : sends_) {
+      if (taker >= 0 && send->owner_uid >= 0 && send->owner_uid != taker) continue;
       auto* p = out->add_sends();
       p->set_peer(key.first);
       p->set_tag(key.second);
@@ -382,8 +402,8 @@ void TensorState::ListPending(ferry::v1::ListPendingResponse* out) {
       p->set_bytes(send->bytes);
     }
   }
-  matcher_.List(out);
-  out->set_notifications(board_.size());
+  matcher_.List(out, taker);
+  out->set_notifications(board_.size_for(taker));
 }
 
 }  // namespace ferry::server

@@ -35,8 +35,9 @@ class TensorState {
  public:
   // `peers` names the nodes tensors may go to and from (this node itself too, as
   // peers->self()) and holds the channels to them; it must outlive this.
+  // `notifications_per_receiver`: NotificationBoard's capacity (limits key of that name).
   TensorState(PeerDirectory* peers, BufferRegistry* buffers, TransferEngine* engine,
-              uint64_t max_op_bytes);
+              uint64_t max_op_bytes, size_t notifications_per_receiver = 65536);
 
   const std::string& node() const { return node_; }
   RecvMatcher& matcher() { return matcher_; }
@@ -47,19 +48,27 @@ class TensorState {
   std::shared_ptr<BlockLists> shared_blocks() const { return blocks_; }
   BlockMover& mover() { return mover_; }
 
+  // `owner_uid` below: the local uid making the call (-1: not known, a caller over
+  // local_tcp). What it starts is its own: only it, root or the admin group cancel or list
+  // it (server/local/call_rules.h); a taker of -1 acts on everyone's.
   absl::StatusOr<ferry::v1::SendResponse> Send(const ferry::v1::SendRequest& req,
-                                               absl::Time deadline, const CancelledFn& client_gone);
+                                               int64_t owner_uid, absl::Time deadline,
+                                               const CancelledFn& client_gone);
   absl::StatusOr<ferry::v1::RecvResponse> Recv(const ferry::v1::RecvRequest& req,
-                                               absl::Time deadline, const CancelledFn& client_gone);
+                                               int64_t owner_uid, absl::Time deadline,
+                                               const CancelledFn& client_gone);
   absl::StatusOr<ferry::v1::WriteBlocksResponse> WriteBlocks(
-      const ferry::v1::WriteBlocksRequest& req, absl::Time deadline,
+      const ferry::v1::WriteBlocksRequest& req, int64_t owner_uid, absl::Time deadline,
       const CancelledFn& client_gone);
-  // Cancels pending sends to and receives from (peer, tag). NOT_FOUND if there were none.
-  absl::StatusOr<ferry::v1::CancelResponse> Cancel(const std::string& peer, const std::string& tag);
-  void ListPending(ferry::v1::ListPendingResponse* out);
+  // Cancels `taker`'s pending sends to and receives from (peer, tag). NOT_FOUND if there
+  // were none; PERMISSION_DENIED if there were only another uid's.
+  absl::StatusOr<ferry::v1::CancelResponse> Cancel(const std::string& peer, const std::string& tag,
+                                                   int64_t taker);
+  void ListPending(ferry::v1::ListPendingResponse* out, int64_t taker);
 
  private:
   struct ActiveSend {
+    int64_t owner_uid = -1;
     std::atomic<bool> cancelled{false};
     std::atomic<const char*> state{"waiting for receive"};
     uint64_t bytes = 0;
