@@ -124,7 +124,7 @@ struct Config {
   uint32_t tcp_max_connections_per_peer = 64;
   uint32_t tcp_handshake_timeout_ms = 5000;
   // What one local uid may hold at once (0: no limit); every refusal names the key and the
-  // use (README "Local trust model").
+  // use (docs/operator-guide.md "Limits per client").
   uint32_t per_uid_transfers = 1024;      // transfers running
   uint32_t per_uid_registrations = 4096;  // RegisterMemory registrations (each holds an fd)
   uint32_t per_uid_buffers = 4096;        // AllocBuffer buffers

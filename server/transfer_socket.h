@@ -2,10 +2,10 @@
 // The transfer socket: Agent.TransferStream's messages over a Unix socket the agent serves
 // itself, beside the local API's ("<path>.transfers", same mode and group; GetInfo.
 // transfer_socket names it), for local clients' small transfers. Over gRPC a one-op
-// transfer costs the agent hand-offs among gRPC's own threads (the README's "Where a one-op
-// Transfer loses its time"); here one thread reads every connection and starts each request
-// itself, the provider sends from that thread, and the thread that settles the transfer
-// writes the answer: the agent wakes for the request and for the peer's answer, no more.
+// transfer costs the agent hand-offs among gRPC's own threads (docs/benchmarks.md, "Where a
+// one-op Transfer loses its time"); here one thread reads every connection and starts each
+// request itself, the provider sends from that thread, and the thread that settles the
+// transfer writes the answer: the agent wakes for the request and for the peer's answer, no more.
 //
 // The wire (base/frame.h), after the client's 8 bytes of hello ("ferryxf1" or "ferryxf2"):
 // frames of a 4-byte little-endian length and that many bytes of a SocketRequest

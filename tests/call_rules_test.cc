@@ -4,8 +4,11 @@
 
 #include "server/local/call_rules.h"
 
+#include <fstream>
 #include <string>
+#include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "ferry/v1/agent.grpc.pb.h"
 #include "ferry/v1/tensor.grpc.pb.h"
@@ -38,6 +41,27 @@ TEST(CallRulesTest, RowsNameRealCallsOnce) {
   for (const CallRuleRow& row : CallRules()) {
     EXPECT_EQ(FindCallRule(row.call), &row) << row.call << " is listed twice";
   }
+}
+
+// The operator guide's table is the agent's: every row the same call, rule and words, in
+// the same order, and no row the agent does not have.
+TEST(CallRulesTest, TheOperatorGuideListsEveryRuleAsTheAgentHasIt) {
+  std::ifstream guide(FERRY_SOURCE_DIR "/docs/operator-guide.md");
+  ASSERT_TRUE(guide.good());
+  std::vector<std::string> documented;
+  std::string line;
+  while (std::getline(guide, line)) {
+    if (absl::StartsWith(line, "| `Agent.") || absl::StartsWith(line, "| `Tensors.") ||
+        absl::StartsWith(line, "| `TransferSocket.")) {
+      documented.push_back(line);
+    }
+  }
+  std::vector<std::string> expected;
+  for (const CallRuleRow& row : CallRules()) {
+    expected.push_back(
+        absl::StrCat("| `", row.call, "` | ", CallRuleName(row.rule), " | ", row.what, " |"));
+  }
+  EXPECT_EQ(documented, expected);
 }
 
 TEST(CallRulesTest, OperatorCallsNeedRootTheAdminGroupOrTls) {

@@ -1,7 +1,7 @@
 #pragma once
-// Who may make each local call: the one table every service consults (README "Local trust
-// model" lists the same rows; tests/call_rules_test.cc checks that every Agent and Tensors
-// RPC has a row and that the README agrees). The kernel names the caller (SO_PEERCRED,
+// Who may make each local call: the one table every service consults (docs/operator-guide.md
+// "Local callers: who may do what" lists the same rows; tests/call_rules_test.cc checks that
+// every Agent and Tensors RPC has a row and that the guide agrees). The kernel names the caller (SO_PEERCRED,
 // server/local/local_callers.h); a caller over local_tcp is authenticated by its TLS
 // certificate instead and treated as an operator (no uid to compare).
 //
@@ -26,7 +26,7 @@ enum class CallRule { kAnyone, kOwner, kOperator };
 struct CallRuleRow {
   const char* call;  // "Agent.SetPolicy", "Tensors.MoveBlocks", "TransferSocket.Move"
   CallRule rule;
-  const char* what;  // one line for the README table
+  const char* what;  // one line for the operator guide's table
 };
 
 absl::Span<const CallRuleRow> CallRules();
