@@ -1,7 +1,9 @@
-# Sourced by guest-node-a (run_faults): faults from the real stack, each during or before a
+# Sourced by guest-node-a (run_faults): faults from the real stack (a cable pulled, eth0
+# down, the peer agent killed, a memlock limit, rxe0 deleted), each during or before a
 # 64 MiB WRITE node-a -> node-b, each bounded by FAULT_TIMEOUT. Outcome per fault:
 #   verified        the put succeeded and node-b holds the bytes (checksum);
 #   error           the put failed with a named error (quoted);
+#   hang-deadline   the put failed DEADLINE_EXCEEDED: nothing failed it before its deadline;
 #   hang            ferryctl had not returned after FAULT_TIMEOUT s (then killed).
 # Then what node-a's `ferryctl nics` says about the rail, and whether a fresh put works.
 
@@ -16,6 +18,19 @@ start_put() {
   echo $? >/tmp/fault.rc) &
   FAULT_PID=$!
   FAULT_START=$SECONDS
+}
+
+# Waits (20 s at most) until the put is on the wire: rxe0 has sent 4 MiB more than when
+# called (ferryctl first copies the file and resolves the buffer), so a fault lands mid-put.
+wait_for_traffic() {
+  local base i
+  base=$(rxe_counter sent_pkts)
+  for ((i = 0; i < 100; i++)); do
+    (($(rxe_counter sent_pkts) - base > 4096)) && return 0
+    [[ -e /tmp/fault.rc ]] && break
+    sleep 0.2
+  done
+  note "the put was not seen on rxe0 before the fault"
 }
 
 # finish_put NAME: waits for the put, then records the fault's outcome.
@@ -39,6 +54,10 @@ finish_put() {
     else
       outcome=CORRUPT detail="put said ok in ${took} s but node-b holds $landed"
     fi
+  elif grep -q DEADLINE_EXCEEDED /tmp/fault.out; then
+    # Not a hang of ours, but not an error from the stack either: the agent waited out its
+    # whole deadline.
+    outcome=hang-deadline detail="after ${took} s: $(tr '\n' ' ' </tmp/fault.out | cut -c1-300)"
   else
     outcome=error detail="after ${took} s: $(tr '\n' ' ' </tmp/fault.out | cut -c1-300)"
   fi
@@ -50,13 +69,12 @@ finish_put() {
   rails=$(jq -r '.recent[0] | (.rails // []) | join(",")' "$OUT/transfer-$name.json")
   retries=$(jq -r '.recent[0].retries // 0' "$OUT/transfer-$name.json")
   result fault "$name" "$outcome" "$detail; rails ${rails:--}, retried slices $retries"
-  # Afterwards: does a fresh put get through (the rail back, or another one)?
-  start_put
-  FAULT_TIMEOUT=60 finish_after "$name"
 }
 
-# finish_after NAME: the put after a fault, one line.
-finish_after() {
+# then_put NAME: after the fault (and any recovery), does a fresh put get through (the rail
+# back, or another one)? One line.
+then_put() {
+  start_put
   local i
   for ((i = 0; i < FAULT_TIMEOUT * 5; i++)); do
     [[ -e /tmp/fault.rc ]] && break
@@ -75,20 +93,22 @@ finish_after() {
 fault_cable_pull() {
   note "fault: cable pull 3 s"
   start_put
-  sleep 1
+  wait_for_traffic
   ask host 10 "monitor node-a 'set_link net0 off'"
   sleep 3
   ask host 10 "monitor node-a 'set_link net0 on'"
   finish_put cable_pull_3s
+  then_put cable_pull_3s
 }
 
 # node-b's agent SIGKILLed mid-put and started again (its buffer allocated again).
 fault_peer_kill() {
   note "fault: peer ferryd SIGKILL + restart"
   start_put
-  sleep 1
+  wait_for_traffic
   ask $B 90 "kill -9 \$(cat /run/ferry/pid); sleep 1; start_ferryd && \$FERRYCTL alloc 64MiB --name buf"
   finish_put peer_sigkill
+  then_put peer_sigkill
 }
 
 # node-a's agent restarted without CAP_IPC_LOCK under a 1 MiB memlock limit (its pool and
@@ -107,10 +127,60 @@ fault_memlock() {
   finish_put memlock_1MiB
   stop_ferryd
   start_ferryd
+  then_put memlock_1MiB
+}
+
+# node-a's eth0 down for 3 s mid-put, from inside the guest: the kernel reports PORT_ERR,
+# then PORT_ACTIVE, on rxe0.
+fault_link_down() {
+  note "fault: ip link set eth0 down 3 s"
+  start_put
+  wait_for_traffic
+  ip link set eth0 down
+  sleep 3
+  ip link set eth0 up
+  finish_put link_down_3s
+  then_put link_down_3s
+}
+
+# rxe0 deleted while the agent has it open, then added again. Last: the kernel may keep
+# `rdma link delete` waiting (D state) until the device is closed, which only the agent can
+# do (on IBV_EVENT_DEVICE_FATAL); then the agent is SIGKILLed to see whether that frees it.
+fault_device_delete() {
+  note "fault: rdma link delete rxe0"
+  rdma link delete rxe0 &
+  local pid=$! i start=$SECONDS
+  for ((i = 0; i < 100; i++)); do
+    kill -0 $pid 2>/dev/null || break
+    sleep 0.2
+  done
+  if kill -0 $pid 2>/dev/null; then
+    local state
+    state=$(awk '{print $3}' /proc/$pid/stat)
+    "$FERRYCTL" nics >"$OUT/nics-after-device_delete.txt" 2>&1
+    kill -9 "$(cat /run/ferry/pid)"
+    rm -f /run/ferry/pid
+    for ((i = 0; i < 50; i++)); do
+      kill -0 $pid 2>/dev/null || break
+      sleep 0.2
+    done
+    result fault rdma_link_delete hang "rdma link delete blocked $((SECONDS - start)) s" \
+      "(state $state) while ferryd held rxe0; after SIGKILL of ferryd it" \
+      "$(kill -0 $pid 2>/dev/null && echo "is still blocked" || echo "returned")"
+  else
+    result fault rdma_link_delete returned "in $((SECONDS - start)) s"
+    stop_ferryd
+  fi
+  if ! kill -0 $pid 2>/dev/null; then
+    rdma link add rxe0 type rxe netdev eth0 &&
+      start_ferryd && then_put rdma_link_delete
+  fi
 }
 
 run_faults() {
   fault_cable_pull
+  fault_link_down
   fault_peer_kill
   fault_memlock
+  fault_device_delete
 }

@@ -63,9 +63,25 @@ stop_ferryd() {
   rm -f /run/ferry/pid
 }
 
+# The IPv4-mapped RoCE v2 GID's index on rxe0 (what ferry picks by itself): rxe puts a
+# link-local GID made from the MAC at index 0 even with IPv6 off, and that one does not
+# route here (perftest on it: "Failed to modify QP to RTR").
+roce_v2_ipv4_gid() {
+  local port=/sys/class/infiniband/rxe0/ports/1 f i
+  for f in "$port"/gids/*; do
+    i=${f##*/}
+    if [[ $(cat "$f") == 0000:0000:0000:0000:0000:ffff:* &&
+      $(cat "$port/gid_attrs/types/$i" 2>/dev/null) == "RoCE v2" ]]; then
+      echo "$i"
+      return
+    fi
+  done
+  echo 1
+}
+
 # serve NAME: runs the commands queued for NAME ($RPC/NAME.K.cmd, K = 1, 2, ...) in order,
 # each under bash with its output in NAME.K.out and its status in NAME.K.rc, until one says
-# `exit`.
+# `exit` or node-a's part has ended.
 serve() {
   local name=$1 k=1
   while true; do
@@ -77,6 +93,8 @@ serve() {
       echo $? >"$RPC/$name.$k.rc.tmp"
       mv "$RPC/$name.$k.rc.tmp" "$RPC/$name.$k.rc"
       k=$((k + 1))
+    elif [[ -e /xchg/node-a/exit ]]; then
+      return 0 # node-a's part ended, however it ended
     else
       sleep 0.2
     fi
@@ -85,11 +103,11 @@ serve() {
 
 # ask NAME TIMEOUT COMMAND: queues COMMAND for NAME (node-b or host), waits up to TIMEOUT
 # seconds for its status, prints its output, returns its status (124: no answer in time).
-declare -A ASKED
+# The sequence number lives in a file: ask often runs in a $(...) subshell.
 ask() {
   local name=$1 t=$2 cmd=$3 k i
-  k=$((${ASKED[$name]:-0} + 1))
-  ASKED[$name]=$k
+  k=$(($(cat "/run/ferry/asked.$name" 2>/dev/null || echo 0) + 1))
+  echo "$k" >"/run/ferry/asked.$name"
   printf '%s\n' "$cmd" >"$RPC/$name.$k.tmp"
   mv "$RPC/$name.$k.tmp" "$RPC/$name.$k.cmd"
   for ((i = 0; i < t * 5; i++)); do

@@ -17,8 +17,9 @@ last_transfer() {
 perftest() {
   local tool=$1
   shift
-  ask $B 20 "$tool -d rxe0 -x 0 $* >/tmp/$tool.server.log 2>&1 & sleep 1" >/dev/null
-  timeout 120 "$tool" -d rxe0 -x 0 "$@" "$PEER_ADDR" >/tmp/"$tool".log 2>&1
+  ask $B 20 "$tool -d rxe0 -x \$(roce_v2_ipv4_gid) $* >/tmp/$tool.server.log 2>&1 &
+    sleep 1" >/dev/null
+  timeout 120 "$tool" -d rxe0 -x "$(roce_v2_ipv4_gid)" "$@" "$PEER_ADDR" >/tmp/"$tool".log 2>&1
   local rc=$?
   ask $B 30 "timeout 20 tail --pid=\$(pgrep -x $tool) -f /dev/null || pkill -x $tool" >/dev/null
   cat /tmp/"$tool".log
