@@ -68,10 +68,10 @@ stop_ferryd() {
 # route here (perftest on it: "Failed to modify QP to RTR").
 roce_v2_ipv4_gid() {
   local port=/sys/class/infiniband/rxe0/ports/1 f i
-  for f in "$port"/gids/*; do
+  # One grep over the 1024 entries (a process per entry takes a minute under TCG).
+  for f in $(grep -l '^0000:0000:0000:0000:0000:ffff:' "$port"/gids/* 2>/dev/null); do
     i=${f##*/}
-    if [[ $(cat "$f") == 0000:0000:0000:0000:0000:ffff:* &&
-      $(cat "$port/gid_attrs/types/$i" 2>/dev/null) == "RoCE v2" ]]; then
+    if [[ $(cat "$port/gid_attrs/types/$i" 2>/dev/null) == "RoCE v2" ]]; then
       echo "$i"
       return
     fi
