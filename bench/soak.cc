@@ -2,6 +2,12 @@
 // checked. Not a test (it takes a minute or more): `make soak` runs it.
 //
 //   ferry-soak [--clients 64] [--iterations 1000] [--restarts 3] [--max-size 1MiB]
+//              [--hostile 1] [--compare 1]
+//
+// --hostile 1: one hostile client in the mix (bench/hostile_client.h; another uid when run
+// as root): the others must see no failure and no mismatch. --compare 1: the same soak
+// without, then with, the hostile client, and the ratio of the other clients' 4 KiB WRITE
+// p99.
 //
 // Each client (its own session) owns a slot of node-b's persisting buffer "soak". An
 // iteration fills a local buffer with random bytes, WRITEs a random-size range to its slot,
@@ -12,9 +18,14 @@
 // Prints ops, mismatches, errors by code, and each agent's RSS, threads and pool use at
 // the start and the end; exits 1 on any mismatch or if the accounting does not return.
 
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <filesystem>
 #include <cstdio>
 #include <cstring>
 #include <map>
@@ -28,7 +39,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "base/byte_size.h"
+#include "bench/hostile_client.h"
+#include "bench/stats.h"
 #include "client/agent_process.h"
+#include "client/child_process.h"
 #include "client/ferry_client.h"
 
 namespace ferry::soak {
@@ -39,19 +53,34 @@ struct Options {
   int iterations = 1000;
   int restarts = 3;
   uint64_t max_size = 1 << 20;
+  bool hostile = false;
+  bool compare = false;
 };
+
+// The uid the hostile client runs as: nobody when we are root (another tenant, as on a
+// shared node), else ours (and it then shares the per-uid limits with the soak's clients).
+constexpr uid_t kNobody = 65534;
 
 struct Tally {
   std::atomic<uint64_t> ops{0}, bytes{0}, compared{0}, mismatches{0}, overlapped{0};
   std::mutex mu;
   std::map<std::string, uint64_t> errors;  // by code name
   std::map<std::string, std::string> first;  // the first message of each code
+  std::vector<double> small_write_us;  // WRITEs of at most 4 KiB, each one's latency
   void Error(const absl::Status& s) {
     std::lock_guard<std::mutex> lock(mu);
     std::string code = absl::StatusCodeToString(s.code());
     if (errors[code]++ == 0) first[code] = std::string(s.message().substr(0, 160));
   }
 };
+
+// Descriptors `pid` holds now.
+size_t OpenFds(pid_t pid) {
+  std::error_code ec;
+  auto it = std::filesystem::directory_iterator(absl::StrCat("/proc/", pid, "/fd"), ec);
+  if (ec) return 0;
+  return static_cast<size_t>(std::distance(it, std::filesystem::directory_iterator()));
+}
 
 std::string Figures(const std::string& when, AgentProcess& agent, Client* client) {
   std::string pool = "?", threads = "?";
@@ -63,8 +92,8 @@ std::string Figures(const std::string& when, AgentProcess& agent, Client* client
     }
   }
   return absl::StrCat("  ", agent.node(), " ", when, ": RSS ",
-                      FormatByteSize(agent.MemoryBytes("VmRSS")), ", threads ", threads,
-                      ", host pool used ", pool);
+                      FormatByteSize(agent.MemoryBytes("VmRSS")), ", fds ", OpenFds(agent.pid()),
+                      ", threads ", threads, ", host pool used ", pool);
 }
 
 // One client's life: its own session, its own slot of "soak".
@@ -83,6 +112,7 @@ void RunClient(int index, const Options& o, const std::string& socket,
   }
   std::mt19937_64 rng(0x5eed + index);
   const uint64_t slot = static_cast<uint64_t>(index) * o.max_size;
+  std::vector<double> small_write_us;
   for (int i = 0; i < o.iterations; ++i) {
     // Log-uniform sizes from 1 byte to max_size: small ops as often as large ones.
     double log_max = std::log2(static_cast<double>(o.max_size));
@@ -96,7 +126,11 @@ void RunClient(int index, const Options& o, const std::string& socket,
     }
     std::memset((*back)->data(), 0, size);
     uint64_t before = epoch.load();
+    const absl::Time started = absl::Now();
     absl::Status w = (*client)->Write(**src, 0, "node-b", "soak", slot + offset, size);
+    if (w.ok() && size <= 4096) {
+      small_write_us.push_back(absl::ToDoubleMicroseconds(absl::Now() - started));
+    }
     tally.ops++;
     if (!w.ok()) {
       tally.Error(w);
@@ -118,23 +152,68 @@ void RunClient(int index, const Options& o, const std::string& socket,
     tally.compared++;
     if (std::memcmp((*src)->data(), (*back)->data(), size) != 0) tally.mismatches++;
   }
+  std::lock_guard<std::mutex> lock(tally.mu);
+  tally.small_write_us.insert(tally.small_write_us.end(), small_write_us.begin(),
+                              small_write_us.end());
 }
 
-int Run(const Options& o) {
+// What a soak found, for --compare.
+struct Outcome {
+  bool ok = false;  // no mismatch, no error outside restarts, accounting back
+  double small_write_p99_us = 0;
+};
+
+// The hostile client, as a process of its own (this binary again): started once the agents
+// are up, stopped (SIGTERM, then waited for) before the figures are read.
+class HostileChild {
+ public:
+  HostileChild(const std::string& dir, const std::string& socket_a,
+               const std::string& socket_b) {
+    const uid_t uid = geteuid() == 0 ? kNobody : getuid();
+    if (uid == getuid()) {
+      std::printf("  (not root: the hostile client runs as this uid, sharing its limits)\n");
+    }
+    auto pid = SpawnChild(
+        {"/proc/self/exe", "--hostile-actor", socket_a, socket_b, absl::StrCat(uid)},
+        absl::StrCat(dir, "/hostile.log"));
+    if (pid.ok()) {
+      pid_ = *pid;
+    } else {
+      std::fprintf(stderr, "ferry-soak: hostile client: %s\n", pid.status().ToString().c_str());
+    }
+  }
+  ~HostileChild() { Stop(); }
+  void Stop() {
+    if (pid_ <= 0) return;
+    kill(pid_, SIGTERM);
+    int status = 0;
+    waitpid(pid_, &status, 0);
+    pid_ = 0;
+  }
+
+ private:
+  pid_t pid_ = 0;
+};
+
+Outcome Run(const Options& o) {
+  Outcome outcome;
   char tmpl[] = "/tmp/ferry-soak-XXXXXX";
   std::string dir = mkdtemp(tmpl);
+  // The hostile client (another uid) reaches the agents' sockets in this folder.
+  if (o.hostile) chmod(dir.c_str(), 0755);
   auto pa = PickFreePort(), pb = PickFreePort();
-  if (!pa.ok() || !pb.ok()) return 1;
+  if (!pa.ok() || !pb.ok()) return outcome;
   const uint64_t soak_bytes = static_cast<uint64_t>(o.clients) * o.max_size;
   std::string extra = absl::StrCat("host_pool:\n  size: ", (3 * soak_bytes >> 20) + 256,
                                    "MiB\nlog:\n  level: warn\n");
   AgentSpec spec_a{"node-a", dir, *pa, {{"node-b", absl::StrCat("127.0.0.1:", *pb)}}, extra};
   AgentSpec spec_b{"node-b", dir, *pb, {{"node-a", absl::StrCat("127.0.0.1:", *pa)}}, extra};
+  if (o.hostile) spec_a.local_mode = spec_b.local_mode = "0666";
   auto a = AgentProcess::Start(spec_a);
   auto b = AgentProcess::Start(spec_b);
   if (!a.ok() || !b.ok()) {
     std::fprintf(stderr, "ferry-soak: %s\n", (a.ok() ? b.status() : a.status()).ToString().c_str());
-    return 1;
+    return outcome;
   }
   // The driver's own clients: they hold the target and read the agents' figures.
   auto make_target = [&](std::unique_ptr<Client>& cb) -> absl::Status {
@@ -146,14 +225,20 @@ int Run(const Options& o) {
   std::unique_ptr<Client> cb;
   if (absl::Status s = make_target(cb); !s.ok()) {
     std::fprintf(stderr, "ferry-soak: %s\n", s.ToString().c_str());
-    return 1;
+    return outcome;
   }
   auto ca = Client::Connect((*a)->socket(), absl::Seconds(10), "soak driver");
-  if (!ca.ok()) return 1;
-  std::printf("ferry-soak: %d clients x %d WRITE+READ of 1 B .. %s, node-b restarted %d times\n",
-              o.clients, o.iterations, FormatByteSize(o.max_size).c_str(), o.restarts);
+  if (!ca.ok()) return outcome;
+  std::printf("ferry-soak: %d clients x %d WRITE+READ of 1 B .. %s, node-b restarted %d times%s\n",
+              o.clients, o.iterations, FormatByteSize(o.max_size).c_str(), o.restarts,
+              o.hostile ? ", one hostile client in the mix" : "");
   std::vector<std::string> start = {Figures("at start", **a, ca->get()),
                                     Figures("at start", **b, cb.get())};
+  std::unique_ptr<HostileChild> hostile;
+  if (o.hostile) {
+    hostile = std::make_unique<HostileChild>(dir, (*a)->socket(), (*b)->socket());
+    absl::SleepFor(absl::Seconds(1));  // its tricks are under way before the clients start
+  }
 
   Tally tally;
   std::atomic<uint64_t> epoch{0};  // odd while node-b is down or its target not yet made
@@ -174,12 +259,12 @@ int Run(const Options& o) {
     if (!restarted.ok()) {
       std::fprintf(stderr, "ferry-soak: restart %d: %s\n", r,
                    restarted.status().ToString().c_str());
-      return 1;
+      return outcome;
     }
     *b = std::move(*restarted);
     if (absl::Status s = make_target(cb); !s.ok()) {
       std::fprintf(stderr, "ferry-soak: restart %d: %s\n", r, s.ToString().c_str());
-      return 1;
+      return outcome;
     }
     epoch++;
     std::printf("  restart %d of node-b at %llu ops (it exited %d)\n", r,
@@ -187,9 +272,11 @@ int Run(const Options& o) {
   }
   for (auto& t : clients) t.join();
   double seconds = absl::ToDoubleSeconds(absl::Now() - t0);
+  // The hostile client goes; what it held must go with it.
+  if (hostile) hostile->Stop();
 
   // Every client gone: node-a holds nothing, node-b only the persisting target.
-  absl::SleepFor(absl::Milliseconds(500));
+  absl::SleepFor(absl::Milliseconds(o.hostile ? 3000 : 500));
   std::vector<std::string> end = {Figures("at end", **a, ca->get()),
                                   Figures("at end", **b, cb.get())};
   auto info_a = (*ca)->GetInfo();
@@ -204,6 +291,10 @@ int Run(const Options& o) {
               static_cast<unsigned long long>(tally.compared.load()),
               static_cast<unsigned long long>(tally.overlapped.load()));
   std::printf("mismatches %llu\n", static_cast<unsigned long long>(tally.mismatches.load()));
+  outcome.small_write_p99_us = bench::Percentile(tally.small_write_us, 0.99);
+  std::printf("WRITEs of at most 4 KiB: %zu, p50 %.0f us, p99 %.0f us\n",
+              tally.small_write_us.size(), bench::Percentile(tally.small_write_us, 0.5),
+              outcome.small_write_p99_us);
   std::printf("errors by code:%s\n", tally.errors.empty() ? " none" : "");
   for (const auto& [code, n] : tally.errors) {
     std::printf("  %-20s %6llu  e.g. %s\n", code.c_str(), static_cast<unsigned long long>(n),
@@ -220,13 +311,22 @@ int Run(const Options& o) {
   a->reset();
   b->reset();
   std::system(("rm -rf " + dir).c_str());
-  return tally.mismatches.load() == 0 && accounting ? 0 : 1;
+  uint64_t errors = 0;
+  for (const auto& [code, n] : tally.errors) errors += n;
+  // Without restarts no op may fail at all.
+  outcome.ok = tally.mismatches.load() == 0 && accounting && (o.restarts > 0 || errors == 0);
+  return outcome;
 }
 
 }  // namespace
 }  // namespace ferry::soak
 
 int main(int argc, char** argv) {
+  if (argc == 5 && std::string(argv[1]) == "--hostile-actor") {
+    uint32_t uid = 0;
+    if (!absl::SimpleAtoi(argv[4], &uid)) return 2;
+    return ferry::soak::RunHostileClient(argv[2], argv[3], uid);
+  }
   ferry::soak::Options o;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string flag = argv[i], value = argv[i + 1];
@@ -235,6 +335,10 @@ int main(int argc, char** argv) {
     else if (flag == "--iterations")
       ok = absl::SimpleAtoi(value, &o.iterations) && o.iterations > 0;
     else if (flag == "--restarts") ok = absl::SimpleAtoi(value, &o.restarts) && o.restarts >= 0;
+    else if (flag == "--hostile" || flag == "--compare") {
+      ok = value == "1" || value == "0";
+      (flag == "--hostile" ? o.hostile : o.compare) = value == "1";
+    }
     else if (flag == "--max-size") {
       auto size = ferry::ParseByteSize(value);
       ok = size.ok() && *size > 0;
@@ -243,9 +347,23 @@ int main(int argc, char** argv) {
     if (!ok) {
       std::fprintf(
           stderr,
-          "usage: ferry-soak [--clients N] [--iterations N] [--restarts N] [--max-size SIZE]\n");
+          "usage: ferry-soak [--clients N] [--iterations N] [--restarts N] [--max-size SIZE]\n"
+          "                  [--hostile 0|1] [--compare 0|1]\n");
       return 2;
     }
   }
-  return ferry::soak::Run(o);
+  if (!o.compare) return ferry::soak::Run(o).ok ? 0 : 1;
+  // The same soak twice in one run, without and then with the hostile client: the ratio of
+  // the other clients' small-op p99 is the figure (the machine's noise is in both).
+  o.hostile = false;
+  ferry::soak::Outcome quiet = ferry::soak::Run(o);
+  std::printf("\n");
+  o.hostile = true;
+  ferry::soak::Outcome hostile = ferry::soak::Run(o);
+  const double ratio =
+      quiet.small_write_p99_us > 0 ? hostile.small_write_p99_us / quiet.small_write_p99_us : 0;
+  std::printf("\n4 KiB WRITE p99 of the other clients: %.0f us alone, %.0f us beside the "
+              "hostile client: %.2f x (goal <= 2)\n",
+              quiet.small_write_p99_us, hostile.small_write_p99_us, ratio);
+  return quiet.ok && hostile.ok ? 0 : 1;
 }

@@ -173,6 +173,11 @@ TEST(ConfigTest, ExampleFileDocumentsValidKeys) {
   EXPECT_EQ(c->peer_listen, defaults->peer_listen);
   EXPECT_TRUE(c->peers.empty());
   EXPECT_EQ(c->metrics_listen, "");
+  // The limits per client it shows are the defaults.
+  EXPECT_EQ(c->per_uid_transfers, defaults->per_uid_transfers);
+  EXPECT_EQ(c->per_uid_registrations, defaults->per_uid_registrations);
+  EXPECT_EQ(c->per_uid_buffers, defaults->per_uid_buffers);
+  EXPECT_EQ(c->notifications_per_receiver, defaults->notifications_per_receiver);
 }
 
 // The second example runs beside the first on one host: its own node, socket and peer port.

@@ -104,6 +104,26 @@ TEST(FairQueueTest, ASmallOpPostedBehindAHugeBatchGoesOutAtTheNextTurn) {
   EXPECT_EQ(big_done, 4096);
 }
 
+// Issue 44 row 7: turns go to owners first. A uid with 100 transfers waiting and a uid
+// with one share the wire slice for slice: the one's 10 slices are all done within the
+// first 21 completions after it came (the hoard had the first slice on the wire), not after
+// the hoard's 100 transfers had their turns.
+TEST(FairQueueTest, AnOwnerWithManyTransfersGetsOneTurnAsAnOwnerWithOneDoes) {
+  auto ep = std::make_shared<HeldEndpoint>();
+  auto queue = std::make_shared<FairQueue>(1 << 20);  // one 1 MiB slice on the wire at once
+  int hoard_done = 0, small_done = 0;
+  for (uint64_t id = 1; id <= 100; ++id) {
+    queue->Enqueue(id, Slices(ep, 10, 1 << 20, id << 20, &hoard_done), nullptr, /*owner=*/1000);
+  }
+  queue->Enqueue(1000, Slices(ep, 10, 1 << 20, 1ull << 40, &small_done), nullptr, 2000);
+  for (int i = 0; i < 21 && small_done < 10; ++i) ASSERT_TRUE(ep->CompleteOne());
+  EXPECT_EQ(small_done, 10) << "uid 2000's transfer waited behind uid 1000's hoard";
+  EXPECT_LE(hoard_done, 11);
+  while (ep->CompleteOne()) {
+  }
+  EXPECT_EQ(hoard_done, 1000);
+}
+
 // One transfer alone keeps the solo window on the wire; a second one brings it back to the
 // shared window: its slices go once what is in flight fits that, then the two take turns;
 // alone again (and the hold passed: none here), the first grows back to the solo window.

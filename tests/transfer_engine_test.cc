@@ -657,6 +657,40 @@ TEST_F(TransferEngineTest, CancelSettlesAtOnceButBuffersWaitForTheFabric) {
   EXPECT_EQ(engine_->Cancel(*id + 100).status().code(), absl::StatusCode::kNotFound);
 }
 
+// Issue 44 row 7: one uid's running transfers are bounded (limits.per_uid_transfers); the
+// refusal names the limit and the use; another uid, and transfers with no known owner, are
+// not held back by it; one that ends makes room again.
+TEST_F(TransferEngineTest, AUidsRunningTransfersAreBoundedAndOthersAreNot) {
+  EngineLimits limits = limits_;
+  limits.per_uid_transfers = 3;
+  engine_->SetLimits(limits);
+  auto src = Local(kSlice, 8);
+  local_.HoldCompletions();
+  ferry::v1::SubmitRequest request;
+  *request.add_ops() = Op(ferry::v1::WRITE, *src, 0, 64, 0);
+  std::vector<uint64_t> mine;
+  for (int i = 0; i < 3; ++i) {
+    auto id = engine_->Submit(request, {}, {}, /*owner_uid=*/1000);
+    ASSERT_TRUE(id.ok()) << id.status();
+    mine.push_back(*id);
+  }
+  auto refused = engine_->Submit(request, {}, {}, 1000);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(refused.status().message(),
+              HasSubstr("uid 1000 has 3 transfers running, at most 3 (limits.per_uid_transfers)"));
+  auto other = engine_->Submit(request, {}, {}, 2000);
+  EXPECT_TRUE(other.ok()) << other.status();
+  auto unowned = engine_->Submit(request);
+  EXPECT_TRUE(unowned.ok()) << unowned.status();
+  EXPECT_EQ((*engine_->Find(mine[0]))->owner_uid(), 1000);
+  ASSERT_TRUE(engine_->Cancel(mine[0]).ok());
+  auto again = engine_->Submit(request, {}, {}, 1000);
+  EXPECT_TRUE(again.ok()) << again.status();
+  local_.ReleaseCompletions();
+  for (uint64_t id : {mine[1], mine[2], *other, *unowned, *again}) AwaitEnd(id);
+  src.reset();
+}
+
 TEST_F(TransferEngineTest, HeldPastItsTimeoutATransferFailsDeadlineExceeded) {
   auto src = Local(kSlice, 7);
   local_.HoldCompletions();

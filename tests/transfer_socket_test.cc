@@ -8,6 +8,8 @@
 // client's readers all meet here.
 
 #include <pthread.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -22,6 +24,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "base/frame.h"
+#include "base/unique_fd.h"
 #include "base/worker_pool.h"
 #include "client/socket_line.h"
 #include "client/stream_wire.h"
@@ -297,6 +301,63 @@ TEST_F(TransferSocketTest, PastAUidsConnectionsTheConnectIsRefusedSayingSo) {
   auto next = SocketLine::Connect(path);
   ASSERT_TRUE(next.ok()) << next.status();
   EXPECT_TRUE((*next)->Run({op}, absl::Seconds(10), false, absl::Seconds(20)).result.ok());
+}
+
+// Issue 44 row 8: connections that each hold most of a 64 MiB frame (128 of them once held
+// 8.4 GB for one uid). Together one uid's connections hold at most kMaxBufferedBytesPerUid:
+// the one that would go past it is refused, naming the limit and the use, and closed; the
+// others, and the socket, go on.
+TEST_F(TransferSocketTest, OneUidsHalfSentFramesHoldAtMostItsBudget) {
+  constexpr int kConnections = 5;
+  constexpr uint32_t kFrame = kMaxFrameBytes - (4 << 20);  // 60 MiB, never finished
+  constexpr size_t kSent = 56 << 20;                        // 5 x 56 MiB > 256 MiB
+  static_assert(kConnections * kSent > TransferSocket::kMaxBufferedBytesPerUid);
+  std::vector<UniqueFd> conns;
+  for (int i = 0; i < kConnections; ++i) {
+    UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    sockaddr_un addr = {};
+    addr.sun_family = AF_UNIX;
+    std::snprintf(addr.sun_path, sizeof(addr.sun_path), "%s", path.c_str());
+    ASSERT_EQ(connect(fd.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+    std::string start(kTransferSocketHello, kTransferSocketHelloBytes);
+    AppendFrameHeader(kFrame, &start);
+    ASSERT_EQ(send(fd.get(), start.data(), start.size(), MSG_NOSIGNAL),
+              static_cast<ssize_t>(start.size()));
+    conns.push_back(std::move(fd));
+  }
+  std::atomic<int> cut_short{0};
+  std::vector<std::thread> senders;
+  const std::string chunk(1 << 20, 'z');
+  for (int i = 0; i < kConnections; ++i) {
+    senders.emplace_back([&, i] {
+      for (size_t sent = 0; sent < kSent; sent += chunk.size()) {
+        if (send(conns[i].get(), chunk.data(), chunk.size(), MSG_NOSIGNAL) < 0) {
+          ++cut_short;  // refused and closed by the agent
+          return;
+        }
+      }
+    });
+  }
+  for (auto& t : senders) t.join();
+  EXPECT_GE(cut_short.load(), 1) << "every connection buffered its 56 MiB";
+  // The refused one was told why before it was closed.
+  std::string told;
+  for (UniqueFd& fd : conns) {
+    char buf[4096];
+    timeval tv = {0, 200000};
+    setsockopt(fd.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+    ssize_t n = recv(fd.get(), buf, sizeof(buf), 0);
+    if (n > 0) told.append(buf, static_cast<size_t>(n));
+  }
+  EXPECT_THAT(told, HasSubstr(absl::StrCat("at most ", TransferSocket::kMaxBufferedBytesPerUid,
+                                           " a uid")));
+  // The socket still serves.
+  conns.clear();
+  AwaitConnections(*socket, 0);
+  auto line = SocketLine::Connect(path);
+  ASSERT_TRUE(line.ok()) << line.status();
+  OpSpec op{ferry::v1::WRITE, 1, 0, "fast", "b", 0, 64};
+  EXPECT_TRUE((*line)->Run({op}, absl::Seconds(10), false, absl::Seconds(20)).result.ok());
 }
 
 // Transfers that end after Stop answer nobody, and nothing breaks: the connections hold

@@ -7,15 +7,19 @@
 
 namespace ferry::server {
 
-void FairQueue::Enqueue(uint64_t id, std::vector<SliceWork> slices, Wanted wanted) {
+void FairQueue::Enqueue(uint64_t id, std::vector<SliceWork> slices, Wanted wanted,
+                        int64_t owner) {
   if (slices.empty()) return;
   {
     absl::MutexLock lock(&mu_);
     auto [it, fresh] = pending_.try_emplace(id);
     if (fresh) {
-      if (!turns_.empty() || in_flight_ > 0) shared_until_ = absl::Now() + shared_hold_;
+      if (pending_.size() > 1 || in_flight_ > 0) shared_until_ = absl::Now() + shared_hold_;
       it->second.wanted = std::move(wanted);
-      turns_.push_back(id);
+      it->second.owner = owner;
+      std::list<uint64_t>& turns = turns_[owner];
+      if (turns.empty()) owner_turns_.push_back(owner);
+      turns.push_back(id);
     }
     queued_ += slices.size();
     for (auto& s : slices) it->second.slices.push_back(std::move(s));
@@ -34,7 +38,7 @@ bool FairQueue::ClaimPumpLocked() {
 }
 
 uint64_t FairQueue::WindowLocked() const {
-  if (turns_.size() > 1 || solo_window_bytes_ == window_bytes_) return window_bytes_;
+  if (pending_.size() > 1 || solo_window_bytes_ == window_bytes_) return window_bytes_;
   return absl::Now() < shared_until_ ? window_bytes_ : solo_window_bytes_;
 }
 
@@ -48,13 +52,15 @@ void FairQueue::Pump() {
     batch.clear();
     {
       absl::MutexLock lock(&mu_);
-      // One slice per transfer per turn, while the next one fits in the window (and always
-      // one, so a slice larger than the window still goes). The window is read once a pass
-      // (it reads the clock): a line that shrinks to one transfer meanwhile keeps the shared
-      // window until the next pass.
-      const uint64_t window = turns_.empty() ? window_bytes_ : WindowLocked();
-      while (!turns_.empty() && batch.size() < kBatch) {
-        uint64_t id = turns_.front();
+      // One slice per owner per turn, from its transfers in turn, while the next one fits
+      // in the window (and always one, so a slice larger than the window still goes). The
+      // window is read once a pass (it reads the clock): a line that shrinks to one
+      // transfer meanwhile keeps the shared window until the next pass.
+      const uint64_t window = owner_turns_.empty() ? window_bytes_ : WindowLocked();
+      while (!owner_turns_.empty() && batch.size() < kBatch) {
+        const int64_t owner = owner_turns_.front();
+        std::list<uint64_t>& turns = turns_.at(owner);
+        uint64_t id = turns.front();
         Pending& p = pending_.at(id);
         const uint64_t next = p.slices.front().local.length;
         if (in_flight_ > 0 && in_flight_ + next > window) break;
@@ -65,9 +71,15 @@ void FairQueue::Pump() {
         batch.emplace_back(std::move(work), p.wanted);
         if (p.slices.empty()) {
           pending_.erase(id);
-          turns_.pop_front();
+          turns.pop_front();
         } else {
-          turns_.splice(turns_.end(), turns_, turns_.begin());  // last in line, same node
+          turns.splice(turns.end(), turns, turns.begin());  // last in its owner's line
+        }
+        if (turns.empty()) {
+          turns_.erase(owner);
+          owner_turns_.pop_front();
+        } else {
+          owner_turns_.splice(owner_turns_.end(), owner_turns_, owner_turns_.begin());
         }
       }
       if (batch.empty()) {
@@ -134,7 +146,7 @@ void FairQueue::Release(uint64_t bytes) {
     absl::MutexLock lock(&mu_);
     in_flight_ -= bytes;
     // Nothing waits for the room: no pump (a completion takes the queue's lock once).
-    if (turns_.empty() || !ClaimPumpLocked()) return;
+    if (owner_turns_.empty() || !ClaimPumpLocked()) return;
   }
   Pump();
 }

@@ -4,6 +4,10 @@
 // batch and a cancelled transfer stops at its posted slices. One per peer, shared by every
 // transfer to it.
 //
+// Turns go to owners (local uids) first, then to each owner's transfers: a client with a
+// thousand transfers waiting gets one slice a round, as a client with one does, so that
+// hoarding transfers buys no share of the wire from the node's other users.
+//
 // One transfer that has had the peer to itself for `shared_hold` may keep
 // `solo_window_bytes` (larger) on the wire: its slices wait for their acks a round trip
 // each, and with one window of them in flight that round trip, not the copies, sets a large
@@ -72,8 +76,10 @@ class FairQueue : public std::enable_shared_from_this<FairQueue> {
 
   // Queues the slices of transfer `id` (in order) and posts what the window allows.
   // `wanted` is asked before they are posted: false (the transfer ended) skips the slices
-  // not yet posted, whose completions then run with CANCELLED.
-  void Enqueue(uint64_t id, std::vector<SliceWork> slices, Wanted wanted);
+  // not yet posted, whose completions then run with CANCELLED. `owner`: whose turn the
+  // transfer's slices take (its uid; -1 for transfers of no known uid, which share one); a
+  // transfer already waiting keeps the owner it came with.
+  void Enqueue(uint64_t id, std::vector<SliceWork> slices, Wanted wanted, int64_t owner = -1);
 
   uint64_t window_bytes() const { return window_bytes_; }
   uint64_t in_flight_bytes() const;
@@ -83,6 +89,7 @@ class FairQueue : public std::enable_shared_from_this<FairQueue> {
   struct Pending {
     std::deque<SliceWork> slices;
     Wanted wanted;
+    int64_t owner = -1;
   };
   // True when the caller is now the one thread that pumps, and must call Pump.
   bool ClaimPumpLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -101,7 +108,9 @@ class FairQueue : public std::enable_shared_from_this<FairQueue> {
   uint64_t in_flight_ ABSL_GUARDED_BY(mu_) = 0;
   absl::Time shared_until_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
   absl::flat_hash_map<uint64_t, Pending> pending_ ABSL_GUARDED_BY(mu_);
-  std::list<uint64_t> turns_ ABSL_GUARDED_BY(mu_);  // transfers with slices, next first
+  // Owners with slices waiting, next first; and each one's transfers with slices, next first.
+  std::list<int64_t> owner_turns_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<int64_t, std::list<uint64_t>> turns_ ABSL_GUARDED_BY(mu_);
   size_t queued_ ABSL_GUARDED_BY(mu_) = 0;
   bool pumping_ ABSL_GUARDED_BY(mu_) = false;
   bool again_ ABSL_GUARDED_BY(mu_) = false;

@@ -167,7 +167,7 @@ void StripedOp::OnSlice(const SliceRange& slice, size_t lane, absl::Status statu
   if (again) {
     std::vector<SliceWork> one;
     one.push_back(std::move(*again));
-    queue_->Enqueue(spec_.transfer_id, std::move(one), wanted_);
+    queue_->Enqueue(spec_.transfer_id, std::move(one), wanted_, spec_.owner_uid);
   }
   if (finished) std::move(finished)(std::move(outcome));
 }

@@ -67,6 +67,7 @@ class StripedOp : public std::enable_shared_from_this<StripedOp> {
     uint64_t slice_bytes = 0;
     std::string peer;
     uint64_t transfer_id = 0;
+    int64_t owner_uid = -1;  // the transfer's (FairQueue turns)
     // Slice k starts on lane (first_lane + k) % lanes: small ops of a batch take turns on
     // the NICs rather than all starting on the first.
     size_t first_lane = 0;

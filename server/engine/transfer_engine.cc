@@ -381,6 +381,7 @@ void TransferEngine::Post(const std::shared_ptr<Transfer>& transfer, absl::Time 
     const fabric::Piece& one = r.pieces.front();
     StripedOp::Spec spec{r.read, one.local_offset, one.remote_offset, r.length, limits.slice_bytes,
                          node, transfer->id(), next_lane_.fetch_add(1, std::memory_order_relaxed)};
+    spec.owner_uid = transfer->owner_uid();
     if (r.pieces.size() > 1) {
       spec.pieces =
           std::make_shared<const std::vector<fabric::Piece>>(r.pieces.begin(), r.pieces.end());
@@ -592,7 +593,7 @@ void TransferEngine::Post(const std::shared_ptr<Transfer>& transfer, absl::Time 
   flush();
   // Each peer's slices go to its queue at once, after planning: nothing completes meanwhile.
   for (auto& [node, slices] : work) {
-    queue_for(node)->Enqueue(transfer->id(), std::move(slices), wanted);
+    queue_for(node)->Enqueue(transfer->id(), std::move(slices), wanted, transfer->owner_uid());
   }
   if (!staged.empty()) StartStaging(transfer, std::move(planned), std::move(staged));
 }

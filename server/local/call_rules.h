@@ -1,9 +1,10 @@
 #pragma once
 // Who may make each local call: the one table every service consults (docs/operator-guide.md
 // "Local callers: who may do what" lists the same rows; tests/call_rules_test.cc checks that
-// every Agent and Tensors RPC has a row and that the guide agrees). The kernel names the caller (SO_PEERCRED,
-// server/local/local_callers.h); a caller over local_tcp is authenticated by its TLS
-// certificate instead and treated as an operator (no uid to compare).
+// every Agent and Tensors RPC has a row and that the guide agrees). The kernel names the
+// caller (SO_PEERCRED, server/local/local_callers.h); a caller over local_tcp is
+// authenticated by its TLS certificate instead and treated as an operator (no uid to
+// compare).
 //
 // Three rules:
 //   kAnyone   - reads of node-wide facts (info, topology, policy, peers, totals) and calls
