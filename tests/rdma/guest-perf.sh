@@ -31,7 +31,7 @@ ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else
 gbps() { awk -v bytes="$1" -v us="$2" 'BEGIN { if (us > 0) printf "%.3f", bytes * 8 / us / 1000 }'; }
 
 run_perf() {
-  note "perf: ferry 64 MiB WRITE and READ, 4 KiB WRITE x 11"
+  note "perf: ferry 64 MiB WRITE and READ, 4 KiB WRITE x 7"
   head -c $PERF_BYTES /dev/urandom >/tmp/perf.src
   timeout 180 "$FERRYCTL" put /tmp/perf.src --to $B:buf || note "perf put failed"
   read -r w_us w_rails < <(last_transfer)
@@ -41,7 +41,7 @@ run_perf() {
   rm -f /tmp/perf.src /tmp/perf.back
   head -c 4096 /dev/urandom >/tmp/perf.4k
   local lat=() i us rails
-  for i in $(seq 11); do
+  for i in $(seq 7); do
     timeout 60 "$FERRYCTL" put /tmp/perf.4k --to $B:buf >/dev/null || continue
     read -r us rails < <(last_transfer)
     lat+=("$us")
