@@ -9,10 +9,12 @@
 
 #include <atomic>
 #include <cstdio>
+#include <cstdlib>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "base/frame.h"
@@ -81,11 +83,14 @@ void Hoard(const std::string& socket_a) {
   while (!stopping.load()) {
     std::unique_ptr<Client> a = Reconnect(socket_a);
     if (a == nullptr) return;
-    auto src = a->Alloc(64 << 20);
+    auto src = a->Alloc(4096);
     if (!src.ok()) continue;
     for (int i = 0; i < 100000 && !stopping.load(); ++i) {
+      // Small transfers, many at once (row 7: 10k outstanding handles): what is measured is
+      // whether a client's count of transfers buys it anything, not its bytes (a client
+      // moving much data is no abuse, and takes its turn like any other).
       auto id = a->Submit({{ferry::v1::WRITE, (*src)->id(), 0, "node-b", TargetName(), 0,
-                            64 << 20}});
+                            4096}});
       // Refused past its limit (RESOURCE_EXHAUSTED): it tries again soon, as a greedy client.
       if (!id.ok()) absl::SleepFor(absl::Milliseconds(20));
       if (!id.ok() && !absl::IsResourceExhausted(id.status())) break;
@@ -140,11 +145,15 @@ int RunHostileClient(const std::string& socket_a, const std::string& socket_b, u
     }
   });
   absl::SleepFor(absl::Milliseconds(500));
+  // $FERRY_HOSTILE_TRICKS: a comma-separated subset (to see what each costs the others).
+  const char* env = std::getenv("FERRY_HOSTILE_TRICKS");
+  const std::string tricks = env != nullptr ? env : "shrink,flood,hoard,frames";
+  auto wants = [&](const char* trick) { return absl::StrContains(tricks, trick); };
   std::vector<std::thread> threads;
-  threads.emplace_back([&] { Shrink(socket_a); });
-  threads.emplace_back([&] { Flood(socket_a); });
-  threads.emplace_back([&] { Hoard(socket_a); });
-  threads.emplace_back([&] { Frames(socket_a); });
+  if (wants("shrink")) threads.emplace_back([&] { Shrink(socket_a); });
+  if (wants("flood")) threads.emplace_back([&] { Flood(socket_a); });
+  if (wants("hoard")) threads.emplace_back([&] { Hoard(socket_a); });
+  if (wants("frames")) threads.emplace_back([&] { Frames(socket_a); });
   for (auto& t : threads) t.join();
   target.join();
   return 0;

@@ -7,7 +7,7 @@
 //   shrink  registers a memfd it can shrink (no MFD_ALLOW_SEALING), starts a 1 MiB WRITE from
 //           it and truncates it meanwhile
 //   flood   notifications to its own buffer on the peer, never taken
-//   hoard   64 MiB WRITEs submitted and never waited for, as many as it is let
+//   hoard   4 KiB WRITEs submitted and never waited for, as many as it is let
 //   frames  transfer-socket connections holding most of a 64 MiB frame, never finished
 
 #include <sys/types.h>

@@ -275,16 +275,14 @@ void TcpConnection::SendLocked(Finished& finished) {
       }
       if (errno == EFAULT) {
         // The kernel copies a send's iovecs in chunks and takes none of a chunk that faults,
-        // so the error names no iovec: the next sends go one iovec at a time until the
-        // faulting payload is the first, then it is padded.
-        if (PadFaultedLocked()) {
-          one_at_a_time_ = false;
-          continue;
-        }
+        // so a fault in several iovecs names none of them (the first may be another client's
+        // good payload): the next sends go one iovec at a time, and the one that faults alone
+        // is the payload whose memory went, padded.
         if (!one_at_a_time_) {
           one_at_a_time_ = true;
           continue;
         }
+        if (PadFaultedLocked()) continue;
       }
       FailLocked(absl::UnavailableError(absl::StrCat("tcp: send to ", peer_, ": ",
                                                      SocketError(errno, "sendmsg()").message())),

@@ -101,9 +101,9 @@ class TcpConnection : public EventLoop::Handler,
 
   // Takes the oldest outstanding request off, and its bytes off the load: its completion.
   fabric::Completion PopOutstandingLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // sendmsg failed EFAULT at a request's payload (its memory went away): the rest of that
-  // payload goes as zeros and the request fails once answered. False when the fault is not
-  // in a payload (the connection then fails).
+  // A sendmsg of one iovec failed EFAULT (one_at_a_time_): that iovec is a request's payload
+  // whose memory went away; its rest goes as zeros and the request fails once answered.
+  // False when it is no payload (the connection then fails).
   bool PadFaultedLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The DATA_LOSS a request whose local memory went away fails with.
   absl::Status LocalFault(const RequestHeader& h) const;
