@@ -27,7 +27,7 @@ struct VerbsSettings {
   uint32_t port = 0;              // 0 = the device's first active port
   int gid_index = -1;             // RoCE GID table index; -1 = pick a RoCE v2 entry
   uint32_t timeout = 14;          // ack timeout exponent: 4.096 us * 2^timeout
-  uint32_t retry_cnt = 7;         // transport retries (0..7)
+  uint32_t retry_cnt = 6;         // transport retries (0..7; 7 = forever on Soft-RoCE)
   uint32_t rnr_retry = 7;         // receiver-not-ready retries (0..7; 7 = forever)
   uint32_t send_queue_depth = 1024;
   uint32_t signal_every = 64;     // completion every Nth WR

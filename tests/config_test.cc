@@ -68,7 +68,7 @@ security: {mode: mtls, ca: /etc/ferry/ca.pem, cert: /etc/ferry/b.pem, key: /etc/
 
 TEST(ConfigTest, VerbsSectionIsParsedAndChecked) {
   auto c = ParseConfig(R"(
-verbs: {device: mlx5_1, port: 2, gid_index: 3, timeout: 18, retry_cnt: 6, rnr_retry: 5,
+verbs: {device: mlx5_1, port: 2, gid_index: 3, timeout: 18, retry_cnt: 5, rnr_retry: 5,
         send_queue_depth: 256, signal_every: 32, inline_threshold: 0, recv_queue_depth: 128,
         cq_depth: 4096, max_message_bytes: 64KiB}
 )", "test.yaml");
@@ -77,7 +77,7 @@ verbs: {device: mlx5_1, port: 2, gid_index: 3, timeout: 18, retry_cnt: 6, rnr_re
   EXPECT_EQ(c->verbs.port, 2u);
   EXPECT_EQ(c->verbs.gid_index, 3);
   EXPECT_EQ(c->verbs.timeout, 18u);
-  EXPECT_EQ(c->verbs.retry_cnt, 6u);
+  EXPECT_EQ(c->verbs.retry_cnt, 5u);
   EXPECT_EQ(c->verbs.rnr_retry, 5u);
   EXPECT_EQ(c->verbs.send_queue_depth, 256u);
   EXPECT_EQ(c->verbs.signal_every, 32u);

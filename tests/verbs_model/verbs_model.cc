@@ -969,12 +969,17 @@ bool VerbsModel::Execute(Qp* q) {
   if (!Reachable(q)) {
     // No ACK comes: the requester retransmits retry_cnt times, each after the local ACK
     // timeout of 4.096 us x 2^timeout (ibv_modify_qp(3): IBV_QP_TIMEOUT, IBV_QP_RETRY_CNT),
-    // then fails the WR; a timeout of 0 means wait forever.
+    // then fails the WR; a timeout of 0 means wait forever. retry_cnt 7 also means forever,
+    // as the kernel's Soft-RoCE takes it (drivers/infiniband/sw/rxe/rxe_comp.c,
+    // rxe_completer: `if (qp->comp.retry_cnt != 7) qp->comp.retry_cnt--;`), seen in a QEMU
+    // guest: a provider asking for 7 hung on a dead peer there. mlx5 counts 7 retries; the
+    // model is the stricter of the two.
     if (!q->retrying) {
       q->retrying = true;
       const double seconds = (q->attr.retry_cnt + 1) * 4.096e-6 * std::ldexp(1.0, q->attr.timeout);
-      q->retry_deadline = q->attr.timeout == 0 ? absl::InfiniteFuture()
-                                               : absl::Now() + absl::Seconds(seconds);
+      q->retry_deadline = q->attr.timeout == 0 || q->attr.retry_cnt == 7
+                              ? absl::InfiniteFuture()
+                              : absl::Now() + absl::Seconds(seconds);
     }
     if (absl::Now() < q->retry_deadline) return false;
     q->retrying = false;

@@ -16,8 +16,10 @@ struct VerbsOptions {
   int gid_index = -1;
   // Ack timeout exponent: 4.096 us * 2^timeout (14 = 67 ms), as ibv_modify_qp takes it.
   uint32_t timeout = 14;
-  // Transport retries before a WR fails with IBV_WC_RETRY_EXC_ERR (0..7).
-  uint32_t retry_cnt = 7;
+  // Transport retries before a WR fails with IBV_WC_RETRY_EXC_ERR (0..7). 6, not 7: the
+  // kernel's Soft-RoCE takes 7 as "retry forever" (rxe_comp.c) where mlx5 counts 7 retries,
+  // and a dead peer must be an error within seconds on both (7 x 67 ms here).
+  uint32_t retry_cnt = 6;
   // Receiver-not-ready retries; 7 means retry forever (0..7).
   uint32_t rnr_retry = 7;
   // Send queue depth per endpoint; more ops than this wait in the provider.
