@@ -26,6 +26,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/time.h"
 #include "base/byte_size.h"
 #include "base/grpc_status.h"
 #include "base/unique_fd.h"
@@ -70,11 +71,12 @@ relative, or HOST:PORT for the agent's TCP listener):
                                         that persists after ferryctl exits, until `free ID`;
                                         --allow-peers: only these peers may reach it
   free ID                               free a buffer
-  put FILE --to NODE:BUFFER [--offset SIZE]
+  put FILE --to NODE:BUFFER [--offset SIZE] [--timeout DURATION]
                                         write a file into a (remote) named buffer
-  get NODE:BUFFER FILE [--offset SIZE] [--length SIZE]
+  get NODE:BUFFER FILE [--offset SIZE] [--length SIZE] [--timeout DURATION]
                                         read a (remote) named buffer into a file: --length
-                                        bytes from --offset (default: to its end)
+                                        bytes from --offset (default: to its end). Deadline:
+                                        --timeout (90s, 5m), else 60 s and 1 s per 16 MiB
   cancel TRANSFER_ID [--json]           end a running transfer; prints how it ended
   policy get [--json]                   the GDR / staging policy in force
   policy set KEY=VALUE ...              change it now (gdr, gdr_max_path, fallback,
@@ -102,14 +104,25 @@ Exit codes: 0 ok, 1 refused or failed, 2 usage, 3 no agent.
 )";
 
 // A put or get moves the whole range within this time (the agent's deadline for it).
+// put and get: 60 s, and a second more per 16 MiB (a 1 GiB file over a slow link once ran
+// out of a fixed 60 s with 880 MiB moved), at most the agent's own cap (limits.max_timeout,
+// 10 min by default); --timeout sets it.
 constexpr absl::Duration kTransferTimeout = absl::Seconds(60);
+constexpr uint64_t kBytesPerExtraSecond = 16 << 20;
+constexpr absl::Duration kMaxTransferTimeout = absl::Minutes(10);
+
+absl::Duration TransferTimeout(uint64_t bytes) {
+  return std::min(
+      kMaxTransferTimeout,
+      kTransferTimeout + absl::Seconds(static_cast<double>(bytes / kBytesPerExtraSecond)));
+}
 
 // Options that take a value, for every command: a scan for the command and the shared
 // options must skip their values ("--name info" names a buffer "info").
 constexpr absl::string_view kValueOptions[] = {
     "--socket", "--name",        "--device", "--to",         "--offset",
     "--length", "--topology",    "--config", "--sysfs-root", "--reason",
-    "--recent", "--allow-peers", "--out",    "--ca",         "--days"};
+    "--recent", "--allow-peers", "--out",    "--ca",         "--days",  "--timeout"};
 
 // Every command, for the hint after an unknown one.
 constexpr absl::string_view kCommandNames[] = {
@@ -131,6 +144,7 @@ struct Args {
   bool json = false;
   std::string name, to, device = "host", reason, allow_peers, out, ca;
   std::optional<uint64_t> offset, length, recent, days;
+  std::optional<absl::Duration> timeout;  // put, get: --timeout
 };
 
 // One line saying what is wrong and where the full usage is: the usage text is 50 lines,
@@ -268,6 +282,14 @@ std::string ParseArgs(const std::vector<std::string>& rest, Args& a) {
       size = &a.length;
     } else if (name == "--recent") {
       size = &a.recent, what = "N";
+    } else if (name == "--timeout") {
+      if (!value && k + 1 < rest.size()) value = rest[++k];
+      absl::Duration d;
+      if (!value || !absl::ParseDuration(*value, &d) || d <= absl::ZeroDuration()) {
+        return "--timeout needs a duration like 90s or 5m";
+      }
+      a.timeout = d;
+      continue;
     } else {
       return absl::StrCat("unknown option ", name);
     }
@@ -366,11 +388,12 @@ std::vector<OpSpec> RangeOps(ferry::v1::OpType type, uint64_t local_buffer, cons
   return ops;
 }
 
-// Client::Run, with a progress line when stderr is a terminal.
-absl::StatusOr<ferry::v1::TransferResult> RunTransfer(Client& c, const std::vector<OpSpec>& ops) {
-  if (!isatty(STDERR_FILENO)) return c.Run(ops, kTransferTimeout);
+// Client::Run with `timeout`, with a progress line when stderr is a terminal.
+absl::StatusOr<ferry::v1::TransferResult> RunTransfer(Client& c, const std::vector<OpSpec>& ops,
+                                                      absl::Duration timeout) {
+  if (!isatty(STDERR_FILENO)) return c.Run(ops, timeout);
   const absl::Time start = absl::Now();
-  absl::StatusOr<uint64_t> id = c.Submit(ops, kTransferTimeout);
+  absl::StatusOr<uint64_t> id = c.Submit(ops, timeout);
   if (!id.ok()) return id.status();
   {
     ProgressLine line(start);
@@ -378,7 +401,7 @@ absl::StatusOr<ferry::v1::TransferResult> RunTransfer(Client& c, const std::vect
     // away), Wait below still has the verdict or the error.
     c.Watch(*id, [&line](const ferry::v1::TransferProgress& p) { line.Update(p); }).IgnoreError();
   }
-  return c.Wait(*id, kTransferTimeout + absl::Seconds(5));
+  return c.Wait(*id, timeout + absl::Seconds(5));
 }
 
 int Info(Client& c, const Args& a) {
@@ -618,7 +641,8 @@ int Put(Client& c, const Args& a) {
     done += static_cast<uint64_t>(n);
   }
   auto result = RunTransfer(
-      c, RangeOps(ferry::v1::WRITE, (*buffer)->id(), node, remote, a.offset.value_or(0), size));
+      c, RangeOps(ferry::v1::WRITE, (*buffer)->id(), node, remote, a.offset.value_or(0), size),
+      a.timeout.value_or(TransferTimeout(size)));
   c.Free((*buffer)->id()).IgnoreError();
   if (!result.ok()) return Fail(result.status());
   if (absl::Status s = TransferStatus(*result); !s.ok()) return Fail(s);
@@ -648,7 +672,8 @@ int Get(Client& c, const Args& a) {
   auto buffer = c.Alloc(length);
   if (!buffer.ok()) return Fail(buffer.status());
   auto result =
-      RunTransfer(c, RangeOps(ferry::v1::READ, (*buffer)->id(), node, remote, offset, length));
+      RunTransfer(c, RangeOps(ferry::v1::READ, (*buffer)->id(), node, remote, offset, length),
+                  a.timeout.value_or(TransferTimeout(length)));
   absl::Status s = result.ok() ? TransferStatus(*result) : result.status();
   if (s.ok()) {
     UniqueFd fd(open(a.words[1].c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));

@@ -44,6 +44,11 @@ def test_usage_mistakes_are_one_line_and_a_hint():
     expect(rc == 2 and "did you mean" not in err, "no suggestion for a far word", err)
     rc, out, err = run("--help")
     expect(rc == 0 and "certs ca --out DIR" in out, "--help lists certs", out)
+    # put and get take --timeout (a duration); their default deadline grows with the size.
+    expect("--timeout DURATION" in out and "1 s per 16 MiB" in out, "--help names --timeout", out)
+    rc, out, err = run("put", "x.bin", "--to", "node-b:kv", "--timeout", "soon")
+    expect(rc == 2 and "--timeout needs a duration like 90s or 5m" in err,
+           "a --timeout that is no duration is a usage error", err)
 
 
 def test_a_missing_socket_is_named_at_once(tmp):
