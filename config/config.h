@@ -118,8 +118,9 @@ struct Config {
   // concurrent transfers take turns slice by slice (server/engine/fair_queue.h).
   uint64_t slice_bytes = 1 << 20;
   uint64_t peer_window_bytes = 16 << 20;
-  // tcp data listener: incoming connections at most, in total and from one address, and
-  // how long one may take to send its first frame before it is closed.
+  // tcp data listener: incoming connections at most, in total and from one peer node (from
+  // one address before their hellos), and how long one may take to send its first frame
+  // before it is closed.
   uint32_t tcp_max_connections = 1024;
   uint32_t tcp_max_connections_per_peer = 64;
   uint32_t tcp_handshake_timeout_ms = 5000;

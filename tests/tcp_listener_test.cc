@@ -12,6 +12,7 @@
 
 #include "absl/time/clock.h"
 #include "base/unique_fd.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/completion_waiter.h"
 #include "transport/tcp/socket.h"
@@ -20,6 +21,8 @@
 
 namespace ferry::tcp {
 namespace {
+
+using ::testing::HasSubstr;
 
 // True once the peer closed `fd` (recv sees EOF or a reset) within `timeout`.
 bool ClosedByPeer(int fd, absl::Duration timeout) {
@@ -118,6 +121,52 @@ TEST(TcpListenerTest, ConnectionsOverTheCapAreClosedAtOnceAndRoomComesBack) {
   std::vector<char> from(1 << 20, 7), to(1 << 20, 0);
   EXPECT_TRUE(WriteThrough(**fabric, from, to).ok());
   EXPECT_EQ(from, to);
+}
+
+// Issue 44 row 14: admitted connections count against their peer node, not their address:
+// 16 agents behind one address (containers on a host) each have their share, where a cap per
+// address refused the 13th's. A node past its share is told why (kBusy), and its op's error
+// names the limit instead of "endpoint ... is broken".
+TEST(TcpListenerTest, AdmittedConnectionsCountPerNodeAndARefusalIsNamed) {
+  TcpOptions options;
+  options.max_connections_per_source = 4;  // also the per-node share
+  options.connections = 3;                 // an endpoint: 3 bulk connections and the express one
+  auto fabric = TcpFabric::Create(options);
+  ASSERT_TRUE(fabric.ok());
+  std::vector<char> from(4096, 3), to(4096, 0);
+  auto src = (*fabric)->Register(from.data(), from.size(), fabric::kLocal);
+  auto dst = (*fabric)->Register(to.data(), to.size(), fabric::kRemoteWrite);
+  ASSERT_TRUE(src.ok() && dst.ok());
+  auto write = [&](fabric::Endpoint& ep) {
+    fabric::CompletionWaiter done;
+    absl::Status posted = ep.PostWrite({src->get(), 0, from.size()},
+                                       {(*dst)->remote_address(), (*dst)->key()},
+                                       done.Callback());
+    return posted.ok() ? done.Wait() : posted;
+  };
+  // Two nodes, both from 127.0.0.1, a full share each. (Their hellos are read first: until
+  // then a connection counts against its address, whose cap limits handshakes in progress.)
+  auto x = fabric::ConnectDirect(**fabric, **fabric, {"node-x", 1});
+  ASSERT_TRUE(x.ok());
+  EXPECT_TRUE(write(**x).ok());
+  ASSERT_TRUE(WaitOpen(**fabric, 4, absl::Seconds(2)));
+  absl::SleepFor(absl::Milliseconds(200));
+  auto y = fabric::ConnectDirect(**fabric, **fabric, {"node-y", 2});
+  ASSERT_TRUE(y.ok());
+  EXPECT_TRUE(write(**y).ok()) << "a second node behind the same address was refused";
+  absl::SleepFor(absl::Milliseconds(200));
+  ASSERT_TRUE(WaitOpen(**fabric, 8, absl::Seconds(2)));
+  // node-x again: past its share.
+  auto again = fabric::ConnectDirect(**fabric, **fabric, {"node-x", 1});
+  absl::Status refused = again.ok() ? write(**again) : again.status();
+  EXPECT_FALSE(refused.ok());
+  EXPECT_THAT(std::string(refused.message()), HasSubstr("limits.tcp_max_connections_per_peer"))
+      << refused;
+  if (again.ok()) (*again)->Close();
+  (*x)->Close();
+  (*y)->Close();
+  ASSERT_TRUE(WaitOpen(**fabric, 0, absl::Seconds(5)));
+  EXPECT_EQ((*fabric)->listener_stats().open, 0u);
 }
 
 size_t OpenFds() {

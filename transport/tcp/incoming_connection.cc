@@ -216,6 +216,17 @@ void IncomingConnection::OnHello() {
     auto admitted = target_.sessions->Admit(ticket.session, ticket.secret, &refused);
     if (admitted) {
       peer_ = std::move(admitted->peer);
+      if (target_.authenticated && !target_.authenticated(this, peer_.node)) {
+        const uint64_t busy = target_.admission->busy.fetch_add(1) + 1;
+        if (LogThis(busy)) {
+          spdlog::warn("tcp: refused a connection from node {} ({}): it has as many here as "
+                       "limits.tcp_max_connections_per_peer allows ({} such so far)",
+                       peer_.node, source_, busy);
+        }
+        RefuseAndEnd({kResponseMagic, Refusal::kBusy, 0, 0});
+        return;
+      }
+      counted_node_ = peer_.node;
       phase_ = Phase::kHeader;
       return;
     }

@@ -46,6 +46,8 @@ struct AdmissionCounters {
   std::atomic<uint64_t> refused_peer{0};  // a region not exported to the connection's peer
   // Ops answered kFault (the region's memory went away); their connections went on.
   std::atomic<uint64_t> faulted{0};
+  // Admitted hellos answered kBusy: their node had tcp_max_connections_per_peer already.
+  std::atomic<uint64_t> busy{0};
 };
 
 class IncomingConnection : public EventLoop::Handler,
@@ -63,6 +65,9 @@ class IncomingConnection : public EventLoop::Handler,
     // Admits the hello's session.
     SessionSecrets* sessions;
     AdmissionCounters* admission;
+    // The hello admitted the connection for peer node `node`: false when that node has no
+    // room left (the connection is then answered kBusy and ends). Null: always room.
+    std::function<bool(IncomingConnection*, const std::string& node)> authenticated;
   };
 
   // `fd` is accepted and non-blocking; nothing happens until Start runs on `loop`.
@@ -76,6 +81,9 @@ class IncomingConnection : public EventLoop::Handler,
   void Close();
 
   const std::string& source() const { return source_; }
+  // The peer node its hello was admitted for, once it counts against that node's cap ("" until
+  // then); loop thread, or after the connection closed.
+  const std::string& counted_node() const { return counted_node_; }
   // Loop thread: whom the hello admitted the connection for (empty node before that).
   const fabric::PeerInstance& peer() const { return peer_; }
   EventLoop* loop() const { return loop_; }
@@ -131,6 +139,7 @@ class IncomingConnection : public EventLoop::Handler,
   const Target target_;
   std::optional<uint64_t> token_;
   fabric::PeerInstance peer_;
+  std::string counted_node_;
   uint32_t interest_ = 0;
   Phase phase_ = Phase::kHello;
 

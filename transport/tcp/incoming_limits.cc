@@ -14,11 +14,22 @@ bool IncomingLimits::Admit(const std::string& source) {
   return true;
 }
 
-void IncomingLimits::Release(const std::string& source) {
+bool IncomingLimits::Authenticate(const std::string& source, const std::string& node) {
   absl::MutexLock lock(&mu_);
-  auto it = by_source_.find(source);
-  if (it == by_source_.end()) return;
-  if (--it->second == 0) by_source_.erase(it);
+  auto of_node = by_node_.find(node);
+  if (of_node != by_node_.end() && of_node->second >= max_per_source_) return false;
+  auto from = by_source_.find(source);
+  if (from != by_source_.end() && --from->second == 0) by_source_.erase(from);
+  ++by_node_[node];
+  return true;
+}
+
+void IncomingLimits::Release(const std::string& source, const std::string& node) {
+  absl::MutexLock lock(&mu_);
+  auto& counts = node.empty() ? by_source_ : by_node_;
+  auto it = counts.find(node.empty() ? source : node);
+  if (it == counts.end()) return;
+  if (--it->second == 0) counts.erase(it);
   --total_;
 }
 

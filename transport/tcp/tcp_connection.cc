@@ -371,6 +371,11 @@ void TcpConnection::ReceiveLocked(Finished& finished) {
 
 absl::Status TcpConnection::AnswerLocked(const ResponseHeader& resp, Finished& finished) {
   if (resp.magic != kResponseMagic) return absl::DataLossError("bad response header");
+  if (resp.id == 0 && resp.refusal == Refusal::kBusy) {
+    return absl::ResourceExhaustedError(
+        "the peer refused this connection: it has as many connections from this node as "
+        "its limits.tcp_max_connections_per_peer allows");
+  }
   if (outstanding_.empty() || outstanding_.front().header.id != resp.id) {
     return absl::DataLossError(absl::StrCat("answer for unexpected request ", resp.id));
   }

@@ -298,7 +298,10 @@ bool TcpFabric::Serve(UniqueFd fd, const std::string& source) {
   IncomingConnection::Target target = {
       &regions_, [this](uint32_t imm) { Notify(imm); },
       [this](IncomingConnection* conn) { OnIncomingClosed(conn); }, &served_, &sessions_,
-      &admission_};
+      &admission_,
+      [this](IncomingConnection* conn, const std::string& node) {
+        return limits_.Authenticate(conn->source(), node);
+      }};
   auto conn = std::make_shared<IncomingConnection>(std::move(fd), source,
                                                    incoming_loops_->Next(), std::move(target));
   const absl::Duration handshake = absl::Milliseconds(options_.handshake_timeout_ms);
@@ -320,7 +323,7 @@ bool TcpFabric::Serve(UniqueFd fd, const std::string& source) {
 }
 
 void TcpFabric::OnIncomingClosed(IncomingConnection* conn) {
-  limits_.Release(conn->source());
+  limits_.Release(conn->source(), conn->counted_node());
   absl::MutexLock lock(&mu_);
   incoming_.erase(conn);
 }

@@ -55,7 +55,12 @@ static_assert(sizeof(WirePiece) == 16);
 // under it: EFAULT, or SIGBUS under a FaultGuard). A WRITE's payload was drained (none of it
 // is known to have landed), a READ's answer carries no payload. One client's bad memory
 // fails that client's op, never a connection other clients' ops share.
-enum class Refusal : uint32_t { kNone = 0, kRefused = 1, kBadOp = 4, kFault = 5 };
+//
+// kBusy (request id 0) is the answer to a hello the target admitted but has no room for:
+// the peer node has tcp_max_connections_per_peer connections already. It names the cause to
+// the initiator, which would otherwise see a connection closed for no reason, and the
+// connection then ends.
+enum class Refusal : uint32_t { kNone = 0, kRefused = 1, kBadOp = 4, kFault = 5, kBusy = 6 };
 
 struct RequestHeader {
   uint32_t magic;
