@@ -126,7 +126,7 @@ struct Config {
   uint32_t tcp_handshake_timeout_ms = 5000;
   // What one local uid may hold at once (0: no limit); every refusal names the key and the
   // use (docs/operator-guide.md "Limits per client").
-  uint32_t per_uid_transfers = 1024;      // transfers running
+  uint32_t per_uid_transfers = 4096;      // transfers running
   uint32_t per_uid_registrations = 4096;  // RegisterMemory registrations (each holds an fd)
   uint32_t per_uid_buffers = 4096;        // AllocBuffer buffers
   uint32_t notifications_per_receiver = 65536;  // untaken, per uid and sending node

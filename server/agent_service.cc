@@ -84,8 +84,7 @@ absl::Status AgentService::MayUseOpBuffers(const std::optional<LocalCaller>& cal
   const std::string& self = core_->config().node;
   // A batch names a few buffers thousands of times: each is looked up once.
   absl::flat_hash_set<uint64_t> checked;
-  absl::flat_hash_set<const std::string*> checked_names;
-  const std::string* last_name = nullptr;
+  absl::flat_hash_set<absl::string_view> checked_names;  // views into `request`
   for (int i = 0; i < request.ops_size(); ++i) {
     const uint64_t id = request.ops(i).local_buffer();
     if (checked.insert(id).second) {
@@ -94,10 +93,7 @@ absl::Status AgentService::MayUseOpBuffers(const std::optional<LocalCaller>& cal
     }
     auto target = TargetOf(request, i);
     if (!target.ok() || *target->peer != self) continue;  // a bad target: the engine says so
-    if (target->remote_buffer == last_name || !checked_names.insert(target->remote_buffer).second) {
-      continue;
-    }
-    last_name = target->remote_buffer;
+    if (!checked_names.insert(*target->remote_buffer).second) continue;
     RETURN_IF_ERROR(MayReachOwnNodeBuffer(callers, caller, core_->buffers(),
                                           *target->remote_buffer,
                                           target->Field(i, "remote_buffer")));

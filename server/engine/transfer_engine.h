@@ -52,8 +52,9 @@ struct EngineLimits {
   absl::Duration shutdown_grace = absl::Seconds(30);
   // Transfers one local uid may have running at once (limits.per_uid_transfers): past it
   // Submit is RESOURCE_EXHAUSTED naming the limit and the use, so that one client's
-  // thousands of handles cannot take the engine from the others. 0: no limit.
-  size_t per_uid_transfers = 1024;
+  // thousands of handles cannot take the engine's memory from the others (10k held 460 MB).
+  // Above one transfer-socket connection's window (1024). 0: no limit.
+  size_t per_uid_transfers = 4096;
 };
 
 // What a Submit made while the agent drains is told (UNAVAILABLE).

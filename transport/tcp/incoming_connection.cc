@@ -216,7 +216,9 @@ void IncomingConnection::OnHello() {
     auto admitted = target_.sessions->Admit(ticket.session, ticket.secret, &refused);
     if (admitted) {
       peer_ = std::move(admitted->peer);
-      if (target_.authenticated && !target_.authenticated(this, peer_.node)) {
+      // A connection of no named node (a test's direct connect) keeps its address's slot.
+      if (!peer_.node.empty() && target_.authenticated &&
+          !target_.authenticated(this, peer_.node)) {
         const uint64_t busy = target_.admission->busy.fetch_add(1) + 1;
         if (LogThis(busy)) {
           spdlog::warn("tcp: refused a connection from node {} ({}): it has as many here as "

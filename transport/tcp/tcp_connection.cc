@@ -76,6 +76,11 @@ bool TcpConnection::failed() const {
   return failed_;
 }
 
+absl::Status TcpConnection::failure() const {
+  absl::MutexLock lock(&mu_);
+  return failure_;
+}
+
 uint64_t TcpConnection::ops_queued() const {
   absl::MutexLock lock(&mu_);
   return ops_queued_;
@@ -149,6 +154,7 @@ void TcpConnection::Fail(const absl::Status& why) {
 void TcpConnection::FailLocked(const absl::Status& why, Finished& finished) {
   if (failed_) return;
   failed_ = true;
+  failure_ = why;
   // The peer sees the end at once; the fd itself closes once the loop forgot it.
   if (fd_.valid()) shutdown(fd_.get(), SHUT_RDWR);
   for (auto& r : queue_) finished.emplace_back(std::move(r.done), why);

@@ -59,6 +59,8 @@ class TcpConnection : public EventLoop::Handler,
   // an op that succeeded just before).
   void Close(const absl::Status& why);
   bool failed() const;
+  // Why it failed (OK while it has not): the endpoint's errors name the cause.
+  absl::Status failure() const;
   // Any thread: payload bytes of the requests queued or awaiting their answer (read without
   // the lock: a hint that may be a moment old).
   uint64_t load_bytes() const { return load_bytes_.load(std::memory_order_relaxed); }
@@ -116,6 +118,7 @@ class TcpConnection : public EventLoop::Handler,
   UniqueFd fd_ ABSL_GUARDED_BY(mu_);
   std::optional<uint64_t> token_ ABSL_GUARDED_BY(mu_);  // registered with loop_
   bool failed_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status failure_ ABSL_GUARDED_BY(mu_);
   int delivering_ ABSL_GUARDED_BY(mu_) = 0;  // rounds running completions now
   std::deque<Request> queue_ ABSL_GUARDED_BY(mu_);
   // Sent (or being sent) and not yet answered, in id order: the target answers in that order.

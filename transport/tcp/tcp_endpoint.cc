@@ -102,8 +102,17 @@ absl::Status TcpEndpoint::PostRead(const fabric::LocalSlice& dst, const fabric::
 }
 
 absl::StatusOr<const TcpRegion*> TcpEndpoint::Usable(const fabric::MemoryRegion* region) const {
-  if (broken())
-    return absl::UnavailableError(absl::StrCat("tcp: endpoint to ", address_, " is broken"));
+  if (broken()) {
+    // Named by the first connection's cause: "is broken" alone hid a refusal the peer gave.
+    std::string why;
+    for (const auto& c : connections_) {
+      if (absl::Status f = c->failure(); !f.ok()) {
+        why = absl::StrCat(" (", f.message(), ")");
+        break;
+      }
+    }
+    return absl::UnavailableError(absl::StrCat("tcp: endpoint to ", address_, " is broken", why));
+  }
   // The bytes move through the region's CPU mapping, never its (possibly device) address.
   const auto* tcp = dynamic_cast<const TcpRegion*>(region);
   if (tcp == nullptr) {
