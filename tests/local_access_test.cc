@@ -22,6 +22,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/agent_pair.h"
+#include "tests/report_lines.h"
 #include "tests/text_file.h"
 
 namespace ferry {
@@ -54,15 +55,6 @@ std::string RunAsNobody(const std::string& dir, const std::string& socket, uint6
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << ReadFile(out);
   return ReadFile(out);
 }
-
-std::string Line(const std::string& report, const std::string& what) {
-  size_t at = report.find(what + ": ");
-  if (at == std::string::npos) return "(missing)";
-  size_t end = report.find('\n', at);
-  return report.substr(at + what.size() + 2, end - at - what.size() - 2);
-}
-
-int CodeOf(const std::string& line) { return std::atoi(line.c_str()); }
 
 class LocalAccessTest : public ::testing::Test {
  protected:

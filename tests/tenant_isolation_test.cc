@@ -23,6 +23,7 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/agent_pair.h"
+#include "tests/report_lines.h"
 #include "tests/text_file.h"
 
 namespace ferry {
@@ -32,16 +33,6 @@ using ::testing::HasSubstr;
 
 constexpr uint32_t kNobody = 65534;  // Debian's nobody / nogroup
 constexpr int kPermissionDenied = 7, kOk = 0;
-
-// "<what>: <code> <message>" -> "<code> <message>".
-std::string Line(const std::string& report, const std::string& what) {
-  size_t at = report.find(what + ": ");
-  if (at == std::string::npos) return "(missing)";
-  size_t end = report.find('\n', at);
-  return report.substr(at + what.size() + 2, end - at - what.size() - 2);
-}
-
-int CodeOf(const std::string& line) { return std::atoi(line.c_str()); }
 
 class TenantIsolationTest : public ::testing::Test {
  protected:
