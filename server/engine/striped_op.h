@@ -67,13 +67,15 @@ class StripedOp : public std::enable_shared_from_this<StripedOp> {
     uint64_t slice_bytes = 0;
     std::string peer;
     uint64_t transfer_id = 0;
-    int64_t owner_uid = -1;  // the transfer's (FairQueue turns)
     // Slice k starts on lane (first_lane + k) % lanes: small ops of a batch take turns on
     // the NICs rather than all starting on the first.
     size_t first_lane = 0;
     // Set: the op gathers these pieces (offsets in the two buffers; `length` bytes in all, at
     // most a slice), one list op on one lane; the offsets above are then unused.
     std::shared_ptr<const std::vector<fabric::Piece>> pieces;
+    // The transfer's owner (FairQueue turns); last, so that initializers by position stay
+    // as they were.
+    int64_t owner_uid = -1;
   };
   using Done = absl::AnyInvocable<void(StripedOutcome) &&>;
 

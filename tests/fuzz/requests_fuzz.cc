@@ -152,7 +152,7 @@ void Submit(World& w, const std::string& bytes) {
 void WriteBlocks(World& w, const std::string& bytes) {
   ferry::v1::WriteBlocksRequest req;
   if (!req.ParseFromString(bytes)) return;
-  (void)w.tensors->WriteBlocks(req, absl::Now() + absl::Seconds(2), nullptr);
+  (void)w.tensors->WriteBlocks(req, /*owner_uid=*/1000, absl::Now() + absl::Seconds(2), nullptr);
 }
 
 void Layout(const ferry::v1::TensorMeta& meta) {
