@@ -276,6 +276,17 @@ TEST(DoctorTest, NoGpusAndNoNics) {
   EXPECT_THAT(run.One("gpu0").remedy, HasSubstr("install an RDMA NIC near GPU0"));
 }
 
+TEST(DoctorTest, SoftRoceIsAnRdmaNicForHostMemory) {
+  // rxe0 is what the agent opens: doctor must not say "no RDMA NICs; tcp" (issue 43 item 2).
+  DoctorRun run = Doctor("gpu_no_nic", "soft_roce");
+  EXPECT_EQ(run.One("nics").severity, Severity::kOk);
+  EXPECT_EQ(run.One("nics").fact, "1 RDMA NIC(s): rxe0; provider verbs");
+  EXPECT_EQ(run.One("nic rxe0").severity, Severity::kOk);
+  EXPECT_THAT(run.One("nic rxe0").fact, HasSubstr("carries host memory, never GPU memory"));
+  EXPECT_THAT(run.One("gpu0").fact, HasSubstr("staging through host memory"));
+  EXPECT_THAT(run.One("gpu0").fact, HasSubstr("over rxe0"));
+}
+
 TEST(DoctorTest, TextAndJsonRenderings) {
   DoctorRun run = Doctor(kSwitchPair, "iommu_dma");
   std::string text = FormatDoctorText(run.report);

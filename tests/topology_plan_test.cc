@@ -451,6 +451,38 @@ TEST(RailsTest, AGpuWithTwoNicsOfItsOwnUsesBothButNotTheFarOne) {
   EXPECT_THAT(Names(both, GpuNics(both, pair, 1)), ElementsAre("mlx5_1"));
 }
 
+TEST(RailsTest, ANicWithoutAPciPathCarriesHostMemoryNeverGpuMemory) {
+  // Soft-RoCE beside a GPU (issue 43 item 3): rxe0 used to be "not a PCI device", left out,
+  // and every byte went over tcp while the agent opened it anyway.
+  Machine m = Load("gpu_no_nic", "soft_roce");
+  ASSERT_EQ(m.nics.size(), 1u);
+  TopologyPlan plan = Plan(m);
+  EXPECT_EQ(plan.provider, "verbs");
+  EXPECT_TRUE(plan.nics[0].selectable);
+  EXPECT_TRUE(plan.nics[0].host_only);
+  EXPECT_THAT(plan.nics[0].host_only_reason, HasSubstr("GPUDirect RDMA needs a PCIe"));
+  EXPECT_THAT(Names(m, HostNics(m, plan, 0)), ElementsAre("rxe0"));
+  EXPECT_THAT(Names(m, HostNics(m, plan, -1)), ElementsAre("rxe0"));
+  EXPECT_TRUE(GpuNics(m, plan, 0).empty());
+  // The GPU stages through host memory, and the reason names the NIC that carries it and
+  // why it cannot take GPU memory.
+  ASSERT_EQ(plan.gpus.size(), 1u);
+  EXPECT_EQ(plan.gpus[0].nic, -1);
+  EXPECT_EQ(plan.gpus[0].mode, TransferMode::kStaged);
+  EXPECT_THAT(plan.gpus[0].reason, HasSubstr("rxe0: not a PCI device"));
+  EXPECT_THAT(plan.gpus[0].reason, HasSubstr("over rxe0"));
+  std::string text = FormatPlanText(m, plan);
+  EXPECT_THAT(text, HasSubstr("selectable, host memory only"));
+  EXPECT_THAT(FormatPlanJson(m, plan), HasSubstr("\"host_only\":true"));
+  // Denied, it carries nothing and the provider is tcp again.
+  NicFilter deny;
+  deny.deny = {"rxe0"};
+  TopologyPlan denied = Plan(m, Policy(), deny);
+  EXPECT_EQ(denied.provider, "tcp");
+  EXPECT_TRUE(HostNics(m, denied, 0).empty());
+  EXPECT_THAT(denied.gpus[0].reason, HasSubstr("over tcp"));
+}
+
 TEST(RailsTest, AnExcludedNicCarriesNothing) {
   Machine m = Load("dgx8_switches");
   NicFilter deny;

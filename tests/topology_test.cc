@@ -1,6 +1,7 @@
 // Discovery from hwloc XML fixtures and the path class of every GPU-NIC pair.
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -34,6 +35,17 @@ Machine Load(const std::string& name) {
   absl::StatusOr<Machine> machine = DiscoverMachine(Fixture(name));
   EXPECT_TRUE(machine.ok()) << machine.status();
   return machine.ok() ? *machine : Machine();
+}
+
+// `name` with NIC ports (and virtual NICs) from the sysfs tree `tree`; nullopt on failure.
+std::optional<Machine> LoadWithSysfs(const std::string& name, const std::string& tree) {
+  DiscoveryOptions options;
+  options.xml_path = Fixture(name);
+  options.sys_root = SysFixture(tree);
+  absl::StatusOr<Machine> machine = DiscoverMachine(options);
+  EXPECT_TRUE(machine.ok()) << machine.status();
+  if (!machine.ok()) return std::nullopt;
+  return *std::move(machine);
 }
 
 // The matrix as strings, rows = GPUs, columns = NICs, for compact assertions.
@@ -146,6 +158,32 @@ TEST(DiscoveryTest, SysfsPortsOverrideTheFile) {
   EXPECT_EQ(nic.ports[0].rate_gbps, 400);
   EXPECT_EQ(nic.RateGbps(), 400);
   EXPECT_TRUE(nic.Usable());
+}
+
+TEST(DiscoveryTest, VirtualRdmaDevicesHwlocHidesComeFromSysfs) {
+  // Soft-RoCE's rxe0 is in /sys/class/infiniband but not in hwloc's topology (no PCI
+  // parent): rdma-core opens it, so the inventory must list it too (issue 43 item 2).
+  std::optional<Machine> m = LoadWithSysfs("gpu_no_nic", "soft_roce");
+  ASSERT_TRUE(m);
+  ASSERT_EQ(m->nics.size(), 1u);
+  const Nic& rxe = m->nics[0];
+  EXPECT_EQ(rxe.name, "rxe0");
+  EXPECT_EQ(rxe.pci, "");
+  EXPECT_EQ(rxe.pci_node, -1);
+  ASSERT_EQ(rxe.ports.size(), 1u);
+  EXPECT_EQ(rxe.ports[0].state, "ACTIVE");
+  EXPECT_EQ(rxe.ports[0].link_layer, "Ethernet");
+  EXPECT_EQ(rxe.RateGbps(), 10);
+  // A file alone describes some other machine: this one's sysfs adds nothing to it.
+  EXPECT_TRUE(Load("gpu_no_nic").nics.empty());
+}
+
+TEST(DiscoveryTest, ANicHwlocListsIsNotAddedAgainFromSysfs) {
+  std::optional<Machine> m = LoadWithSysfs("nic_no_gpu", "no_gpu");
+  ASSERT_TRUE(m);
+  ASSERT_EQ(m->nics.size(), 1u);
+  EXPECT_EQ(m->nics[0].name, "mlx5_0");
+  EXPECT_NE(m->nics[0].pci, "");
 }
 
 TEST(DiscoveryTest, LiveMachineLoads) {

@@ -136,6 +136,26 @@ std::vector<NicPort> PortsFromSysfs(const SysRoot& root, const std::string& nic)
   return ports;
 }
 
+// RDMA devices sysfs lists that hwloc did not: hwloc's Linux backend leaves out OS devices
+// with no physical parent (Soft-RoCE rxe, siw) unless HWLOC_VIRTUAL_LINUX_OSDEV=1 is set
+// (hwloc's documented environment variable; seen on rxe0 in make test-rdma's guests), yet
+// rdma-core opens them like any other. They join the inventory without a PCI path: they
+// carry host memory, never GPU memory (plan.h says why).
+void AddSysfsOnlyNics(const SysRoot& sys, Machine& machine) {
+  for (const std::string& name : sys.List("/sys/class/infiniband")) {
+    // A `device` link means a physical parent, which hwloc shows (a tree of another
+    // machine's NICs, as doctor's --sysfs-root may name, adds nothing either).
+    if (machine.FindNic(name) || sys.LinkTarget(absl::StrCat("/sys/class/infiniband/", name,
+                                                             "/device"))) {
+      continue;
+    }
+    Nic nic;
+    nic.name = name;
+    nic.ports = PortsFromSysfs(sys, name);
+    machine.nics.push_back(std::move(nic));
+  }
+}
+
 bool IsNvidiaGpu(hwloc_obj_t obj) {
   const auto& pci = obj->attr->pcidev;
   // 0x0300 VGA-compatible, 0x0302 3D controller (data-centre GPUs have no display).
@@ -236,6 +256,7 @@ absl::StatusOr<Machine> DiscoverMachine(const DiscoveryOptions& options) {
     if (nic.ports.empty()) nic.ports = PortsFromInfos(obj);
     machine.nics.push_back(nic);
   }
+  if (sys) AddSysfsOnlyNics(*sys, machine);
 
   std::sort(machine.gpus.begin(), machine.gpus.end(),
             [](const Gpu& a, const Gpu& b) { return PciLess(a.pci, b.pci); });

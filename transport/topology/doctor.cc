@@ -137,6 +137,11 @@ void CheckNics(const Machine& machine, const TopologyPlan& plan, DoctorReport& r
           Make(Severity::kOk, check, absl::StrCat(nic.name, ": ", state.excluded)));
       continue;
     }
+    if (state.host_only) {
+      report.findings.push_back(
+          Make(Severity::kOk, check, absl::StrCat(nic.name, ": ", state.host_only_reason)));
+      continue;
+    }
     if (state.gpus.size() > 1) {
       std::vector<std::string> gpus;
       for (int g : state.gpus) gpus.push_back(absl::StrCat("GPU", g));

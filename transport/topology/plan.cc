@@ -35,6 +35,10 @@ absl::Status CheckNames(const Machine& machine, const std::vector<std::string>& 
   return absl::OkStatus();
 }
 
+constexpr char kHostOnlyReason[] =
+    "not a PCI device (a virtual RDMA device such as rxe or siw): carries host memory, never "
+    "GPU memory, since GPUDirect RDMA needs a PCIe peer-to-peer path from the GPU to the NIC";
+
 std::string NumaText(int numa) {
   return numa >= 0 ? absl::StrCat("NUMA node ", numa) : "an unknown NUMA node";
 }
@@ -85,10 +89,12 @@ absl::StatusOr<TopologyPlan> BuildPlan(const Machine& machine,
       state.excluded = "not in nics.allow";
     } else if (!nic.Usable()) {
       state.excluded = "all ports down";
-    } else if (nic.pci_node < 0) {
-      state.excluded = "not a PCI device";
     }
     state.selectable = state.excluded.empty();
+    if (nic.pci_node < 0) {
+      state.host_only = true;
+      state.host_only_reason = kHostOnlyReason;
+    }
     any_selectable |= state.selectable;
   }
   plan.provider = any_selectable ? "verbs" : "tcp";
@@ -101,7 +107,7 @@ absl::StatusOr<TopologyPlan> BuildPlan(const Machine& machine,
     decision.gpu = static_cast<int>(g);
     int best = -1;
     for (size_t n = 0; n < machine.nics.size(); ++n) {
-      if (!plan.nics[n].selectable) continue;
+      if (!plan.nics[n].selectable || plan.nics[n].host_only) continue;
       int candidate = static_cast<int>(n);
       if (best < 0 || plan.paths[g][n] < plan.paths[g][best] ||
           (plan.paths[g][n] == plan.paths[g][best] &&
@@ -112,14 +118,17 @@ absl::StatusOr<TopologyPlan> BuildPlan(const Machine& machine,
     // Nearer NICs that were not eligible: say so, so an allow/deny list or a down port
     // visibly takes effect in the reason.
     std::vector<std::string> skipped;
+    std::vector<std::string> host_carriers;  // host-only NICs: they carry the staged bytes
     for (size_t n = 0; n < machine.nics.size(); ++n) {
-      if (plan.nics[n].selectable) continue;
-      if (best >= 0 && plan.paths[g][n] >= plan.paths[g][best]) continue;
+      const NicState& state = plan.nics[n];
+      if (state.selectable && state.host_only) host_carriers.push_back(machine.nics[n].name);
+      if (state.selectable && !state.host_only) continue;
+      const std::string& why = state.selectable ? state.host_only_reason : state.excluded;
+      if (best >= 0 && (state.host_only || plan.paths[g][n] >= plan.paths[g][best])) continue;
       skipped.push_back(best >= 0 ? absl::StrCat(machine.nics[n].name, " (",
-                                                 PathClassName(plan.paths[g][n]), ", ",
-                                                 plan.nics[n].excluded, ")")
-                                  : absl::StrCat(machine.nics[n].name, ": ",
-                                                 plan.nics[n].excluded));
+                                                 PathClassName(plan.paths[g][n]), ", ", why,
+                                                 ")")
+                                  : absl::StrCat(machine.nics[n].name, ": ", why));
     }
 
     std::string rule;
@@ -143,7 +152,9 @@ absl::StatusOr<TopologyPlan> BuildPlan(const Machine& machine,
         decision.mode = TransferMode::kStaged;
         decision.bounce_numa = gpu.numa;
         absl::StrAppend(&decision.reason, "; staging through host memory on ",
-                        NumaText(gpu.numa), " over tcp");
+                        NumaText(gpu.numa), " over ",
+                        host_carriers.empty() ? std::string("tcp")
+                                              : absl::StrJoin(host_carriers, ", "));
       } else {
         decision.mode = TransferMode::kUnavailable;
         absl::StrAppend(&decision.reason, "; fallback=fail: no transfer path for this GPU");

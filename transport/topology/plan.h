@@ -21,9 +21,16 @@ const char* TransferModeName(TransferMode mode);  // "gdr", "staged", "unavailab
 struct NicState {
   // False when the operator excluded it or it cannot carry traffic.
   bool selectable = true;
-  // Why not selectable: "excluded by nics.deny", "not in nics.allow", "all ports down",
-  // "not a PCI device"; "" when selectable.
+  // Why not selectable: "excluded by nics.deny", "not in nics.allow", "all ports down";
+  // "" when selectable.
   std::string excluded;
+  // A selectable NIC with no PCI path (a virtual device: Soft-RoCE rxe, siw) carries host
+  // memory only and is never chosen for a GPU: GPUDirect RDMA is the NIC's DMA engine
+  // reaching GPU memory peer-to-peer over PCIe, and a software device has no DMA engine and
+  // no PCIe path; its driver copies with the CPU, which cannot touch GPU memory by address.
+  bool host_only = false;
+  // Why host_only, in words; "" otherwise.
+  std::string host_only_reason;
   // GPUs (indices) this NIC was chosen for.
   std::vector<int> gpus;
 };
@@ -40,7 +47,7 @@ struct GpuDecision {
 struct TopologyPlan {
   config::Policy policy;
   config::NicFilter nic_filter;
-  // "verbs" when some NIC is selectable, else "tcp".
+  // "verbs" when some NIC is selectable (host-only ones too), else "tcp".
   std::string provider;
   // paths[gpu][nic], every pair, selectable or not.
   std::vector<std::vector<config::PathClass>> paths;

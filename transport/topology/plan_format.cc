@@ -95,7 +95,9 @@ std::string FormatPlanText(const Machine& machine, const TopologyPlan& plan) {
     for (size_t n = 0; n < machine.nics.size(); ++n) {
       const Nic& nic = machine.nics[n];
       rows.push_back({nic.name, nic.pci.empty() ? "-" : nic.pci, NumaCell(nic.numa),
-                      plan.nics[n].selectable ? "selectable" : plan.nics[n].excluded,
+                      !plan.nics[n].selectable ? plan.nics[n].excluded
+                      : plan.nics[n].host_only ? "selectable, host memory only"
+                                               : "selectable",
                       PortsText(nic)});
     }
     absl::StrAppend(&out, "\n", Table(rows));
@@ -172,6 +174,12 @@ void WritePlanMembers(const Machine& machine, const TopologyPlan& plan, JsonWrit
       json.Key("excluded").Null();
     } else {
       json.Key("excluded").String(plan.nics[n].excluded);
+    }
+    json.Key("host_only").Bool(plan.nics[n].host_only);
+    if (plan.nics[n].host_only) {
+      json.Key("host_only_reason").String(plan.nics[n].host_only_reason);
+    } else {
+      json.Key("host_only_reason").Null();
     }
     json.Key("gpus").BeginArray();
     for (int g : plan.nics[n].gpus) json.Int(g);

@@ -10,7 +10,10 @@ std::vector<int> GpuNics(const Machine& machine, const TopologyPlan& plan, int g
   out.push_back(chosen);
   const config::PathClass best = plan.paths[gpu][chosen];
   for (int n = 0; n < static_cast<int>(machine.nics.size()); ++n) {
-    if (n == chosen || !plan.nics[n].selectable || plan.paths[gpu][n] != best) continue;
+    if (n == chosen || !plan.nics[n].selectable || plan.nics[n].host_only ||
+        plan.paths[gpu][n] != best) {
+      continue;
+    }
     bool serves_another = false;
     for (int g : plan.nics[n].gpus) serves_another |= g != gpu;
     if (!serves_another) out.push_back(n);
