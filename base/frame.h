@@ -1,5 +1,5 @@
 #pragma once
-// Length-prefixed frames, as the transfer socket carries them (server/transfer_socket.h):
+// Length-prefixed frames, as the transfer socket carries them (server/api/transfer_socket.h):
 // each message is its length, 4 bytes little-endian, then that many bytes.
 
 #include <cstddef>

@@ -31,7 +31,7 @@
 #include "server/buffers/buffer_registry.h"
 #include "server/engine/transfer_engine.h"
 #include "server/peers/peer_directory.h"
-#include "server/policy_store.h"
+#include "server/policy/policy_store.h"
 #include "spdlog/spdlog.h"
 #include "tests/fakes/fake_fabric.h"
 #include "tests/fakes/host_plan.h"

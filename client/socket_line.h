@@ -1,5 +1,5 @@
 // A client's small transfers and block moves over the agent's transfer socket
-// (server/transfer_socket.h): TransferStream's messages in frames on a Unix socket, without
+// (server/api/transfer_socket.h): TransferStream's messages in frames on a Unix socket, without
 // gRPC, for a client on the agent's node. What TransferLine does over a gRPC call, with the
 // same Outcome: a lone transfer costs a write, the agent's work and a read, with no thread
 // of the client's or of gRPC's between them.

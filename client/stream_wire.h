@@ -1,5 +1,5 @@
 // How a TransferStream's messages travel: over a gRPC call (Agent.TransferStream), or over
-// the agent's transfer socket (server/transfer_socket.h), which carries the same messages
+// the agent's transfer socket (server/api/transfer_socket.h), which carries the same messages
 // in frames without gRPC's threads between the client and the agent. One thread may Write
 // while another Reads.
 #pragma once

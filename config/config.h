@@ -111,7 +111,7 @@ struct Config {
   uint32_t default_timeout_ms = 60000;
   uint32_t max_timeout_ms = 600000;    // a Submit may not ask for more
   // SIGTERM drains: new transfers are refused, running ones get this long to finish, the
-  // rest are cancelled (server/drain.h). 0: cancel them at once.
+  // rest are cancelled (server/agent/drain.h). 0: cancel them at once.
   uint32_t shutdown_grace_ms = 30000;
   // Direct ops are cut into slices; at most peer_window_bytes of them are on the wire to
   // one peer at once (four while one transfer has had the peer to itself for 50 ms), and

@@ -4,7 +4,7 @@
 //          [--peer-listen HOST:PORT] [--peer NAME=HOST:PORT ...] [--host-pool SIZE]
 //          [--tcp-connections N] [--log-level LEVEL] [--help] [--version]
 //
-// Flags override the file. SIGHUP reloads the file. SIGTERM drains (server/drain.h): new
+// Flags override the file. SIGHUP reloads the file. SIGTERM drains (server/agent/drain.h): new
 // transfers are refused, running ones get limits.shutdown_grace_ms to finish, then it exits 0.
 // SIGINT (Ctrl-C) stops at once: the same steps with no grace. A second SIGTERM or SIGINT
 // during a drain ends its grace.
@@ -32,19 +32,19 @@
 #include "base/port_owner.h"
 #include "base/status_macros.h"
 #include "server/buffers/open_files.h"
-#include "server/agent_core.h"
-#include "server/agent_discovery.h"
-#include "server/config_reload.h"
-#include "server/drain.h"
+#include "server/agent/agent_core.h"
+#include "server/agent/agent_discovery.h"
+#include "server/agent/config_reload.h"
+#include "server/agent/drain.h"
 #include "server/local/instance_lock.h"
 #include "server/local/fd_inbox.h"
 #include "server/local/local_listener.h"
-#include "server/log_setup.h"
+#include "server/agent/log_setup.h"
 #include "server/metrics/metrics_exporter.h"
-#include "server/agent_service.h"
-#include "server/peer_service.h"
+#include "server/api/agent_service.h"
+#include "server/api/peer_service.h"
 #include "server/tensors/tensor_service.h"
-#include "server/transfer_socket.h"
+#include "server/api/transfer_socket.h"
 #include "server/version.h"
 #include "spdlog/spdlog.h"
 #include "transport/tcp/socket.h"
@@ -286,7 +286,7 @@ int Run(int argc, char** argv) {
     return 1;
   }
   (*core)->set_fd_inbox(fd_inbox->get());
-  // Beside it too: small transfers and block moves without gRPC (server/transfer_socket.h).
+  // Beside it too: small transfers and block moves without gRPC (server/api/transfer_socket.h).
   auto transfer_socket = TransferSocket::Start(
       TransferSocketPath(config.local_socket), config.local_socket_mode,
       *LookupGroup(config.local_socket_group, "listen.local_group"), agent_service.starters(),

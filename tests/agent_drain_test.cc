@@ -1,4 +1,4 @@
-// Graceful drain with real agents (server/drain.h): SIGTERM while a slow staged transfer runs
+// Graceful drain with real agents (server/agent/drain.h): SIGTERM while a slow staged transfer runs
 // (node-a's simulated GPU copies at a few MiB/s, so the transfer is still moving when the
 // signal lands). The running transfer finishes with verified bytes, or, past
 // limits.shutdown_grace_ms, ends UNAVAILABLE; new work is refused "draining"; the Peer API's

@@ -1,4 +1,4 @@
-#include "server/agent_options.h"
+#include "server/agent/agent_options.h"
 
 #include <cstddef>
 #include <string>
@@ -32,18 +32,18 @@ constexpr size_t FieldCount() {
 }
 
 // A field added to these structs compiles, defaults, and silently never arrives from the
-// config file: the reason server/agent_options.cc exists (issue 11). Counting the fields
+// config file: the reason server/agent/agent_options.cc exists (issue 11). Counting the fields
 // stops the build until the new one is mapped there (or said to have no key) and checked
 // below. The count, not sizeof: sizeof changes with the standard library and padding, and
 // not when a uint32_t joins a struct with room to spare.
 static_assert(FieldCount<tcp::TcpOptions>() == 9,
-              "new field: map it in server/agent_options.cc and test it here");
+              "new field: map it in server/agent/agent_options.cc and test it here");
 static_assert(FieldCount<verbs::VerbsOptions>() == 16,
-              "new field: map it in server/agent_options.cc and test it here");
+              "new field: map it in server/agent/agent_options.cc and test it here");
 static_assert(FieldCount<fabric::ProviderOptions>() == 5,
-              "new field: map it in server/agent_options.cc and test it here");
+              "new field: map it in server/agent/agent_options.cc and test it here");
 static_assert(FieldCount<EngineLimits>() == 10,
-              "new field: map it in server/agent_options.cc and test it here");
+              "new field: map it in server/agent/agent_options.cc and test it here");
 
 // Every key that maps to a provider or engine option, each set to a value that is neither
 // its default nor any other key's value, so that a crossed wire shows.

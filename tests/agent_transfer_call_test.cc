@@ -10,7 +10,7 @@
 #include "absl/time/clock.h"
 #include "client/ferry_client.h"
 #include "gtest/gtest.h"
-#include "server/unary_transfer.h"
+#include "server/api/unary_transfer.h"
 #include "tests/agent_pair.h"
 
 namespace ferry {

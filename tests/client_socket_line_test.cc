@@ -1,4 +1,4 @@
-// Small transfers over the agent's transfer socket (server/transfer_socket.h,
+// Small transfers over the agent's transfer socket (server/api/transfer_socket.h,
 // client/socket_line.h) between two real agents: threads sharing a connection each get their
 // own answers, refusals included; Client::Run takes the socket and the agent's count of its
 // connections returns to zero when the client goes; an agent that stops answering gives

@@ -1,6 +1,6 @@
 // ferryd's start-up RLIMIT_MEMLOCK warning, with the limit and the need passed in.
 
-#include "server/memlock_check.h"
+#include "server/agent/memlock_check.h"
 
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"

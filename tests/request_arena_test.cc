@@ -2,13 +2,13 @@
 // so a steady run of batches adds no blocks; TransferMessages keeps the arenas of done
 // Agent.Transfer calls (up to kKeptArenas) and hands them out empty.
 
-#include "server/request_arena.h"
+#include "server/api/request_arena.h"
 
 #include <vector>
 
 #include "ferry/v1/agent.pb.h"
 #include "gtest/gtest.h"
-#include "server/unary_transfer.h"
+#include "server/api/unary_transfer.h"
 
 namespace ferry::server {
 namespace {

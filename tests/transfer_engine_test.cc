@@ -737,7 +737,7 @@ TEST_F(TransferEngineTest, ARevokedRemoteKeyIsAbortedNamingTheBuffer) {
   EXPECT_THAT(u.message(), HasSubstr("link down"));
 }
 
-// The drain's parts (server/drain.h): new Submits refused, running ones waited for, the rest
+// The drain's parts (server/agent/drain.h): new Submits refused, running ones waited for, the rest
 // ended with the status given.
 TEST_F(TransferEngineTest, ADrainingEngineRefusesNewTransfersAndEndsTheRunningOnesOnRequest) {
   auto src = Local(2 * kSlice, 10);

@@ -1,4 +1,4 @@
-// The transfer socket (server/transfer_socket.h) and its client (client/socket_line.h) in one
+// The transfer socket (server/api/transfer_socket.h) and its client (client/socket_line.h) in one
 // process, over calls that stand in for the engine: answers come on other threads, as the
 // engine's do, some requests start on the starters (may_block), some are refused. Each
 // caller gets its own answer, the caller's uid reaches the calls, and the connection count,
@@ -32,7 +32,7 @@
 #include "client/transfer_stream.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "server/transfer_socket.h"
+#include "server/api/transfer_socket.h"
 
 namespace ferry::server {
 namespace {

@@ -4,8 +4,8 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/engine/transfer_stats.h"
-#include "server/log_setup.h"
-#include "server/views.h"
+#include "server/agent/log_setup.h"
+#include "server/api/views.h"
 
 namespace ferry::server {
 namespace {

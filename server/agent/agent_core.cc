@@ -1,12 +1,12 @@
-#include "server/agent_core.h"
+#include "server/agent/agent_core.h"
 
 #include <random>
 
 #include "absl/strings/str_cat.h"
 #include "base/open_files.h"
 #include "base/status_macros.h"
-#include "server/agent_options.h"
-#include "server/memlock_check.h"
+#include "server/agent/agent_options.h"
+#include "server/agent/memlock_check.h"
 #include "server/peers/stage_client.h"
 #include "spdlog/spdlog.h"
 #include "transport/providers.h"
@@ -75,7 +75,7 @@ absl::StatusOr<std::unique_ptr<AgentCore>> AgentCore::Create(const config::Confi
     fabrics.push_back(f.get());
     spdlog::info("provider {} listening on {}", f->rail().ToString(), f->address());
   }
-  // Said at start, before a registration fails on it (server/memlock_check.h).
+  // Said at start, before a registration fails on it (server/agent/memlock_check.h).
   bool verbs_in_use = false;
   for (const auto& f : core->fabrics_) verbs_in_use |= f->provider() == "verbs";
   std::string memlock = MemlockWarning(topology::ProbeMemlock(),

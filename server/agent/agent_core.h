@@ -18,11 +18,11 @@
 #include "server/engine/leg_planner.h"
 #include "server/engine/transfer_engine.h"
 #include "server/buffers/gpu_pools.h"
-#include "server/drain.h"
+#include "server/agent/drain.h"
 #include "server/local/fd_inbox.h"
 #include "server/local/local_callers.h"
 #include "server/local/sessions.h"
-#include "server/policy_store.h"
+#include "server/policy/policy_store.h"
 #include "server/peers/export_leases.h"
 #include "server/peers/peer_directory.h"
 #include "server/peers/peer_health.h"
@@ -70,7 +70,7 @@ class AgentCore {
   BouncePools& bounce() { return *bounce_; }
   // Which fabrics carry which memory (registration and GetInfo's NIC view).
   const FabricRails& rails() const { return *rails_; }
-  // What runs first when the agent drains (server/drain.h): discovery deregistration adds
+  // What runs first when the agent drains (server/agent/drain.h): discovery deregistration adds
   // its hook here.
   DrainHooks& drain_hooks() { return drain_hooks_; }
   // How this agent moves bytes in or out of `buffer` through `rail` under `snapshot`.

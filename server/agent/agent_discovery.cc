@@ -1,9 +1,9 @@
-#include "server/agent_discovery.h"
+#include "server/agent/agent_discovery.h"
 
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "server/agent_core.h"
+#include "server/agent/agent_core.h"
 
 namespace ferry::server {
 

@@ -1,4 +1,4 @@
-#include "server/agent_options.h"
+#include "server/agent/agent_options.h"
 
 #include <algorithm>
 

@@ -1,11 +1,11 @@
-#include "server/config_reload.h"
+#include "server/agent/config_reload.h"
 
 #include <functional>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "server/agent_core.h"
-#include "server/agent_options.h"
+#include "server/agent/agent_core.h"
+#include "server/agent/agent_options.h"
 #include "spdlog/spdlog.h"
 
 namespace ferry::server {

@@ -1,9 +1,9 @@
-#include "server/drain.h"
+#include "server/agent/drain.h"
 
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
-#include "server/agent_core.h"
+#include "server/agent/agent_core.h"
 #include "spdlog/spdlog.h"
 
 namespace ferry::server {

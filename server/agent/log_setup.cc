@@ -1,4 +1,4 @@
-#include "server/log_setup.h"
+#include "server/agent/log_setup.h"
 
 #include <memory>
 

@@ -1,4 +1,4 @@
-#include "server/memlock_check.h"
+#include "server/agent/memlock_check.h"
 
 #include "absl/strings/str_cat.h"
 #include "base/byte_size.h"

@@ -1,4 +1,4 @@
-#include "server/runtime_peers.h"
+#include "server/agent/runtime_peers.h"
 
 #include <algorithm>
 

@@ -13,8 +13,8 @@
 #include "ferry/v1/agent.grpc.pb.h"
 #include "server/engine/transfer.h"
 #include "server/local/local_callers.h"
-#include "server/transfer_calls.h"
-#include "server/unary_transfer.h"
+#include "server/api/transfer_calls.h"
+#include "server/api/unary_transfer.h"
 
 namespace ferry::server {
 

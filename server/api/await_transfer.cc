@@ -1,4 +1,4 @@
-#include "server/await_transfer.h"
+#include "server/api/await_transfer.h"
 
 #include <algorithm>
 

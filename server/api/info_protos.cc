@@ -1,4 +1,4 @@
-#include "server/info_protos.h"
+#include "server/api/info_protos.h"
 
 #include <variant>
 

@@ -3,9 +3,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/grpc_status.h"
-#include "server/agent_core.h"
-#include "server/agent_service.h"
-#include "server/info_protos.h"
+#include "server/agent/agent_core.h"
+#include "server/api/agent_service.h"
+#include "server/api/info_protos.h"
 #include "server/local/session_call.h"
 #include "server/local/uid_quotas.h"
 

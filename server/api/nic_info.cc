@@ -1,4 +1,4 @@
-#include "server/nic_info.h"
+#include "server/api/nic_info.h"
 
 #include <vector>
 
@@ -6,7 +6,7 @@
 #include "absl/strings/str_join.h"
 #include "base/echo.h"
 #include "base/status_macros.h"
-#include "server/agent_core.h"
+#include "server/agent/agent_core.h"
 #include "spdlog/spdlog.h"
 
 namespace ferry::server {

@@ -1,4 +1,4 @@
-#include "server/peer_service.h"
+#include "server/api/peer_service.h"
 
 #include <algorithm>
 
@@ -7,10 +7,10 @@
 #include "absl/time/clock.h"
 #include "base/echo.h"
 #include "base/grpc_status.h"
-#include "server/agent_core.h"
+#include "server/agent/agent_core.h"
 #include "server/peers/caller_identity.h"
 #include "server/peers/protocol.h"
-#include "server/peers/stage_service.h"
+#include "server/api/stage_service.h"
 #include "spdlog/spdlog.h"
 
 namespace ferry::server {
@@ -93,7 +93,7 @@ grpc::Status PeerService::ResolveBuffer(grpc::ServerContext* ctx,
                          !core_->engine().draining();
   if (revocable) core_->leases().Grant(req->name(), *caller);
   // A peer's new transfer to a draining node fails at its Submit, not half way through
-  // (server/drain.h); transfers that resolved earlier go on.
+  // (server/agent/drain.h); transfers that resolved earlier go on.
   if (core_->engine().draining()) {
     return grpc::Status(grpc::StatusCode::UNAVAILABLE,
                         absl::StrCat("node ", core_->config().node,

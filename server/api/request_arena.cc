@@ -1,4 +1,4 @@
-#include "server/request_arena.h"
+#include "server/api/request_arena.h"
 
 #include <algorithm>
 #include <bit>

@@ -1,4 +1,4 @@
-#include "server/peers/stage_service.h"
+#include "server/api/stage_service.h"
 
 #include <algorithm>
 #include <deque>

@@ -13,7 +13,7 @@
 #include "server/buffers/bounce_pools.h"
 #include "server/engine/leg_planner.h"
 #include "server/buffers/gpu_pools.h"
-#include "server/policy_store.h"
+#include "server/policy/policy_store.h"
 
 namespace ferry::server {
 

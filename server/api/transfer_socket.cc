@@ -1,4 +1,4 @@
-#include "server/transfer_socket.h"
+#include "server/api/transfer_socket.h"
 
 #include <poll.h>
 #include <sys/eventfd.h>
@@ -18,8 +18,8 @@
 #include "base/frame.h"
 #include "base/status_macros.h"
 #include "server/local/unix_socket.h"
-#include "server/request_arena.h"
-#include "server/transfer_stream.h"
+#include "server/api/request_arena.h"
+#include "server/api/transfer_stream.h"
 #include "spdlog/spdlog.h"
 
 namespace ferry::server {

@@ -48,7 +48,7 @@
 #include "base/unique_fd.h"
 #include "base/worker_pool.h"
 #include "server/local/local_callers.h"
-#include "server/transfer_calls.h"
+#include "server/api/transfer_calls.h"
 
 namespace ferry::server {
 

@@ -1,4 +1,4 @@
-#include "server/transfer_stream.h"
+#include "server/api/transfer_stream.h"
 
 #include <deque>
 #include <memory>
@@ -7,7 +7,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
-#include "server/request_arena.h"
+#include "server/api/request_arena.h"
 
 namespace ferry::server {
 namespace {

@@ -5,7 +5,7 @@
 
 #include "base/worker_pool.h"
 #include "ferry/v1/agent.grpc.pb.h"
-#include "server/transfer_calls.h"
+#include "server/api/transfer_calls.h"
 
 namespace ferry::server {
 

@@ -1,10 +1,10 @@
-#include "server/unary_transfer.h"
+#include "server/api/unary_transfer.h"
 
 #include <functional>
 #include <utility>
 
-#include "server/request_arena.h"
-#include "server/waiting_call.h"
+#include "server/api/request_arena.h"
+#include "server/api/waiting_call.h"
 
 namespace ferry::server {
 

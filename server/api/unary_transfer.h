@@ -12,7 +12,7 @@
 #include "absl/synchronization/mutex.h"
 #include "base/worker_pool.h"
 #include "ferry/v1/agent.grpc.pb.h"
-#include "server/transfer_calls.h"
+#include "server/api/transfer_calls.h"
 
 namespace ferry::server {
 
@@ -42,7 +42,7 @@ class TransferMessages final
   std::vector<std::unique_ptr<Holder>> kept_ ABSL_GUARDED_BY(mu_);
 };
 
-// The call's reactor (server/waiting_call.h): starts `request` with `calls.start` (on
+// The call's reactor (server/api/waiting_call.h): starts `request` with `calls.start` (on
 // `starters` when `calls.may_block` says it may block) and answers with the result when the
 // transfer ended; a refusal is the call's status. When the call ends first, the transfer
 // runs on (Cancel ends it) and the call answers DEADLINE_EXCEEDED naming the transfer if

@@ -1,9 +1,9 @@
-#include "server/views.h"
+#include "server/api/views.h"
 
 #include <algorithm>
 #include <set>
 
-#include "server/agent_core.h"
+#include "server/agent/agent_core.h"
 #include "server/peers/peer_source.h"
 
 namespace ferry::server {

@@ -1,4 +1,4 @@
-#include "server/waiting_call.h"
+#include "server/api/waiting_call.h"
 
 #include <memory>
 #include <utility>

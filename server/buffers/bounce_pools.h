@@ -19,7 +19,7 @@
 #include "absl/synchronization/mutex.h"
 #include "config/policy.h"
 #include "server/buffers/gpu_pools.h"
-#include "server/policy_store.h"
+#include "server/policy/policy_store.h"
 #include "transport/fabric.h"
 #include "transport/memory/bounce_pool.h"
 

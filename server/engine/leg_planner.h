@@ -7,8 +7,8 @@
 #include <string>
 
 #include "server/buffers/buffer_registry.h"
-#include "server/leg_mode.h"
-#include "server/policy_store.h"
+#include "server/policy/leg_mode.h"
+#include "server/policy/policy_store.h"
 #include "transport/topology/machine.h"
 
 namespace ferry::server {

@@ -16,7 +16,7 @@
 #include "ferry/v1/agent.pb.h"
 #include "server/buffers/buffer_registry.h"
 #include "server/peers/peer_directory.h"
-#include "server/policy_store.h"
+#include "server/policy/policy_store.h"
 
 namespace ferry::server {
 

@@ -27,7 +27,7 @@
 #include "server/engine/transfer.h"
 #include "server/peers/peer_directory.h"
 #include "server/peers/stage_call.h"
-#include "server/policy_store.h"
+#include "server/policy/policy_store.h"
 
 namespace ferry::server {
 
@@ -118,7 +118,7 @@ class TransferEngine {
   size_t active() const;
   uint64_t finished() const;
 
-  // Graceful drain (server/drain.h). From BeginDrain on, Submit refuses with UNAVAILABLE
+  // Graceful drain (server/agent/drain.h). From BeginDrain on, Submit refuses with UNAVAILABLE
   // (kDrainingMessage); transfers already running go on. Idempotent.
   void BeginDrain();
   bool draining() const;

@@ -8,7 +8,7 @@
 #include "prometheus/exposer.h"
 #include "prometheus/metric_family.h"
 #include "prometheus/text_serializer.h"
-#include "server/agent_core.h"
+#include "server/agent/agent_core.h"
 #include "server/version.h"
 #include "transport/tcp/socket.h"
 

@@ -20,7 +20,7 @@
 #include "absl/time/time.h"
 #include "ferry/v1/peer.grpc.pb.h"
 #include "grpcpp/channel.h"
-#include "server/leg_mode.h"
+#include "server/policy/leg_mode.h"
 #include "server/peers/peer_credentials.h"
 #include "server/peers/peer_source.h"
 #include "server/peers/remote_buffer.h"

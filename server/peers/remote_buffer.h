@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "server/leg_mode.h"
+#include "server/policy/leg_mode.h"
 #include "transport/fabric.h"
 
 namespace ferry::server {

@@ -1,4 +1,4 @@
-#include "server/policy_store.h"
+#include "server/policy/policy_store.h"
 
 #include <algorithm>
 

@@ -7,11 +7,11 @@
 #include "base/echo.h"
 #include "base/grpc_status.h"
 #include "base/status_macros.h"
-#include "server/agent_core.h"
+#include "server/agent/agent_core.h"
 #include "server/local/session_call.h"
 #include "server/peers/caller_identity.h"
 #include "server/tensors/tensor_service.h"
-#include "server/waiting_call.h"
+#include "server/api/waiting_call.h"
 
 namespace ferry::server {
 namespace {

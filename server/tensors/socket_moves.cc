@@ -1,10 +1,10 @@
-// Block moves on the transfer socket (server/transfer_socket.h, SessionMove): MoveBlocks with
+// Block moves on the transfer socket (server/api/transfer_socket.h, SessionMove): MoveBlocks with
 // `wait` without gRPC, for a decode step's few blocks. The request names its session (a
 // socket has no metadata); the kernel names the caller, who must own it.
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
-#include "server/agent_core.h"
+#include "server/agent/agent_core.h"
 #include "server/local/session_call.h"
 #include "server/tensors/tensor_service.h"
 

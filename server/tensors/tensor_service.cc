@@ -2,9 +2,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/grpc_status.h"
-#include "server/agent_core.h"
+#include "server/agent/agent_core.h"
 #include "server/peers/caller_identity.h"
-#include "server/info_protos.h"
+#include "server/api/info_protos.h"
 #include "server/local/own_node_access.h"
 #include "server/local/session_call.h"
 #include "server/tensors/tensor_meta.h"
@@ -25,7 +25,7 @@ CancelledFn ClientGone(grpc::ServerContext* ctx) {
   return [ctx] { return ctx->IsCancelled(); };
 }
 
-// A draining agent takes no new sends or receives (server/drain.h), said before any waits.
+// A draining agent takes no new sends or receives (server/agent/drain.h), said before any waits.
 bool Draining(AgentCore* core, grpc::Status* refusal) {
   if (!core->engine().draining()) return false;
   *refusal = grpc::Status(grpc::StatusCode::UNAVAILABLE, kDrainingMessage);

@@ -7,7 +7,7 @@
 #include "base/worker_pool.h"
 #include "ferry/v1/tensor.grpc.pb.h"
 #include "server/local/local_callers.h"
-#include "server/transfer_calls.h"
+#include "server/api/transfer_calls.h"
 
 namespace ferry::server {
 
@@ -36,7 +36,7 @@ class TensorService final
                              ferry::v1::PrepareBlocksResponse*) override;
   grpc::Status ReleaseBlocks(grpc::ServerContext*, const ferry::v1::ReleaseBlocksRequest*,
                              ferry::v1::ReleaseBlocksResponse*) override;
-  // A callback method (server/waiting_call.h): no thread waits for a move with `wait`.
+  // A callback method (server/api/waiting_call.h): no thread waits for a move with `wait`.
   grpc::ServerUnaryReactor* MoveBlocks(grpc::CallbackServerContext*,
                                        const ferry::v1::MoveBlocksRequest*,
                                        ferry::v1::MoveBlocksResponse*) override;

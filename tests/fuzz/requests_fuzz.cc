@@ -29,7 +29,7 @@
 #include "server/buffers/buffer_registry.h"
 #include "server/engine/transfer_engine.h"
 #include "server/peers/peer_directory.h"
-#include "server/policy_store.h"
+#include "server/policy/policy_store.h"
 #include "server/tensors/tensor_meta.h"
 #include "server/tensors/tensor_state.h"
 #include "spdlog/spdlog.h"

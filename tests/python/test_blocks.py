@@ -129,7 +129,7 @@ def test_wait_moves_in_one_call_and_a_failure_raises_from_the_handle(a, b):
 
 
 def test_a_move_with_wait_takes_the_agents_transfer_socket(nodes, a, b):
-    """One round trip without gRPC (server/transfer_socket.h): the new client's move opens
+    """One round trip without gRPC (server/api/transfer_socket.h): the new client's move opens
     a connection of its own, which the agent counts and closes once the client is gone."""
     keep = []
     src, dst = shared_array(2 * BLOCK, keep), shared_array(2 * BLOCK, keep)

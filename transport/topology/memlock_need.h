@@ -1,7 +1,7 @@
 #pragma once
 // How much host memory ferryd registers with its RDMA NICs, which the kernel charges to
 // RLIMIT_MEMLOCK (memlock_check.cc says why). Shared by `ferryctl doctor` (CheckMemlock) and
-// ferryd's start-up warning (server/memlock_check.h), so both count the same bytes.
+// ferryd's start-up warning (server/agent/memlock_check.h), so both count the same bytes.
 
 #include <cstdint>
 #include <string>
