@@ -22,6 +22,7 @@ namespace ferry::verbs {
 namespace {
 
 using ::testing::HasSubstr;
+using ::testing::Not;
 using Waiter = fabric::CompletionWaiter;
 
 // Polls `done` for up to 10 s: events arrive on another thread.
@@ -115,6 +116,39 @@ TEST(AsyncEventTest, PortDownBreaksEndpointsAtOnceAndRefusesConnectionsUntilItIs
   ASSERT_TRUE(p.endpoint->PostWrite({b.src_mr.get(), 0, 4096}, b.remote(), again.Callback()).ok());
   EXPECT_TRUE(again.Wait().ok()) << again.Wait();
   EXPECT_EQ(b.dst, b.src);
+}
+
+TEST(AsyncEventTest, OpsFlushedAfterARetryExceededReportTheRetryNotTheFlush) {
+  // The far side's cable is pulled with 20 WRITEs posted: the first exhausts its transport
+  // retries (1 + 6) x 4.096 us x 2^8, about 7 ms; the other 19 flush. Every op names the
+  // root cause, as `ferryctl nics` and the ledger then do (issue 43 item 6).
+  VerbsOptions quick;
+  quick.timeout = 8;
+  quick.retry_cnt = 6;
+  Pair p(IbModel(), quick, quick);
+  ASSERT_TRUE(p.endpoint);
+  Buffers b(p, 4096);
+  constexpr int kOps = 20;
+  std::vector<absl::Status> statuses(kOps);
+  std::atomic<int> done{0};
+  p.model->SetPaused(true);
+  for (int i = 0; i < kOps; ++i) {
+    ASSERT_TRUE(p.endpoint
+                    ->PostWrite({b.src_mr.get(), 0, 4096}, b.remote(),
+                                [&, i](absl::Status s) {
+                                  statuses[i] = std::move(s);
+                                  done.fetch_add(1);
+                                })
+                    .ok());
+  }
+  p.model->SetPortState("mlx5_1", 1, IBV_PORT_DOWN);
+  p.model->SetPaused(false);
+  ASSERT_TRUE(Eventually([&] { return done.load() == kOps; }));
+  for (int i = 0; i < kOps; ++i) {
+    EXPECT_EQ(statuses[i].code(), absl::StatusCode::kUnavailable) << i;
+    EXPECT_THAT(std::string(statuses[i].message()), HasSubstr("retry counter exceeded")) << i;
+    EXPECT_THAT(std::string(statuses[i].message()), Not(HasSubstr("Flushed"))) << i;
+  }
 }
 
 TEST(AsyncEventTest, QpFatalFailsEachOpOnce) {

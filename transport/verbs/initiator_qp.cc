@@ -277,6 +277,14 @@ void InitiatorQp::OnCompletion(const ibv_wc& wc) {
   {
     absl::MutexLock lock(&mu_);
     absl::Status status = WcStatusToStatus(wc);
+    if (wc.status == IBV_WC_WR_FLUSH_ERR && !broken_.ok()) {
+      // A flush only follows the QP's entry into the error state: its ops report why it
+      // entered it (retry exceeded, a port down, the peer's restart), the cause an operator
+      // can act on, not "Work Request Flushed Error" (make test-rdma's cable pull showed the
+      // flush in `ferryctl nics`).
+      status = absl::UnavailableError(absl::StrFormat("%s (wr_id %d flushed)", broken_.message(),
+                                                      wc.wr_id));
+    }
     if (status.ok()) {
       // A signalled completion: it and every earlier WR of this QP are done.
       while (!posted_.empty() && posted_.front().seq <= wc.wr_id) RetireFront(status, finished);
