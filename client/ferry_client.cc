@@ -17,6 +17,7 @@
 #include "base/unique_fd.h"
 #include "client/agent_channel.h"
 #include "client/gpu_mapping.h"
+#include "client/shared_memory.h"
 #include "client/socket_line.h"
 #include "client/stream_wire.h"
 #include "client/transfer_line.h"
@@ -60,7 +61,14 @@ absl::StatusOr<std::unique_ptr<Buffer>> Buffer::Map(const ferry::v1::BufferInfo&
     shm.set_offset(info.gpu().offset());
     shm.set_length(info.gpu().length());
   }
-  UniqueFd fd(open(shm.path().c_str(), O_RDWR | O_CLOEXEC));
+  // The agent lends a host buffer's own file over its fd socket (any uid of its owner); a
+  // simulated GPU's memory is a path.
+  UniqueFd fd;
+  if (!shm.fd_socket().empty()) {
+    ASSIGN_OR_RETURN(fd, BorrowBufferFile(shm.fd_socket(), info.id()));
+  } else {
+    fd.Reset(open(shm.path().c_str(), O_RDWR | O_CLOEXEC));
+  }
   if (!fd.valid()) {
     return absl::ErrnoToStatus(errno,
                                absl::StrCat("open(", shm.path(), ") to map buffer ", info.id()));

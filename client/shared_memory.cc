@@ -8,14 +8,18 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
 #include <sstream>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/time/clock.h"
+#include "base/status_macros.h"
 
 namespace ferry {
 namespace {
@@ -77,6 +81,62 @@ UniqueFd HeldDescriptor(dev_t dev, uint64_t inode) {
   return found;
 }
 
+// A connection to the agent's fd socket (server/local/fd_inbox.h), one request long.
+absl::StatusOr<UniqueFd> ConnectFdSocket(const std::string& fd_socket) {
+  sockaddr_un addr = {};
+  addr.sun_family = AF_UNIX;
+  if (fd_socket.empty() || fd_socket.size() >= sizeof(addr.sun_path)) {
+    return absl::UnavailableError(absl::StrCat("fd socket '", fd_socket, "' is not usable"));
+  }
+  std::memcpy(addr.sun_path, fd_socket.c_str(), fd_socket.size() + 1);
+  UniqueFd sock(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (!sock.valid()) return absl::ErrnoToStatus(errno, "socket(AF_UNIX)");
+  // An agent that answers no more (stopping, stuck) is not waited for forever.
+  timeval limit = {5, 0};
+  setsockopt(sock.get(), SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof(limit));
+  setsockopt(sock.get(), SOL_SOCKET, SO_SNDTIMEO, &limit, sizeof(limit));
+  if (connect(sock.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    return absl::UnavailableError(
+        absl::StrCat("connect(", fd_socket, "): ", strerror(errno)));
+  }
+  return sock;
+}
+
+// Reads exactly `n` bytes into `out`, and the descriptors that come with them into `fds`
+// (MSG_CMSG_CLOEXEC: never inherited by a child). False when the connection ended first.
+bool ReceiveExactly(int sock, char* out, size_t n, std::vector<UniqueFd>* fds) {
+  size_t got = 0;
+  while (got < n) {
+    iovec iov = {out + got, n - got};
+    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 4)] = {};
+    msghdr msg = {};
+    msg.msg_iov = &iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+    ssize_t r = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
+    if (r < 0 && errno == EINTR) continue;
+    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
+      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
+      for (size_t i = 0; i < (c->cmsg_len - CMSG_LEN(0)) / sizeof(int); ++i) {
+        int fd = -1;
+        std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
+        fds->emplace_back(fd);
+      }
+    }
+    if (r <= 0) return false;
+    got += static_cast<size_t>(r);
+  }
+  return true;
+}
+
+uint64_t LittleEndian(const char* p, size_t bytes) {
+  uint64_t v = 0;
+  for (size_t i = 0; i < bytes; ++i)
+    v |= static_cast<uint64_t>(static_cast<unsigned char>(p[i])) << (8 * i);
+  return v;
+}
+
 }  // namespace
 
 absl::StatusOr<SharedFile> FindSharedFile(const void* address, uint64_t length,
@@ -126,22 +186,7 @@ absl::StatusOr<SharedFile> FindSharedFile(const void* address, uint64_t length,
 }
 
 absl::StatusOr<uint64_t> PassFd(const std::string& fd_socket, int fd) {
-  sockaddr_un addr = {};
-  addr.sun_family = AF_UNIX;
-  if (fd_socket.empty() || fd_socket.size() >= sizeof(addr.sun_path)) {
-    return absl::UnavailableError(absl::StrCat("fd socket '", fd_socket, "' is not usable"));
-  }
-  std::memcpy(addr.sun_path, fd_socket.c_str(), fd_socket.size() + 1);
-  UniqueFd sock(socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
-  if (!sock.valid()) return absl::ErrnoToStatus(errno, "socket(AF_UNIX)");
-  // An agent that takes no descriptors any more (stopping, stuck) is not waited for forever.
-  timeval limit = {5, 0};
-  setsockopt(sock.get(), SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof(limit));
-  setsockopt(sock.get(), SOL_SOCKET, SO_SNDTIMEO, &limit, sizeof(limit));
-  if (connect(sock.get(), reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    return absl::UnavailableError(
-        absl::StrCat("connect(", fd_socket, "): ", strerror(errno)));
-  }
+  ASSIGN_OR_RETURN(UniqueFd sock, ConnectFdSocket(fd_socket));
   static constexpr char kHello[] = "ferryfd1";
   iovec iov = {const_cast<char*>(kHello), sizeof(kHello) - 1};
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
@@ -173,6 +218,53 @@ absl::StatusOr<uint64_t> PassFd(const std::string& fd_socket, int fd) {
         absl::StrCat("the agent's fd socket ", fd_socket, " refused the descriptor"));
   }
   return ticket;
+}
+
+namespace {
+
+absl::StatusOr<UniqueFd> BorrowOnce(const std::string& fd_socket, uint64_t buffer) {
+  ASSIGN_OR_RETURN(UniqueFd sock, ConnectFdSocket(fd_socket));
+  char request[16];
+  std::memcpy(request, "ferrymap", 8);
+  for (size_t i = 0; i < 8; ++i) request[8 + i] = static_cast<char>(buffer >> (8 * i));
+  if (send(sock.get(), request, sizeof(request), MSG_NOSIGNAL) != sizeof(request)) {
+    return absl::UnavailableError(absl::StrCat("send(", fd_socket, "): ", strerror(errno)));
+  }
+  std::vector<UniqueFd> fds;
+  char head[8];
+  if (!ReceiveExactly(sock.get(), head, sizeof(head), &fds)) {
+    // ABORTED: tried again by BorrowBufferFile.
+    return absl::AbortedError(absl::StrCat(
+        "the agent's fd socket ", fd_socket, " ended without an answer for buffer ", buffer,
+        " (busy with this uid's connections, an agent older than the lend request, or one "
+        "stopping)"));
+  }
+  const auto code = static_cast<absl::StatusCode>(LittleEndian(head, 4));
+  const uint64_t length = LittleEndian(head + 4, 4);
+  std::string message(std::min<uint64_t>(length, 1024), '\0');
+  if (!ReceiveExactly(sock.get(), message.data(), message.size(), &fds)) message.clear();
+  if (code != absl::StatusCode::kOk) return absl::Status(code, message);
+  if (fds.size() != 1) {
+    return absl::UnavailableError(absl::StrCat("the agent's fd socket ", fd_socket, " sent ",
+                                               fds.size(), " descriptors for buffer ", buffer));
+  }
+  return std::move(fds[0]);
+}
+
+}  // namespace
+
+absl::StatusOr<UniqueFd> BorrowBufferFile(const std::string& fd_socket, uint64_t buffer) {
+  // A connection closed unanswered: the agent had as many of this uid's connections waiting
+  // as it keeps (server/local/fd_inbox.h). Borrowing is idempotent, so ask again, a little
+  // later each time (about 1.3 s in all).
+  absl::Status last;
+  for (int attempt = 0; attempt < 8; ++attempt) {
+    if (attempt > 0) absl::SleepFor(absl::Milliseconds(10) * (1 << (attempt - 1)));
+    absl::StatusOr<UniqueFd> file = BorrowOnce(fd_socket, buffer);
+    if (file.ok() || !absl::IsAborted(file.status())) return file;
+    last = file.status();
+  }
+  return absl::UnavailableError(last.message());
 }
 
 }  // namespace ferry

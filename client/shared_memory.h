@@ -1,7 +1,8 @@
 #pragma once
 // Finding how this process's memory is shared, so that it can be registered with the agent
 // (RegisterMemory): the file behind a mapping (memfd, POSIX shm, a file mapped MAP_SHARED)
-// and a descriptor for it, and passing that descriptor to the agent's fd socket.
+// and a descriptor for it, and passing that descriptor to the agent's fd socket; and
+// borrowing the file of a buffer the agent allocated for us, to map it.
 //
 // Memory from malloc, a plain numpy array or a MAP_PRIVATE mapping has no file the agent
 // could map too: FindSharedFile refuses it, saying how to allocate shareable memory instead.
@@ -29,5 +30,12 @@ absl::StatusOr<SharedFile> FindSharedFile(const void* address, uint64_t length,
 // Passes `fd` to the agent's fd socket at `fd_socket` (server/local/fd_inbox.h) and returns
 // its ticket for RegisterMemory. UNAVAILABLE when the socket cannot be reached or refuses.
 absl::StatusOr<uint64_t> PassFd(const std::string& fd_socket, int fd);
+
+// The file of agent buffer `buffer`, lent by the agent's fd socket (its lend request,
+// server/local/fd_inbox.h) to the buffer's owner uid: what this process maps at the
+// buffer's ShmMapping offset. The agent's code and message when it refuses
+// (PERMISSION_DENIED for another uid's buffer); UNAVAILABLE when the socket cannot be
+// reached.
+absl::StatusOr<UniqueFd> BorrowBufferFile(const std::string& fd_socket, uint64_t buffer);
 
 }  // namespace ferry

@@ -84,7 +84,7 @@ int main(int argc, char** argv) {
     grpc::Status s = stub->ListBuffers(&ctx, req, &resp);
     std::string mapping = "absent";
     for (const auto& b : resp.buffers()) {
-      if (b.id() == victim && !b.shm().path().empty()) mapping = b.shm().path();
+      if (b.id() == victim && !b.shm().fd_socket().empty()) mapping = b.shm().fd_socket();
     }
     Report(absl::StrCat("list mapping=", mapping), s);
   }
@@ -116,9 +116,8 @@ int main(int argc, char** argv) {
     ferry::v1::RegisterMemoryResponse resp;
     Report("ticket", stub->RegisterMemory(&ctx, req, &resp));
   }
-  // Its own buffer (persist: no session needed): allocated, then freed by its owner. Mapped
-  // it is not: the pool is reached through /proc/<agent pid>/fd, which only the agent's
-  // own uid (or root) may open.
+  // Its own buffer (persist: no session needed): allocated, then freed by its owner
+  // (tests/other_uid_alloc.cc maps one too).
   uint64_t own = 0;
   {
     grpc::ClientContext ctx;

@@ -3,7 +3,9 @@
 // node's settings. Rows checked: 3 (the victim's buffer through the node's own name), 4 (its
 // transfers, pending receive, landing buffer, notifications; policy, NIC state, peers) and
 // 9 (notifications are the receiving uid's). After the attack the victim's data, transfer,
-// receive and notification are as they were, and the node's settings unchanged.
+// receive and notification are as they were, and the node's settings unchanged. Row 11: a
+// non-root client maps what it allocated (the agent lends each buffer's own file over the
+// fd socket), and no other uid gets that file.
 
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -11,14 +13,19 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <string>
 #include <thread>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_join.h"
 #include "absl/synchronization/notification.h"
 #include "client/agent_process.h"
 #include "client/child_process.h"
 #include "client/ferry_client.h"
+#include "client/shared_memory.h"
 #include "client/tensor_client.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -33,6 +40,7 @@ using ::testing::HasSubstr;
 
 constexpr uint32_t kNobody = 65534;  // Debian's nobody / nogroup
 constexpr int kPermissionDenied = 7, kOk = 0;
+constexpr uint64_t kKeptBytes = 64 << 10;  // a 4 KiB buffer takes the pool's 64 KiB alignment
 
 class TenantIsolationTest : public ::testing::Test {
  protected:
@@ -66,6 +74,51 @@ class TenantIsolationTest : public ::testing::Test {
     if (pid.ok()) waitpid(*pid, &status, 0);
     EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << ReadFile(out);
     return ReadFile(out);
+  }
+
+  // Runs tests/other_uid_alloc.cc as `uid` with `args` after its uid, socket and node.
+  std::string AsUid(uint32_t uid, std::vector<std::string> args, const std::string& tag) {
+    const std::string out = absl::StrCat(dir_, "/", tag, ".txt");
+    std::vector<std::string> argv = {FERRY_OTHER_UID_ALLOC, absl::StrCat(uid), agent_->socket(),
+                                     "node-t"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    auto pid = SpawnChild(argv, out);
+    EXPECT_TRUE(pid.ok()) << pid.status();
+    int status = 0;
+    if (pid.ok()) waitpid(*pid, &status, 0);
+    EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << ReadFile(out);
+    return ReadFile(out);
+  }
+
+  uint64_t PoolUsed() {
+    auto info = client_->GetInfo();
+    return info.ok() ? info->host_pool_used_bytes() : ~uint64_t{0};
+  }
+  // The agent's descriptors for buffer files (memfds; its own sockets and connections to
+  // itself, made by the first transfer, stay).
+  size_t AgentMemfds() {
+    size_t n = 0;
+    for (const std::string& t : AgentFdTargets()) n += absl::StartsWith(t, "/memfd:");
+    return n;
+  }
+  // What each of the agent's descriptors is ("socket:[N]", "/memfd:ferry-pool (deleted)").
+  std::vector<std::string> AgentFdTargets() {
+    std::vector<std::string> out;
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(
+             absl::StrCat("/proc/", agent_->pid(), "/fd"), ec)) {
+      out.push_back(std::filesystem::read_symlink(e.path(), ec).string());
+    }
+    return out;
+  }
+  // Waits up to 10 s for `done`.
+  template <typename F>
+  bool Eventually(F done) {
+    for (int i = 0; i < 200; ++i) {
+      if (done()) return true;
+      absl::SleepFor(absl::Milliseconds(50));
+    }
+    return done();
   }
 
   std::string dir_;
@@ -148,6 +201,41 @@ TEST_F(TenantIsolationTest, AnotherUidReachesNoneOfTheVictimsDataHandlesOrTheNod
   for (const auto& nic : info->nics()) EXPECT_EQ(nic.health(), "ok") << nic.rail();
   // node-t is still its own peer, where it was: transfers to it work.
   EXPECT_TRUE(client_->Write(**victim, 0, "node-t", "landing", 0, 4096).ok());
+}
+
+TEST_F(TenantIsolationTest, ANonRootClientMapsWhatItAllocatedAndNoOtherUidGetsIt) {
+  const uint64_t pool_before = PoolUsed();
+  ASSERT_EQ(AgentMemfds(), 0u);
+  ASSERT_EQ(pool_before, 0u);
+
+  // Row 11: before, alloc failed "PERMISSION_DENIED: open(/proc/<pid>/fd/4) to map buffer".
+  const std::string own = AsUid(kNobody, {"own"}, "own");
+  EXPECT_EQ(CodeOf(Line(own, "alloc")), kOk) << own;
+  EXPECT_EQ(CodeOf(Line(own, "write")), kOk) << own;
+  EXPECT_EQ(CodeOf(Line(own, "read")), kOk) << own;
+  EXPECT_THAT(own, HasSubstr("verified: 1\n"));
+  EXPECT_EQ(CodeOf(Line(own, "borrow own")), kOk) << own;
+  EXPECT_EQ(Line(own, "truncate own"), strerror(EPERM)) << "sealed: agent memory cannot shrink";
+  ASSERT_EQ(CodeOf(Line(own, "persist")), kOk) << own;
+  uint64_t kept = 0;
+  ASSERT_TRUE(absl::SimpleAtoi(Line(own, "persisted"), &kept)) << own;
+
+  // Another uid asks the fd socket for it: refused, naming both uids.
+  const std::string steal = AsUid(kNobody - 1, {"steal", absl::StrCat(kept)}, "steal");
+  EXPECT_EQ(CodeOf(Line(steal, "steal")), kPermissionDenied) << steal;
+  EXPECT_THAT(Line(steal, "steal"), HasSubstr("belongs to uid 65534; uid 65533 may not use it"));
+  // Root may (as it may free it).
+  auto info = client_->GetInfo();
+  ASSERT_TRUE(info.ok());
+  EXPECT_TRUE(BorrowBufferFile(info->fd_socket(), kept).ok());
+
+  // The client went: its session's buffers are freed, the persisting one stays until freed,
+  // and each buffer's file is closed with it.
+  EXPECT_TRUE(Eventually([&] { return PoolUsed() == kKeptBytes && AgentMemfds() == 1; }))
+      << "pool used " << PoolUsed() << "; agent fds " << absl::StrJoin(AgentFdTargets(), " ");
+  ASSERT_TRUE(client_->Free(kept).ok());
+  EXPECT_TRUE(Eventually([&] { return PoolUsed() == 0 && AgentMemfds() == 0; }))
+      << "pool used " << PoolUsed() << "; agent fds " << absl::StrJoin(AgentFdTargets(), " ");
 }
 
 }  // namespace

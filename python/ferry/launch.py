@@ -91,9 +91,10 @@ def _dev_certificates(folder, nodes):
 
 
 @contextlib.contextmanager
-def agents(nodes, host_pool="1GiB", timeout=15.0, extra=""):
+def agents(nodes, host_pool="1GiB", timeout=15.0, extra="", local_mode=""):
     """Yields {node: Agent} with every agent serving; stops them all on the way out. `extra`:
-    more YAML for every agent's config (e.g. simulated GPUs)."""
+    more YAML for every agent's config (e.g. simulated GPUs). `local_mode`: the local
+    sockets' mode (listen.local_mode, e.g. "0666" for clients of other uids)."""
     folder = tempfile.mkdtemp(prefix="ferry-py-")
     started = {}
     try:
@@ -103,6 +104,8 @@ def agents(nodes, host_pool="1GiB", timeout=15.0, extra=""):
             a = Agent(n, folder, ports[n])
             with open(a.config, "w") as f:
                 f.write(f"node: {n}\nlisten:\n  local: {a.socket}\n  peer: {a.peer_address}\n")
+                if local_mode:
+                    f.write(f"  local_mode: \"{local_mode}\"\n")
                 others = [m for m in nodes if m != n]
                 if others:
                     f.write("peers:\n")

@@ -7,6 +7,7 @@
 #include "base/status_macros.h"
 #include "server/agent/agent_options.h"
 #include "server/agent/memlock_check.h"
+#include "server/local/buffer_lending.h"
 #include "server/peers/stage_client.h"
 #include "spdlog/spdlog.h"
 #include "transport/providers.h"
@@ -124,9 +125,18 @@ absl::StatusOr<std::unique_ptr<AgentCore>> AgentCore::Create(const config::Confi
       [leases = core->leases_.get()](const std::vector<std::string>& lists) {
         leases->RevokeLists(lists, "released");
       });
-  spdlog::info("node {}: host pool {} MiB at {} ({})", config.node, config.host_pool_bytes >> 20,
-               core->pool_->path(), core->pool_->placement());
+  spdlog::info("node {}: host pool {} MiB ({}), a memfd per buffer", config.node,
+               config.host_pool_bytes >> 20, core->pool_->placement());
   return core;
+}
+
+void AgentCore::set_fd_inbox(FdInbox* inbox) {
+  fd_inbox_ = inbox;
+  // The inbox stops before the core goes (main.cc's Stop): `this` outlives the lender.
+  inbox->SetLender([this](uint64_t id, const ucred& caller) {
+    return LendBufferFile(*local_callers_, *buffers_, id, caller);
+  });
+  buffers_->LendFilesThrough(inbox->path());
 }
 
 absl::Status AgentCore::LoadTopology() {

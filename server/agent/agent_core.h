@@ -50,7 +50,9 @@ class AgentCore {
   // The fd socket (RegisterMemory's descriptors); null until main starts it, and in agents
   // built without a local socket (tests of the core alone).
   FdInbox* fd_inbox() const { return fd_inbox_; }
-  void set_fd_inbox(FdInbox* inbox) { fd_inbox_ = inbox; }
+  // The fd socket: it takes clients' descriptors, and lends each buffer's file to its owner
+  // (server/local/buffer_lending.h), which the buffers' mappings name from here on.
+  void set_fd_inbox(FdInbox* inbox);
   SessionRegistry& sessions() { return *sessions_; }
   // Who each local connection is (SO_PEERCRED), for the owner checks of the local API.
   LocalCallers& local_callers() { return *local_callers_; }

@@ -9,8 +9,9 @@ namespace {
 
 struct FillMapping {
   ferry::v1::BufferInfo* info;
+  const std::string& fd_socket;
   void operator()(const HostMapping& m) const {
-    info->mutable_shm()->set_path(m.path);
+    info->mutable_shm()->set_fd_socket(fd_socket);
     info->mutable_shm()->set_offset(m.offset);
     info->mutable_shm()->set_length(m.length);
   }
@@ -39,7 +40,7 @@ void DescribeBuffer(const Buffer& buffer, ferry::v1::BufferInfo* info) {
   info->set_registered(buffer.memory().registered());
   auto mapping = buffer.memory().mapping();
   if (mapping.ok()) {
-    std::visit(FillMapping{info}, *mapping);
+    std::visit(FillMapping{info, buffer.fd_socket()}, *mapping);
   } else {
     // The buffer still moves through the agent; only mapping it into a client fails.
     spdlog::error("buffer {}: cannot export it for clients: {}", buffer.id(),

@@ -11,13 +11,16 @@
 #include <variant>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "base/unique_fd.h"
 #include "transport/memory/gpu_device.h"
 
 namespace ferry::server {
 
-// Host memory: mmap [offset, offset+length) of the shared-memory file `path`.
+// Host memory: mmap [offset, offset+length) of the buffer's file, which the agent lends its
+// owner over the fd socket (BufferMemory::LendFile; server/local/fd_inbox.h). Not a path:
+// /proc/<agent pid>/fd/N opens only for the agent's own uid (or root).
 struct HostMapping {
-  std::string path;
   uint64_t offset = 0;
   uint64_t length = 0;
 };
@@ -42,6 +45,13 @@ class BufferMemory {
   virtual std::string backend() const = 0;  // "host", "cuda" or "sim"
   // How a client maps it; the driver's error when GPU memory cannot be exported.
   virtual absl::StatusOr<BufferMapping> mapping() const = 0;
+  // A new descriptor for the file that holds this memory and nothing of anyone else's (a
+  // host pool buffer's own memfd, a client's registered file), for its owner to map at
+  // HostMapping's offset. FAILED_PRECONDITION for memory that is no such file (GPU memory).
+  virtual absl::StatusOr<UniqueFd> LendFile() const {
+    return absl::FailedPreconditionError(
+        absl::StrCat("buffer memory on ", device(), " is not a host file to lend"));
+  }
   // The client's own memory (RegisterMemory), not the agent's pools: it counts in neither
   // pool's bytes, and DeregisterMemory (not FreeBuffer) ends it.
   virtual bool registered() const { return false; }

@@ -8,6 +8,7 @@
 #include "base/status_macros.h"
 #include "server/buffers/gpu_pools.h"
 #include "server/buffers/host_memory.h"
+#include "server/buffers/open_files.h"
 #include "spdlog/spdlog.h"
 
 namespace ferry::server {
@@ -80,8 +81,11 @@ absl::StatusOr<std::shared_ptr<Buffer>> BufferRegistry::Allocate(
   RETURN_IF_ERROR(CheckExport(name, allowed_peers));
   std::unique_ptr<BufferMemory> memory;
   if (device.empty() || device == "host") {
+    // Each host buffer holds its own file (host_pool.h): the same descriptor room as
+    // registrations, so that no number of buffers leaves the agent unable to accept.
+    RETURN_IF_ERROR(RoomForClientFd(ClientFdHold::held(), "size"));
     ASSIGN_OR_RETURN(auto block, pool_->Allocate(size));
-    memory = std::make_unique<HostMemory>(std::move(block), pool_->path());
+    memory = std::make_unique<HostMemory>(std::move(block));
   } else {
     ASSIGN_OR_RETURN(int gpu, GpuIndexOf(device));
     if (gpus_ == nullptr || static_cast<size_t>(gpu) >= gpus_->count()) {
@@ -123,6 +127,7 @@ absl::StatusOr<std::shared_ptr<Buffer>> BufferRegistry::Insert(
   uint64_t id = next_id_++;
   auto buffer = std::make_shared<Buffer>(id, name, std::move(memory), std::move(registrations),
                                          std::move(owner), std::move(allowed_peers));
+  buffer->fd_socket_ = fd_socket_;
   by_id_.emplace(id, buffer);
   if (!name.empty()) by_name_.emplace(name, id);
   return buffer;

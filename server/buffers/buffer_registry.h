@@ -68,6 +68,10 @@ class Buffer {
   const RegionList& regions() const { return regions_; }
   // How each fabric registration of GPU memory went, or why it did not.
   const std::vector<RegistrationAttempt>& attempts() const { return attempts_; }
+  // The fd socket that lends this buffer's file to its owner (BufferMemory::LendFile,
+  // server/local/fd_inbox.h), for the client's ShmMapping; "" when the agent has none. Set
+  // by the registry before anyone else sees the buffer.
+  const std::string& fd_socket() const { return fd_socket_; }
 
  private:
   const uint64_t id_;
@@ -78,7 +82,8 @@ class Buffer {
   std::unique_ptr<BufferMemory> memory_;
   RegionList regions_;
   const std::vector<RegistrationAttempt> attempts_;
-  friend class BufferRegistry;  // hands a buffer to another owner (Adopt)
+  friend class BufferRegistry;  // hands a buffer to another owner (Adopt); sets fd_socket_
+  std::string fd_socket_;
   mutable absl::Mutex owner_mu_;
   BufferOwner owner_ ABSL_GUARDED_BY(owner_mu_);
 };
@@ -115,6 +120,13 @@ class BufferRegistry {
   void OnUnexport(Unexported hook) {
     absl::MutexLock lock(&mu_);
     on_unexport_ = std::move(hook);
+  }
+
+  // Buffers made from here on say that their files are lent by the fd socket `path`
+  // (Buffer::fd_socket). Set once, when the fd socket starts.
+  void LendFilesThrough(std::string path) {
+    absl::MutexLock lock(&mu_);
+    fd_socket_ = std::move(path);
   }
 
   // `device`: "" or "host", or "cuda:N". Named buffers are exported to peers (remote read
@@ -188,6 +200,7 @@ class BufferRegistry {
   absl::flat_hash_map<uint64_t, std::shared_ptr<Buffer>> by_id_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, uint64_t> by_name_ ABSL_GUARDED_BY(mu_);
   Unexported on_unexport_ ABSL_GUARDED_BY(mu_);
+  std::string fd_socket_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace ferry::server

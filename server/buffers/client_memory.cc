@@ -16,22 +16,15 @@
 namespace ferry::server {
 namespace {
 
-// The client's file as the agent maps it: the fd stays open so that the mapping can be
-// described to clients (ListBuffers) by /proc path, as the pools' files are.
+// The client's file as the agent maps it: the fd stays open so that the agent can lend it
+// back to its owner (the fd socket), as it lends the pool's buffers' files.
 class ClientFileMemory : public BufferMemory {
  public:
   ClientFileMemory(UniqueFd fd, char* mapping, uint64_t mapped, uint64_t lead, uint64_t offset,
                    uint64_t length, bool sealed)
       : fd_(std::move(fd)), mapping_(mapping), mapped_(mapped), lead_(lead), offset_(offset),
-        length_(length), sealed_(sealed) {
-    held_.fetch_add(1);
-  }
-  ~ClientFileMemory() override {
-    munmap(mapping_, mapped_);
-    held_.fetch_sub(1);
-  }
-  // Client descriptors the registrations hold now (server/buffers/open_files.h).
-  static uint64_t held() { return held_.load(); }
+        length_(length), sealed_(sealed) {}
+  ~ClientFileMemory() override { munmap(mapping_, mapped_); }
 
   char* data() const override { return mapping_ + lead_; }
   uint64_t size() const override { return length_; }
@@ -39,7 +32,10 @@ class ClientFileMemory : public BufferMemory {
   int gpu() const override { return -1; }
   std::string backend() const override { return "host"; }
   absl::StatusOr<BufferMapping> mapping() const override {
-    return HostMapping{absl::StrCat("/proc/", getpid(), "/fd/", fd_.get()), offset_, length_};
+    return HostMapping{offset_, length_};
+  }
+  absl::StatusOr<UniqueFd> LendFile() const override {
+    return DupForClient(fd_.get(), "registered memory");
   }
   bool registered() const override { return true; }
   std::pair<const char*, uint64_t> shrinkable_range() const override {
@@ -55,7 +51,7 @@ class ClientFileMemory : public BufferMemory {
   uint64_t offset_;
   uint64_t length_;
   const bool sealed_;  // F_SEAL_SHRINK: the file cannot shrink, nothing to guard
-  static inline std::atomic<uint64_t> held_{0};
+  ClientFdHold fd_hold_;  // fd_ counts against RLIMIT_NOFILE (open_files.h)
 };
 
 // The file behind a client's descriptor, checked for what sharing its memory needs.
@@ -109,7 +105,7 @@ absl::StatusOr<std::unique_ptr<BufferMemory>> MapClientFile(UniqueFd fd, uint64_
   // (memfd_create(2), F_SEAL_SHRINK), and only then measured; other files (POSIX shm, plain
   // files, memfds without sealing) cannot be sealed: the agent's CPU touches those only
   // under a FaultGuard (shrinkable_range), which fails the op and marks them broken.
-  RETURN_IF_ERROR(RoomForClientFd(ClientFileMemory::held()));
+  RETURN_IF_ERROR(RoomForClientFd(ClientFdHold::held()));
   RETURN_IF_ERROR(InMemoryFileSystem(fd.get()));
   (void)fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK);
   const int seals = fcntl(fd.get(), F_GET_SEALS);

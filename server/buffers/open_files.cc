@@ -1,5 +1,6 @@
 #include "server/buffers/open_files.h"
 
+#include <fcntl.h>
 #include <sys/resource.h>
 
 #include "absl/strings/str_cat.h"
@@ -35,13 +36,21 @@ uint64_t RaiseOpenFileLimit() {
   return now;
 }
 
-absl::Status RoomForClientFd(uint64_t held) {
+absl::Status RoomForClientFd(uint64_t held, absl::string_view field) {
   const uint64_t soft = SoftLimit();
   if (soft > kReservedFds && held + 1 <= soft - kReservedFds) return absl::OkStatus();
   return absl::ResourceExhaustedError(absl::StrCat(
-      "fd_ticket: the agent holds ", held, " client descriptors; its RLIMIT_NOFILE is ", soft,
+      field, ": the agent holds ", held, " client descriptors; its RLIMIT_NOFILE is ", soft,
       " and ", kReservedFds,
-      " are kept for its own sockets: deregister memory first (or raise the agent's limit)"));
+      " are kept for its own sockets: deregister memory or free buffers first (or raise the "
+      "agent's limit)"));
+}
+
+absl::StatusOr<UniqueFd> DupForClient(int fd, const std::string& what) {
+  UniqueFd copy(fcntl(fd, F_DUPFD_CLOEXEC, 0));
+  if (!copy.valid())
+    return absl::ErrnoToStatus(errno, absl::StrCat("fcntl(F_DUPFD_CLOEXEC, ", what, ")"));
+  return copy;
 }
 
 }  // namespace ferry::server

@@ -44,6 +44,9 @@ constexpr CallRuleRow kRules[] = {
     {"Tensors.MoveBlocks", kOwner, "a list of the caller's session; on this node, both"},
     {"TransferSocket.Transfer", kOwner, "as Agent.Submit"},
     {"TransferSocket.Move", kOwner, "as Tensors.MoveBlocks"},
+    {"FdSocket.Pass", kAnyone,
+     "a descriptor for the caller's own RegisterMemory (a ticket only its uid can use)"},
+    {"FdSocket.Lend", kOwner, "the file of a buffer the caller owns, to map it"},
 };
 
 }  // namespace

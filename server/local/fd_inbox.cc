@@ -20,6 +20,12 @@ namespace ferry::server {
 namespace {
 
 constexpr size_t kHelloBytes = sizeof(FdInbox::kHello) - 1;
+static_assert(sizeof(FdInbox::kLendHello) - 1 == kHelloBytes);
+constexpr size_t kLendBytes = kHelloBytes + sizeof(uint64_t);
+
+void PutLittleEndian(uint64_t value, size_t bytes, char* out) {
+  for (size_t i = 0; i < bytes; ++i) out[i] = static_cast<char>(value >> (8 * i));
+}
 
 }  // namespace
 
@@ -98,6 +104,14 @@ void FdInbox::AcceptAll(std::vector<Pending>& pending) {
     ucred cred = {};
     socklen_t len = sizeof(cred);
     if (getsockopt(conn.get(), SOL_SOCKET, SO_PEERCRED, &cred, &len) != 0) continue;
+    // A client whose message is here already waits for nothing: answered now, it takes no
+    // slot (64 clients of one uid allocating at once each borrow a buffer's file, and the
+    // per-uid cap on connections waiting to speak closed most of them unanswered).
+    char peek;
+    if (recv(conn.get(), &peek, 1, MSG_PEEK | MSG_DONTWAIT) == 1) {
+      Receive(conn.get(), cred);
+      continue;
+    }
     const size_t of_uid =
         std::count_if(pending.begin(), pending.end(),
                       [&](const Pending& p) { return p.cred.uid == cred.uid; });
@@ -112,7 +126,7 @@ void FdInbox::AcceptAll(std::vector<Pending>& pending) {
 }
 
 void FdInbox::Receive(int conn, const ucred& cred) {
-  char data[kHelloBytes + 1] = {};
+  char data[kLendBytes + 1] = {};
   alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 4)] = {};
   iovec iov = {data, sizeof(data)};
   msghdr msg = {};
@@ -133,17 +147,64 @@ void FdInbox::Receive(int conn, const ucred& cred) {
       fds.emplace_back(fd);
     }
   }
-  if (n != static_cast<ssize_t>(kHelloBytes) || std::memcmp(data, kHello, kHelloBytes) != 0 ||
-      (msg.msg_flags & MSG_CTRUNC) != 0 || fds.size() != 1) {
+  const bool whole = (msg.msg_flags & MSG_CTRUNC) == 0;
+  if (whole && n == static_cast<ssize_t>(kLendBytes) &&
+      std::memcmp(data, kLendHello, kHelloBytes) == 0 && fds.empty()) {
+    uint64_t id = 0;
+    for (size_t i = 0; i < sizeof(id); ++i) {
+      id |= static_cast<uint64_t>(static_cast<unsigned char>(data[kHelloBytes + i])) << (8 * i);
+    }
+    Lend(conn, id, cred);
+    return;
+  }
+  if (!whole || n != static_cast<ssize_t>(kHelloBytes) ||
+      std::memcmp(data, kHello, kHelloBytes) != 0 || fds.size() != 1) {
     spdlog::debug("fd socket: malformed message from pid {} (uid {}): {} bytes, {} descriptors",
                   cred.pid, cred.uid, n, fds.size());
     return;
   }
   uint64_t ticket = Hold(std::move(fds[0]), cred.uid);
   char answer[sizeof(ticket)];
-  for (size_t i = 0; i < sizeof(ticket); ++i) answer[i] = static_cast<char>(ticket >> (8 * i));
+  PutLittleEndian(ticket, sizeof(ticket), answer);
   if (send(conn, answer, sizeof(answer), MSG_NOSIGNAL | MSG_DONTWAIT) != sizeof(answer)) {
     spdlog::debug("fd socket: answering pid {}: {}", cred.pid, strerror(errno));
+  }
+}
+
+void FdInbox::Lend(int conn, uint64_t id, const ucred& cred) {
+  Lender lender;
+  {
+    absl::MutexLock lock(&mu_);
+    lender = lender_;
+  }
+  absl::StatusOr<UniqueFd> file =
+      lender ? lender(id, cred)
+             : absl::UnimplementedError("fd socket: this agent lends no buffer files");
+  const absl::Status status = file.status();
+  const std::string message(status.message().substr(0, kMaxLendMessage));
+  std::string answer(8, '\0');
+  PutLittleEndian(static_cast<uint32_t>(status.code()), 4, answer.data());
+  PutLittleEndian(message.size(), 4, answer.data() + 4);
+  answer += message;
+  iovec iov = {answer.data(), answer.size()};
+  msghdr msg = {};
+  msg.msg_iov = &iov;
+  msg.msg_iovlen = 1;
+  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
+  if (file.ok()) {
+    msg.msg_control = control;
+    msg.msg_controllen = sizeof(control);
+    cmsghdr* c = CMSG_FIRSTHDR(&msg);
+    c->cmsg_level = SOL_SOCKET;
+    c->cmsg_type = SCM_RIGHTS;
+    c->cmsg_len = CMSG_LEN(sizeof(int));
+    const int fd = file->get();
+    std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
+  }
+  // The answer fits the socket's empty send buffer: it never waits. Our copy of the
+  // descriptor closes when `file` goes; the client's stays.
+  if (sendmsg(conn, &msg, MSG_NOSIGNAL | MSG_DONTWAIT) != static_cast<ssize_t>(answer.size())) {
+    spdlog::debug("fd socket: lending buffer {} to pid {}: {}", id, cred.pid, strerror(errno));
   }
 }
 

@@ -1,12 +1,23 @@
 #pragma once
 // The fd socket: how a client hands the agent a file descriptor (its shared memory, for
-// RegisterMemory). gRPC carries no descriptors, so they come over a Unix socket of their
-// own beside the local API's (same mode and group; GetInfo.fd_socket names it):
+// RegisterMemory), and how the agent hands a client the file of a buffer it owns (to map
+// it). gRPC carries no descriptors, so they go over a Unix socket of their own beside the
+// local API's (same mode and group; GetInfo.fd_socket names it). One request a connection:
 //
-//   the client connects and sends one message, the 8 bytes "ferryfd1", with exactly one
-//   descriptor attached (SCM_RIGHTS, unix(7)); the agent answers with 8 bytes, a ticket
-//   (little-endian; 0: refused, and the connection closes without one when the message is
-//   malformed) and closes the connection.
+//   pass: the client sends the 8 bytes "ferryfd1" with exactly one descriptor attached
+//   (SCM_RIGHTS, unix(7)); the agent answers with 8 bytes, a ticket (little-endian; 0:
+//   refused) and closes the connection.
+//
+//   lend: the client sends the 8 bytes "ferrymap" and a buffer id (8 bytes little-endian),
+//   no descriptor; the agent answers with a status code (4 bytes little-endian,
+//   absl::StatusCode), a message's length (4 bytes little-endian) and the message, with
+//   the buffer's file attached (SCM_RIGHTS) when the code is 0, and closes the connection.
+//   Only the buffer's owner uid, root or the admin group get it (the Lender decides, from
+//   the kernel's SO_PEERCRED): a client of another uid cannot open /proc/<agent pid>/fd/N,
+//   so this is how a non-root client maps what it allocated from a root agent.
+//
+//   A malformed message (other bytes, descriptors where none belong) closes the connection
+//   without an answer.
 //
 // The ticket then names the descriptor in RegisterMemory, once, by the same uid (the
 // kernel's SO_PEERCRED of both connections, never what the client says), within kTicketTtl.
@@ -21,6 +32,7 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <thread>
@@ -41,6 +53,8 @@ inline std::string FdSocketPath(const std::string& local_socket) { return local_
 class FdInbox {
  public:
   static constexpr char kHello[] = "ferryfd1";  // 8 bytes on the wire, without the NUL
+  static constexpr char kLendHello[] = "ferrymap";
+  static constexpr size_t kMaxLendMessage = 1024;  // bytes of an answer's message, at most
   static constexpr absl::Duration kTicketTtl = absl::Seconds(60);
   static constexpr size_t kMaxHeld = 1024;
   static constexpr size_t kMaxHeldPerUid = 256;
@@ -48,9 +62,18 @@ class FdInbox {
   static constexpr size_t kMaxPending = 256;
   static constexpr size_t kMaxPendingPerUid = 16;
 
+  // The file of buffer `id` for `caller`, or why not (the code and message go to the
+  // client). Runs on the accept thread: it must not block.
+  using Lender = std::function<absl::StatusOr<UniqueFd>(uint64_t id, const ucred& caller)>;
+
   // Binds `path` as ListenUnix does and starts accepting.
   static absl::StatusOr<std::unique_ptr<FdInbox>> Start(const std::string& path, mode_t mode,
                                                         gid_t group);
+  // Who answers lend requests from here on; until set, they are answered UNIMPLEMENTED.
+  void SetLender(Lender lender) {
+    absl::MutexLock lock(&mu_);
+    lender_ = std::move(lender);
+  }
   // Stops accepting (as Stop); descriptors not taken are closed.
   ~FdInbox();
   // No new connections from here on; returns once the accept thread is gone.
@@ -79,6 +102,8 @@ class FdInbox {
   // Reads one connection's message (it is readable) and answers it; `conn` is closed by the
   // caller.
   void Receive(int conn, const ucred& cred);
+  // Answers a lend request for buffer `id`.
+  void Lend(int conn, uint64_t id, const ucred& cred);
   // A ticket for `fd` passed by `uid`; 0 when full.
   uint64_t Hold(UniqueFd fd, uid_t uid);
   void DropExpiredLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -94,6 +119,7 @@ class FdInbox {
   };
   absl::Mutex mu_;
   absl::flat_hash_map<uint64_t, Held> held_ ABSL_GUARDED_BY(mu_);
+  Lender lender_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace ferry::server

@@ -41,35 +41,41 @@ absl::Status Populate(char* data, uint64_t span) {
 
 }  // namespace
 
-HostBlock::~HostBlock() { pool_->Release(offset_, size_); }
+HostBlock::~HostBlock() { pool_->Release(offset_, size_, file_.get()); }
 
 absl::StatusOr<std::unique_ptr<HostPool>> HostPool::Create(uint64_t size, const std::string& name,
                                                            int numa) {
   size = Span(size);
-  UniqueFd fd(memfd_create(name.c_str(), MFD_CLOEXEC));
-  if (!fd.valid()) return absl::ErrnoToStatus(errno, absl::StrCat("memfd_create(", name, ")"));
-  if (ftruncate(fd.get(), static_cast<off_t>(size)) != 0) {
-    return absl::ErrnoToStatus(errno, absl::StrCat("ftruncate(memfd, ", size, ")"));
+  // Address space only: each block maps its own file over its part (Allocate). PROT_NONE, so
+  // that a stray touch of a free range faults rather than reading another block's bytes.
+  void* base = mmap(nullptr, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (base == MAP_FAILED) {
+    return absl::ErrnoToStatus(errno, absl::StrCat("mmap(host pool reservation, ", size, ")"));
   }
-  void* base = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd.get(), 0);
-  if (base == MAP_FAILED)
-    return absl::ErrnoToStatus(errno, absl::StrCat("mmap(host pool, ", size, ")"));
-  std::string path = absl::StrCat("/proc/", getpid(), "/fd/", fd.get());
-  std::unique_ptr<HostPool> pool(new HostPool(std::move(fd), static_cast<char*>(base), size, path));
+  std::unique_ptr<HostPool> pool(new HostPool(static_cast<char*>(base), size, name));
   if (numa >= 0) {
-    pool->placement_ = BindToNode(base, size, numa);
-    if (pool->placement_.rfind("NUMA node", 0) == 0) pool->numa_ = numa;
+    pool->binding_ = NodeBinding::Load(numa, &pool->placement_);
+    if (pool->binding_ != nullptr) pool->numa_ = numa;
   }
   return pool;
 }
 
-HostPool::HostPool(UniqueFd fd, char* base, uint64_t size, std::string path)
-    : fd_(std::move(fd)), base_(base), size_(size), path_(std::move(path)),
-      allocator_(size, kAlignment) {}
+HostPool::HostPool(char* base, uint64_t size, std::string name)
+    : base_(base), size_(size), name_(std::move(name)), allocator_(size, kAlignment) {}
 
 HostPool::~HostPool() { munmap(base_, size_); }
 
 absl::StatusOr<std::unique_ptr<HostBlock>> HostPool::Allocate(uint64_t size) {
+  const uint64_t span = Span(size);
+  // The file first: a failure here leaves no range to give back.
+  UniqueFd file(memfd_create(name_.c_str(), MFD_CLOEXEC | MFD_ALLOW_SEALING));
+  if (!file.valid()) return absl::ErrnoToStatus(errno, absl::StrCat("memfd_create(", name_, ")"));
+  if (ftruncate(file.get(), static_cast<off_t>(span)) != 0) {
+    return absl::ErrnoToStatus(errno, absl::StrCat("ftruncate(", name_, ", ", span, ")"));
+  }
+  if (fcntl(file.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0) {
+    return absl::ErrnoToStatus(errno, absl::StrCat("fcntl(", name_, ", F_ADD_SEALS)"));
+  }
   uint64_t offset;
   {
     absl::MutexLock lock(&mu_);
@@ -79,24 +85,61 @@ absl::StatusOr<std::unique_ptr<HostBlock>> HostPool::Allocate(uint64_t size) {
     }
     offset = *got;
   }
-  auto block = std::make_unique<HostBlock>(this, base_ + offset, offset, size);
-  // On failure the block gives its range back.
-  RETURN_IF_ERROR(Populate(base_ + offset, Span(size)));
+  char* const data = base_ + offset;
+  void* p = mmap(data, span, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, file.get(), 0);
+  if (p == MAP_FAILED) {
+    const int err = errno;
+    absl::MutexLock lock(&mu_);
+    (void)allocator_.Free(offset);  // the reservation is still in place: nothing was mapped
+    return absl::ErrnoToStatus(err, absl::StrCat("mmap(", name_, ", ", span, " bytes)"));
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    ++blocks_;
+  }
+  // From here the block owns the range: on failure its destructor puts the reservation back.
+  auto block = std::make_unique<HostBlock>(this, data, offset, size, std::move(file));
+  if (binding_ != nullptr) {
+    // A failed binding leaves the pages where the kernel puts them, as a pool-wide one did.
+    if (std::string failed = binding_->Bind(data, span); !failed.empty()) {
+      spdlog::warn("host pool: block of {} bytes not bound to NUMA node {}: {}", span, numa_,
+                   failed);
+    }
+  }
+  RETURN_IF_ERROR(Populate(data, span));
   return block;
 }
 
-void HostPool::Release(uint64_t offset, uint64_t size) {
-  // Give the pages back before the range is reused: a freed buffer keeps no memory, and the
-  // next owner sees zeroes, not the last client's bytes.
+void HostPool::Release(uint64_t offset, uint64_t size, int file) {
+  // Give the pages back before anything else: a client still holding the file (or its
+  // mapping) after the free keeps no memory of the pool's and sees zeroes, not the bytes.
+  // Sealed against shrinking and growing, not writing: punching a hole is allowed.
   const uint64_t span = Span(size);
-  if (fallocate(fd_.get(), FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, static_cast<off_t>(offset),
-                static_cast<off_t>(span)) != 0) {
+  if (fallocate(file, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 0, static_cast<off_t>(span)) !=
+      0) {
     spdlog::warn("host pool: fallocate(PUNCH_HOLE, {} bytes at {}): {}", span, offset,
                  strerror(errno));
   }
+  // The reservation back over the range (MAP_FIXED replaces the block's mapping in one
+  // call), so that the next block maps its own file there.
+  void* p = mmap(base_ + offset, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED |
+                 MAP_NORESERVE, -1, 0);
   absl::MutexLock lock(&mu_);
+  --blocks_;
+  if (p == MAP_FAILED) {
+    // The old file stays mapped there; handing the range out again would map a second file
+    // over it while someone may still use it. Keep it out of the allocator instead.
+    spdlog::error("host pool: mmap(reservation over {} bytes at {}): {}; the range stays used",
+                  span, offset, strerror(errno));
+    return;
+  }
   absl::Status s = allocator_.Free(offset);
   if (!s.ok()) spdlog::error("host pool: {}", s.ToString());
+}
+
+uint64_t HostPool::blocks() const {
+  absl::MutexLock lock(&mu_);
+  return blocks_;
 }
 
 uint64_t HostPool::used() const {
