@@ -3,10 +3,8 @@
 #include <algorithm>
 #include <map>
 #include <optional>
-#include <tuple>
 #include <utility>
 
-#include "absl/container/inlined_vector.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/byte_size.h"
@@ -14,6 +12,7 @@
 #include "base/echo.h"
 #include "base/status_macros.h"
 #include "server/buffers/guarded_touch.h"
+#include "server/engine/batch_post.h"
 #include "server/engine/op_target.h"
 #include "server/engine/route_choice.h"
 #include "server/engine/slice_planner.h"
@@ -25,11 +24,6 @@ namespace {
 
 // Ops of a finished transfer whose legs the debug log shows.
 constexpr size_t kLoggedOps = 4;
-// The most pieces one gathered op carries: 1 MiB of 4 KiB blocks, a frame table of 4 KiB on
-// tcp (transport/tcp/wire.h takes up to kMaxWirePieces); verbs posts the pieces as WRs,
-// chained by its initiator QP.
-constexpr size_t kMaxPieces = 256;
-
 
 absl::Status RangeError(const std::string& field, uint64_t offset, uint64_t length,
                         const std::string& what, uint64_t size) {
@@ -233,55 +227,6 @@ absl::StatusOr<uint64_t> TransferEngine::Submit(const ferry::v1::SubmitRequest& 
   return transfer->id();
 }
 
-namespace {
-
-ferry::v1::Leg MakeLeg(const std::string& side, const LegPlan& plan, const std::string& provider) {
-  ferry::v1::Leg leg;
-  leg.set_side(side);
-  leg.set_mode(LegModeName(plan.mode));
-  leg.set_device(plan.device);
-  leg.set_backend(plan.backend);
-  leg.set_nic(plan.nic);
-  leg.set_path(plan.path);
-  leg.set_provider(provider);
-  leg.set_reason(plan.reason);
-  return leg;
-}
-
-// What the ops of one batch between the same two buffers share: planned by the first.
-struct SharedPlan {
-  RouteChoice direct;
-  std::string provider;
-  LegPlan local, remote;
-  Transfer::Legs legs;
-  bool lanes_built = false;  // direct ops only, on the first that gets that far
-  std::shared_ptr<const LaneSet> lanes;  // null when no lane could be had
-  absl::Status no_lane;
-};
-
-LegPlan RemoteLeg(const RemoteBuffer& remote) {
-  return {.mode = remote.mode,
-          .device = remote.device,
-          .backend = remote.backend,
-          .nic = remote.nic,
-          .path = remote.path,
-          .reason = remote.reason};
-}
-
-// A peer refusing a key or range it handed out at Resolve means the buffer went away (freed
-// or unexported) while the op ran: say that, with the buffer's name, not "permission denied".
-absl::Status RemoteOutcome(absl::Status status, const PlannedOp& op) {
-  if (status.code() != absl::StatusCode::kPermissionDenied &&
-      status.code() != absl::StatusCode::kOutOfRange) {
-    return status;
-  }
-  return absl::AbortedError(
-      absl::StrCat("remote_buffer: ", Echo(op.remote->name), " on ", op.remote->node,
-                   " was freed or unexported while the op ran (", status.message(), ")"));
-}
-
-}  // namespace
-
 void TransferEngine::Settle(const std::shared_ptr<Transfer>& transfer, size_t index,
                             const absl::Status& status, const std::string& provider) {
   if (!status.ok()) {
@@ -308,294 +253,9 @@ void TransferEngine::SettleRun(const std::shared_ptr<Transfer>& transfer, size_t
 }
 
 void TransferEngine::Post(const std::shared_ptr<Transfer>& transfer, absl::Time deadline) {
-  // One Hello answer per peer and one endpoint per route lane for the whole batch.
-  std::map<std::string, absl::StatusOr<PeerRails>> rails;
-  std::map<std::tuple<std::string, Route, uint32_t>, absl::StatusOr<PeerEndpoint>> endpoints;
-  auto endpoint = [&](const std::string& node, const Route& route, uint32_t lane,
-                      uint64_t incarnation) -> const absl::StatusOr<PeerEndpoint>& {
-    auto key = std::make_tuple(node, route, lane);
-    auto it = endpoints.find(key);
-    if (it == endpoints.end()) {
-      it = endpoints.emplace(key, peers_->Endpoint(node, route, lane, incarnation, deadline))
-               .first;
-      if (!it->second.ok()) {
-        // A route that cannot connect is paused like one that broke; the peer's rails may
-        // have changed, so the next Rails asks it again.
-        ledger_->Failed(route.ours, node, it->second.status(), false, absl::Now());
-        peers_->Refresh(node);
-      }
-    }
-    return it->second;
-  };
-  std::vector<StagedOp> staged;
-  std::map<std::pair<const Buffer*, const RemoteBuffer*>, SharedPlan> plans;
-  std::map<std::string, std::vector<SliceWork>> work;  // direct slices, by peer
-  std::map<std::string, size_t> routes_to;             // the most routes an op takes, by peer
-  const EngineLimits limits = this->limits();
-  // Held for the whole loop: an early completion may finish the transfer meanwhile.
   PlannedOps planned = transfer->ops();
   if (!planned) return;  // cancelled before it was posted
-  const auto& ops = *planned;
-  // Not finished() : a cancelled transfer whose check runs must not post its queued slices.
-  const Wanted wanted = MakeWanted([transfer] { return !transfer->all_settled(); });
-  // Each peer's queue, asked of the engine once per batch rather than once per op (again
-  // only when an op takes more routes to the peer than those before: a wider window).
-  std::map<std::string, std::pair<size_t, std::shared_ptr<FairQueue>>> queues;
-  auto queue_for = [&](const std::string& node) -> const std::shared_ptr<FairQueue>& {
-    const size_t routes = routes_to[node];
-    auto& [made_for, queue] = queues[node];
-    if (!queue || made_for < routes) {
-      queue = QueueFor(node, limits, routes);
-      made_for = routes;
-    }
-    return queue;
-  };
-  // Direct ops waiting to be posted as one: ops first..last, between the same two buffers in
-  // the same direction, as pieces (an op adjacent on both sides to the previous one extends
-  // its piece).
-  struct Run {
-    size_t first = 0, last = 0;
-    const SharedPlan* plan = nullptr;
-    bool read = false;
-    uint64_t length = 0;  // of all the pieces
-    absl::InlinedVector<fabric::Piece, 1> pieces;  // one, unless the run gathers blocks
-  };
-  std::optional<Run> run;
-  auto flush = [&] {
-    if (!run) return;
-    Run r = std::move(*std::exchange(run, std::nullopt));
-    const std::string& node = ops[r.first].remote->node;
-    const std::string provider = r.plan->provider;
-    // The completion holds the ops (and so the buffers) until the fabric is done with
-    // them, even when the transfer was settled earlier (deadline, cancel). Ops that rode
-    // together settle together.
-    // (Not the run itself: its plan lives only as long as this Post.)
-    StripedOp::Done done = [life = life_, transfer, planned, first = r.first, last = r.last,
-                            provider](StripedOutcome outcome) {
-      Visit visit(*life);
-      if (visit.engine() == nullptr) return;  // its destructor settled every op
-      const absl::Status status = RemoteOutcome(outcome.status, (*planned)[first]);
-      visit.engine()->SettleRun(transfer, first, last, status, provider, outcome);
-    };
-    transfer->MarkPosted(r.first, r.last - r.first + 1);
-    const fabric::Piece& one = r.pieces.front();
-    StripedOp::Spec spec{r.read, one.local_offset, one.remote_offset, r.length, limits.slice_bytes,
-                         node, transfer->id(), next_lane_.fetch_add(1, std::memory_order_relaxed)};
-    spec.owner_uid = transfer->owner_uid();
-    if (r.pieces.size() > 1) {
-      spec.pieces =
-          std::make_shared<const std::vector<fabric::Piece>>(r.pieces.begin(), r.pieces.end());
-    }
-    auto striped = std::make_shared<StripedOp>(std::move(spec), r.plan->lanes, ledger_,
-                                               queue_for(node), wanted, std::move(done));
-    std::vector<SliceWork>& to_peer = work[node];
-    if (to_peer.empty()) to_peer.reserve(ops.size() - r.first);  // grown once, not doubled
-    striped->AppendSlices(to_peer);
-  };
-  // One instant for the batch: its routes are chosen together.
-  const absl::Time now = absl::Now();
-  // What the previous op looked up, for the next op that shares its remote buffer, or both
-  // buffers (most ops of a KV batch): no map lookups per op for them. std::map entries stay
-  // where they are while others are added.
-  const RemoteBuffer* rails_for = nullptr;
-  decltype(rails)::iterator it;
-  std::pair<const Buffer*, const RemoteBuffer*> plan_for = {nullptr, nullptr};
-  decltype(plans)::iterator shared;
-  const SharedPlan* counted = nullptr;  // the plan whose routes routes_to last counted
-  for (size_t i = 0; i < ops.size(); ++i) {
-    const PlannedOp& op = ops[i];
-    const std::string& node = op.remote->node;
-    if (rails_for != op.remote) {
-      it = rails.find(node);
-      if (it == rails.end()) {
-        it = rails.emplace(node, peers_->Rails(node, op.remote->incarnation, deadline)).first;
-      }
-      rails_for = op.remote;
-    }
-    if (!it->second.ok()) {
-      Settle(transfer, i, it->second.status(), "");
-      continue;
-    }
-    const PeerRails& peer_rails = *it->second;
-    if (op.remote->incarnation != 0 && peer_rails.incarnation != op.remote->incarnation) {
-      // Its keys were made by the agent that ran before: none of them reaches anything now.
-      Settle(transfer, i,
-             absl::AbortedError(absl::StrCat("remote_buffer: ", node, " restarted since ",
-                                             Echo(op.remote->name),
-                                             " was resolved; submit the transfer again")),
-             "");
-      continue;
-    }
-    // Ops between the same two buffers plan alike: the first of them plans, the others
-    // share its legs and lanes (a KV batch of 4096 blocks plans once, not 4096 times).
-    bool fresh = false;
-    if (const std::pair<const Buffer*, const RemoteBuffer*> key{op.local, op.remote};
-        key != plan_for) {
-      plan_for = key;
-      std::tie(shared, fresh) = plans.try_emplace(key);
-    }
-    SharedPlan& plan = shared->second;
-    if (fresh) {
-      plan.direct = DirectRoutes(*op.local, *op.remote, peer_rails, *ledger_, now);
-      const ProviderRails& preferred = peer_rails.providers.front();
-      plan.provider = plan.direct.provider.empty() ? preferred.provider : plan.direct.provider;
-      // Which way each side moves its bytes, under the policy this transfer runs with; the
-      // rail tells the planner whether the fabric reaches the buffer directly.
-      const fabric::RailId plan_rail =
-          plan.direct.routes.empty() ? preferred.ours.front() : plan.direct.routes.front().ours;
-      plan.local = deps_.plan(*op.local, transfer->policy(), plan_rail);
-      plan.remote = RemoteLeg(*op.remote);
-      plan.legs = std::make_shared<const std::vector<ferry::v1::Leg>>(
-          std::vector<ferry::v1::Leg>{MakeLeg("local", plan.local, plan.provider),
-                                      MakeLeg("remote", plan.remote, plan.provider)});
-    }
-    const std::string& provider = plan.provider;
-    const LegPlan& local = plan.local;
-    const LegPlan& remote = plan.remote;
-    const RouteChoice& direct = plan.direct;
-    transfer->ShareLegs(i, plan.legs);
-    const bool local_refused = local.mode == LegMode::kUnavailable;
-    if (local_refused || remote.mode == LegMode::kUnavailable) {
-      Settle(transfer, i,
-             absl::FailedPreconditionError(local_refused ? local.reason
-                                                         : absl::StrCat("peer: ", remote.reason)),
-             provider);
-      continue;
-    }
-    if (!IsDirect(local.mode) || !IsDirect(remote.mode)) {
-      const ProviderRails& preferred = peer_rails.providers.front();
-      // Our side direct: the route must leave from a rail that holds the buffer.
-      std::vector<fabric::RailId> candidates;
-      if (IsDirect(local.mode)) {
-        for (const auto& [rail, region] : op.local->regions()) candidates.push_back(rail);
-      }
-      // A staged leg is not striped: it takes one route, off the NICs the ledger pauses for
-      // this peer while any other is left (a paused GPU NIC hands its staging to another).
-      ProviderRails staging = preferred;
-      std::erase_if(staging.ours, [&](const fabric::RailId& r) {
-        return !ledger_->Usable(r, node, now);
-      });
-      if (staging.ours.empty()) staging.ours = preferred.ours;
-      std::optional<Route> route = StagedRoute(staging, candidates, local.nic, remote.nic);
-      absl::StatusOr<PeerEndpoint> peer =
-          route ? endpoint(node, *route, 0, op.remote->incarnation)
-                : absl::StatusOr<PeerEndpoint>(absl::FailedPreconditionError(absl::StrCat(
-                      "no ", preferred.provider, " rail reaches ", Echo(op.remote->name),
-                      " on ", node, " from this buffer")));
-      if (!peer.ok()) {
-        Settle(transfer, i, peer.status(), provider);
-        continue;
-      }
-      transfer->SetRails(i, {peer->rail.ToString()}, {peer->peer_rail.ToString()}, {});
-      staged.push_back({i, local, *peer});
-      continue;
-    }
-    if (direct.routes.empty()) {
-      Settle(transfer, i,
-             absl::FailedPreconditionError(absl::StrCat(
-                 "no rail of ", provider, " reaches both buffers (",
-                 op.local->regions().empty() ? "not registered here" : "none of the peer's")),
-             provider);
-      continue;
-    }
-    if (!plan.lanes_built) {
-      plan.lanes_built = true;
-      std::vector<Lane> lanes, reserve;
-      // Lanes one NIC after the other (route 0 lane 0, route 1 lane 0, ..., route 0 lane 1),
-      // so that consecutive slices leave through different NICs.
-      uint32_t most_lanes = 1;
-      for (const Route& route : direct.routes) {
-        if (fabric::Fabric* f = peers_->FabricOf(route.ours)) {
-          most_lanes = std::max(most_lanes, f->endpoints_per_peer());
-        }
-      }
-      for (uint32_t lane = 0; lane < most_lanes; ++lane) {
-        for (const Route& route : direct.routes) {
-          fabric::Fabric* f = peers_->FabricOf(route.ours);
-          if (f == nullptr || lane >= f->endpoints_per_peer()) continue;
-          const absl::StatusOr<PeerEndpoint>& e =
-              endpoint(node, route, lane, op.remote->incarnation);
-          if (!e.ok()) {
-            if (plan.no_lane.ok()) plan.no_lane = e.status();
-            continue;
-          }
-          lanes.push_back({e->endpoint, route, op.local->region(route.ours),
-                           *op.remote->KeyFor(route.theirs)});
-        }
-      }
-      // Where slices go when every NIC of the provider failed them (tcp behind verbs),
-      // unless the policy says to fail rather than fall back.
-      if (transfer->policy().policy.fallback != config::Fallback::kFail) {
-        for (const Route& route : direct.reserve) {
-          const absl::StatusOr<PeerEndpoint>& e =
-              endpoint(node, route, 0, op.remote->incarnation);
-          if (!e.ok()) continue;
-          reserve.push_back({e->endpoint, route, op.local->region(route.ours),
-                             *op.remote->KeyFor(route.theirs)});
-        }
-      }
-      if (!lanes.empty()) {
-        plan.lanes = std::make_shared<LaneSet>(std::move(lanes), std::move(reserve));
-      }
-    }
-    if (!plan.lanes) {
-      Settle(transfer, i,
-             plan.no_lane.ok() ? absl::FailedPreconditionError(absl::StrCat(
-                                     "no ", provider, " fabric serves the rails that reach ",
-                                     Echo(op.remote->name), " on ", node))
-                               : plan.no_lane,
-             provider);
-      // The failed connect paused its rail in the ledger: the next op between these buffers
-      // plans again and may take another route or provider (tcp behind verbs), as it would
-      // have alone.
-      plans.erase(shared);
-      plan_for = {nullptr, nullptr};
-      counted = nullptr;
-      continue;
-    }
-    if (counted != &plan) {  // the same plan's routes count the same
-      size_t& most = routes_to[node];
-      most = std::max(most, direct.routes.size());
-      counted = &plan;
-    }
-    // The ops of a batch between the same two buffers ride together while they fit a slice
-    // and kMaxPieces: one fabric op, one completion (tcp: one request and one ack) for a run
-    // of a paged KV cache's blocks. An op adjacent on both sides to the previous one (the
-    // cache's consecutive blocks) extends its piece. Only the op right after the run joins
-    // it: one between that failed or went to staging has an outcome of its own, which the
-    // run's completion must not write over.
-    if (run && run->last + 1 == i && run->plan == &plan &&
-        run->read == (op.type == ferry::v1::READ) &&
-        run->length + op.length <= limits.slice_bytes) {
-      fabric::Piece& back = run->pieces.back();
-      if (back.local_offset + back.length == op.local_offset &&
-          back.remote_offset + back.length == op.remote_offset) {
-        back.length += op.length;
-      } else if (run->pieces.size() < kMaxPieces) {
-        run->pieces.push_back({op.local_offset, op.remote_offset, op.length});
-      } else {
-        flush();
-      }
-      if (run) {
-        run->length += op.length;
-        run->last = i;
-        continue;
-      }
-    }
-    flush();
-    run = Run{.first = i,
-              .last = i,
-              .plan = &plan,
-              .read = op.type == ferry::v1::READ,
-              .length = op.length,
-              .pieces = {{op.local_offset, op.remote_offset, op.length}}};
-  }
-  flush();
-  // Each peer's slices go to its queue at once, after planning: nothing completes meanwhile.
-  for (auto& [node, slices] : work) {
-    queue_for(node)->Enqueue(transfer->id(), std::move(slices), wanted, transfer->owner_uid());
-  }
-  if (!staged.empty()) StartStaging(transfer, std::move(planned), std::move(staged));
+  BatchPost(*this, transfer, std::move(planned), deadline).Run();
 }
 
 std::shared_ptr<FairQueue> TransferEngine::QueueFor(const std::string& node,

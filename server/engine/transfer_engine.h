@@ -137,8 +137,13 @@ class TransferEngine {
   std::vector<std::shared_ptr<Transfer>> Recent(size_t recent) const;
 
  private:
+  // Post's steps, one batch at a time (server/engine/batch_post.h).
+  class BatchPost;
+
   absl::StatusOr<PlannedBatch> Plan(const ferry::v1::SubmitRequest& request,
                                     const EngineLimits& limits, absl::Time deadline);
+  // Puts every op of a transfer Submit made on its way: slices to the peers' queues, staged
+  // ops to a thread; an op that cannot go settles with why.
   void Post(const std::shared_ptr<Transfer>& transfer, absl::Time deadline);
   void OnFinished(uint64_t id);
   // The queue of direct slices to `node`, made on first use, with a window for `routes`.
