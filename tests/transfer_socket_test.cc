@@ -63,87 +63,101 @@ struct FakeEngine {
   absl::Mutex mu;
   std::vector<uid_t> callers ABSL_GUARDED_BY(mu);
 
-  TransferCalls CallsFor(const LocalCaller& caller) {
-    {
-      absl::MutexLock lock(&mu);
-      callers.push_back(caller.uid);
+  // The calls the socket makes, handed to it as the agent's services hand theirs.
+  struct Transfers final : TransferCalls {
+    explicit Transfers(FakeEngine* engine) : engine(engine) {}
+    absl::StatusOr<uint64_t> Start(const ferry::v1::TransferRequest& req,
+                                   AnswerFn answer) const override {
+      return engine->StartTransfer(req, std::move(answer));
     }
-    TransferCalls calls;
-    calls.start = [this](const ferry::v1::TransferRequest& req,
-                         std::function<void(ferry::v1::TransferResult)> answer)
-        -> absl::StatusOr<uint64_t> {
-      uint64_t bytes = 0;
-      for (int i = 0; i < req.submit().ops_size(); ++i) {
-        if (req.submit().ops(i).length() == 0) {
-          return absl::InvalidArgumentError(absl::StrCat("ops[", i, "].length: 0"));
-        }
-        bytes += req.submit().ops(i).length();
-      }
-      // Whether it started where the socket should have started it.
-      char thread[16] = {};
-      pthread_getname_np(pthread_self(), thread, sizeof(thread));
-      const bool slow = req.submit().targets_size() > 0 && req.submit().targets(0).peer() == "slow";
-      const bool on_starter = std::string(thread) == "test-start";
-      if (on_starter) on_starters.fetch_add(1);
-      if (on_starter != (slow || req.submit().ops_size() > TransferSocket::kInlineOps)) {
-        misplaced.fetch_add(1);
-      }
-      const int id = started.fetch_add(1) + 1;
-      done.Run([answer = std::move(answer), bytes, id] {
-        ferry::v1::TransferResult result;
-        result.set_transfer_id(id);
-        result.set_state(ferry::v1::SUCCEEDED);
-        result.set_bytes(bytes);
-        answer(std::move(result));
-      });
-      return id;
-    };
-    calls.may_block = [](const ferry::v1::TransferRequest& req) -> std::optional<std::string> {
+    std::optional<std::string> MayBlockOn(const ferry::v1::TransferRequest& req) const override {
       if (req.submit().targets_size() > 0 && req.submit().targets(0).peer() == "slow") {
         return "slow";
       }
       return std::nullopt;
-    };
-    return calls;
+    }
+    FakeEngine* const engine;
+  };
+  struct Moves final : MoveCalls {
+    explicit Moves(FakeEngine* engine) : engine(engine) {}
+    absl::StatusOr<uint64_t> Start(const ferry::v1::SessionMove& move,
+                                   AnswerFn answer) const override {
+      return engine->StartMove(move, std::move(answer));
+    }
+    std::optional<std::string> MayBlockOn(const ferry::v1::SessionMove& move) const override {
+      if (move.request().peer() == "slow") return "slow";
+      return std::nullopt;
+    }
+    FakeEngine* const engine;
+  };
+
+  std::shared_ptr<const TransferCalls> CallsFor(const LocalCaller& caller) {
+    {
+      absl::MutexLock lock(&mu);
+      callers.push_back(caller.uid);
+    }
+    return std::make_shared<Transfers>(this);
+  }
+
+  absl::StatusOr<uint64_t> StartTransfer(const ferry::v1::TransferRequest& req, AnswerFn answer) {
+    uint64_t bytes = 0;
+    for (int i = 0; i < req.submit().ops_size(); ++i) {
+      if (req.submit().ops(i).length() == 0) {
+        return absl::InvalidArgumentError(absl::StrCat("ops[", i, "].length: 0"));
+      }
+      bytes += req.submit().ops(i).length();
+    }
+    // Whether it started where the socket should have started it.
+    char thread[16] = {};
+    pthread_getname_np(pthread_self(), thread, sizeof(thread));
+    const bool slow = req.submit().targets_size() > 0 && req.submit().targets(0).peer() == "slow";
+    const bool on_starter = std::string(thread) == "test-start";
+    if (on_starter) on_starters.fetch_add(1);
+    if (on_starter != (slow || req.submit().ops_size() > TransferSocket::kInlineOps)) {
+      misplaced.fetch_add(1);
+    }
+    const int id = started.fetch_add(1) + 1;
+    done.Run([answer = std::move(answer), bytes, id] {
+      ferry::v1::TransferResult result;
+      result.set_transfer_id(id);
+      result.set_state(ferry::v1::SUCCEEDED);
+      result.set_bytes(bytes);
+      answer(std::move(result));
+    });
+    return id;
   }
 
   // Block moves: session kSession is the caller's, any other refused; peer "slow" may block;
   // each pair is a 4 KiB block, answered on the `done` threads.
   static constexpr uint64_t kSession = 7;
-  MoveCalls MovesFor(const LocalCaller&) {
-    MoveCalls calls;
-    calls.start = [this](const ferry::v1::SessionMove& move,
-                         std::function<void(ferry::v1::TransferResult)> answer)
-        -> absl::StatusOr<uint64_t> {
-      if (move.session() != kSession) {
-        return absl::PermissionDeniedError(
-            absl::StrCat("move.session: session ", move.session(), " is not yours"));
-      }
-      char thread[16] = {};
-      pthread_getname_np(pthread_self(), thread, sizeof(thread));
-      const ferry::v1::MoveBlocksRequest& req = move.request();
-      const bool should =
-          req.peer() == "slow" || req.local_blocks_size() > TransferSocket::kInlineOps;
-      const bool on_starter = std::string(thread) == "test-start";
-      if (on_starter) on_starters.fetch_add(1);
-      if (on_starter != should) misplaced.fetch_add(1);
-      const int id = started.fetch_add(1) + 1;
-      const uint64_t bytes = 4096ull * req.local_blocks_size();
-      done.Run([answer = std::move(answer), bytes, id] {
-        ferry::v1::TransferResult result;
-        result.set_transfer_id(id);
-        result.set_state(ferry::v1::SUCCEEDED);
-        result.set_bytes(bytes);
-        result.set_bytes_total(bytes);
-        answer(std::move(result));
-      });
-      return id;
-    };
-    calls.may_block = [](const ferry::v1::SessionMove& move) -> std::optional<std::string> {
-      if (move.request().peer() == "slow") return "slow";
-      return std::nullopt;
-    };
-    return calls;
+  std::shared_ptr<const MoveCalls> MovesFor(const LocalCaller&) {
+    return std::make_shared<Moves>(this);
+  }
+
+  absl::StatusOr<uint64_t> StartMove(const ferry::v1::SessionMove& move, AnswerFn answer) {
+    if (move.session() != kSession) {
+      return absl::PermissionDeniedError(
+          absl::StrCat("move.session: session ", move.session(), " is not yours"));
+    }
+    char thread[16] = {};
+    pthread_getname_np(pthread_self(), thread, sizeof(thread));
+    const ferry::v1::MoveBlocksRequest& req = move.request();
+    const bool should =
+        req.peer() == "slow" || req.local_blocks_size() > TransferSocket::kInlineOps;
+    const bool on_starter = std::string(thread) == "test-start";
+    if (on_starter) on_starters.fetch_add(1);
+    if (on_starter != should) misplaced.fetch_add(1);
+    const int id = started.fetch_add(1) + 1;
+    const uint64_t bytes = 4096ull * req.local_blocks_size();
+    done.Run([answer = std::move(answer), bytes, id] {
+      ferry::v1::TransferResult result;
+      result.set_transfer_id(id);
+      result.set_state(ferry::v1::SUCCEEDED);
+      result.set_bytes(bytes);
+      result.set_bytes_total(bytes);
+      answer(std::move(result));
+    });
+    return id;
   }
 };
 

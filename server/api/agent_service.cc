@@ -335,28 +335,31 @@ AgentService::AgentService(AgentCore* core) : core_(core) {
   SetMessageAllocatorFor_Transfer(&transfer_messages_);
 }
 
-TransferCalls AgentService::CallsFor(std::optional<LocalCaller> caller) {
-  TransferCalls calls;
+class AgentService::CallerTransfers final : public TransferCalls {
+ public:
   // A start may run on starters_ after the call ended: it uses the caller as it was when
   // the call began, never the call.
-  calls.start = [this, caller = std::move(caller)](
-                    const ferry::v1::TransferRequest& req,
-                    std::function<void(ferry::v1::TransferResult)> answer)
-      -> absl::StatusOr<uint64_t> {
-    RETURN_IF_ERROR(MayUseOpBuffers(caller, req.submit()));
+  CallerTransfers(AgentService* service, std::optional<LocalCaller> caller)
+      : service_(service), caller_(std::move(caller)) {}
+
+  absl::StatusOr<uint64_t> Start(const ferry::v1::TransferRequest& req,
+                                 AnswerFn answer) const override {
+    RETURN_IF_ERROR(service_->MayUseOpBuffers(caller_, req.submit()));
     // No thread waits for it: the engine's finished hook answers, on the thread that settled
     // the last op.
-    return core_->engine().Submit(
+    return service_->core_->engine().Submit(
         req.submit(),
         [page = PageOf(req), answer = std::move(answer)](const server::Transfer& t) {
           answer(t.Result(page));
         },
-        {}, LocalCallers::OwnerUid(caller));
-  };
+        {}, LocalCallers::OwnerUid(caller_));
+  }
+
   // Submit blocks only to ask a peer: to resolve a remote buffer that is not kept (the
   // engine's Plan, once per buffer), or for its rails when the last answer is old (Post);
   // an unknown peer is refused without a call.
-  calls.may_block = [this](const ferry::v1::TransferRequest& req) -> std::optional<std::string> {
+  std::optional<std::string> MayBlockOn(const ferry::v1::TransferRequest& req) const override {
+    PeerDirectory& peers = service_->core_->peers();
     const std::string* peer = nullptr;
     const std::string* name = nullptr;
     const ferry::v1::SubmitRequest& submit = req.submit();
@@ -367,15 +370,22 @@ TransferCalls AgentService::CallsFor(std::optional<LocalCaller> caller) {
       const bool new_peer = !peer || *peer != *target->peer;
       peer = target->peer;
       name = target->remote_buffer;
-      if (!core_->peers().Known(*peer)) continue;
+      if (!peers.Known(*peer)) continue;
       // The lane is the first peer it would ask: a batch to a hung peer and a healthy one
       // waits in the hung one's lane, as it would wait for it anyway.
-      if (new_peer && !core_->peers().RailsFresh(*peer)) return *peer;
-      if (!core_->peers().Kept(*peer, *name)) return *peer;
+      if (new_peer && !peers.RailsFresh(*peer)) return *peer;
+      if (!peers.Kept(*peer, *name)) return *peer;
     }
     return std::nullopt;
-  };
-  return calls;
+  }
+
+ private:
+  AgentService* const service_;
+  const std::optional<LocalCaller> caller_;
+};
+
+std::shared_ptr<const TransferCalls> AgentService::CallsFor(std::optional<LocalCaller> caller) {
+  return std::make_shared<CallerTransfers>(this, std::move(caller));
 }
 
 grpc::ServerUnaryReactor* AgentService::Transfer(grpc::CallbackServerContext* ctx,

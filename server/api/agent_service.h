@@ -79,7 +79,7 @@ class AgentService final
 
   // How Transfer, TransferStream and the transfer socket start the requests of `caller`
   // (nullopt: a local_tcp caller, known by its certificate only).
-  TransferCalls CallsFor(std::optional<LocalCaller> caller);
+  std::shared_ptr<const TransferCalls> CallsFor(std::optional<LocalCaller> caller);
   // Where they start the requests that may block.
   WorkerPool* starters() { return &starters_; }
   // The transfer socket GetInfo reports; null until main starts it (and in tests of the
@@ -87,6 +87,9 @@ class AgentService final
   void set_transfer_socket(const TransferSocket* socket) { transfer_socket_.store(socket); }
 
  private:
+  // CallsFor's calls: Submit for one caller, checked against what it may use.
+  class CallerTransfers;
+
   // FreeBuffer (an agent buffer) and DeregisterMemory (`registered` memory): the caller's
   // session and uid may end it; FAILED_PRECONDITION naming the other call for the other kind.
   grpc::Status EndBuffer(const grpc::ServerContext& ctx, uint64_t id, bool registered);

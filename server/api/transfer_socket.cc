@@ -305,10 +305,10 @@ class TransferSocket::Connection : public std::enable_shared_from_this<Connectio
     bool large = false;
     if (request.has_move()) {
       large = request.move().request().local_blocks_size() > kInlineOps;
-      if (calls_.moves.may_block) peer = calls_.moves.may_block(request.move());
+      if (calls_.moves) peer = calls_.moves->MayBlockOn(request.move());
     } else {
       large = request.transfer().submit().ops_size() > kInlineOps;
-      peer = calls_.transfers.may_block(request.transfer());
+      peer = calls_.transfers->MayBlockOn(request.transfer());
     }
     if (!peer && large) peer = "";
     return peer;
@@ -327,12 +327,12 @@ class TransferSocket::Connection : public std::enable_shared_from_this<Connectio
     if (request.has_move() && request.has_transfer()) {
       started = absl::InvalidArgumentError(
           "move: a request on the transfer socket is a transfer or a move, not both");
-    } else if (request.has_move() && !calls_.moves.start) {
+    } else if (request.has_move() && !calls_.moves) {
       started = absl::UnimplementedError("move: this transfer socket moves no blocks");
     } else if (request.has_move()) {
-      started = calls_.moves.start(request.move(), std::move(answer));
+      started = calls_.moves->Start(request.move(), std::move(answer));
     } else {
-      started = calls_.transfers.start(request.transfer(), std::move(answer));
+      started = calls_.transfers->Start(request.transfer(), std::move(answer));
     }
     if (!started.ok()) Send(Refusal(tag, started.status()), /*counted=*/true);
     // The engine took what it needs from the request (Submit copies, holds no reference;

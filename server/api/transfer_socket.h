@@ -73,8 +73,8 @@ class TransferSocket {
   // What a caller's requests may do: its transfers (AgentService::CallsFor) and its block
   // moves (TensorService::MovesFor; without them a move is refused UNIMPLEMENTED).
   struct Calls {
-    TransferCalls transfers;
-    MoveCalls moves;
+    std::shared_ptr<const TransferCalls> transfers;
+    std::shared_ptr<const MoveCalls> moves;  // may be null
   };
   using CallsFor = std::function<Calls(const LocalCaller& caller)>;
 

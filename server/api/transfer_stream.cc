@@ -28,7 +28,7 @@ constexpr size_t kAnswerBytes = 2 << 20;
 class TransferStreamReactor : public grpc::ServerBidiReactor<Request, Answers>,
                               public std::enable_shared_from_this<TransferStreamReactor> {
  public:
-  TransferStreamReactor(WorkerPool* starters, TransferCalls calls)
+  TransferStreamReactor(WorkerPool* starters, std::shared_ptr<const TransferCalls> calls)
       : starters_(starters), calls_(std::move(calls)), request_(NewRequest()) {}
 
   // Not in the constructor: answers take shared_from_this(), which needs the owner first.
@@ -58,7 +58,7 @@ class TransferStreamReactor : public grpc::ServerBidiReactor<Request, Answers>,
     }
     // The next read starts once this one started (reading_ stays true until then), so a
     // stream's requests start in the order sent and request_ is not overwritten meanwhile.
-    std::optional<std::string> peer = calls_.may_block(request_->transfer());
+    std::optional<std::string> peer = calls_->MayBlockOn(request_->transfer());
     if (!peer) {
       StartRequest();
       return;
@@ -109,7 +109,7 @@ class TransferStreamReactor : public grpc::ServerBidiReactor<Request, Answers>,
     const uint64_t tag = request_->tag();
     std::shared_ptr<TransferStreamReactor> self = shared_from_this();
     absl::StatusOr<uint64_t> started =
-        calls_.start(request_->transfer(), [self, tag](ferry::v1::TransferResult result) {
+        calls_->Start(request_->transfer(), [self, tag](ferry::v1::TransferResult result) {
           Answer answer;
           answer.set_tag(tag);
           *answer.mutable_result() = std::move(result);
@@ -178,7 +178,7 @@ class TransferStreamReactor : public grpc::ServerBidiReactor<Request, Answers>,
   }
 
   WorkerPool* const starters_;
-  const TransferCalls calls_;
+  const std::shared_ptr<const TransferCalls> calls_;
   // The read in progress, in arena_ (a batch of ops is a few bumps of a pointer, not a
   // malloc per op); read again only once it started. Both are touched only by the chain
   // read, start, read again, one step at a time.
@@ -201,7 +201,7 @@ class TransferStreamReactor : public grpc::ServerBidiReactor<Request, Answers>,
 }  // namespace
 
 grpc::ServerBidiReactor<ferry::v1::StreamedTransfer, ferry::v1::StreamedResults>*
-StartTransferStream(WorkerPool* starters, TransferCalls calls) {
+StartTransferStream(WorkerPool* starters, std::shared_ptr<const TransferCalls> calls) {
   auto reactor = std::make_shared<TransferStreamReactor>(starters, std::move(calls));
   TransferStreamReactor* raw = reactor.get();
   raw->Begin(std::move(reactor));

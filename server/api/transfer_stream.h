@@ -19,6 +19,6 @@ inline constexpr size_t kStreamWindow = 1024;
 // not on gRPC's callback threads; none starts once the call ended. `starters` must outlive
 // the work queued on it (its destructor runs that work).
 grpc::ServerBidiReactor<ferry::v1::StreamedTransfer, ferry::v1::StreamedResults>*
-StartTransferStream(WorkerPool* starters, TransferCalls calls);
+StartTransferStream(WorkerPool* starters, std::shared_ptr<const TransferCalls> calls);
 
 }  // namespace ferry::server

@@ -68,12 +68,12 @@ size_t TransferMessages::kept() const {
 grpc::ServerUnaryReactor* StartUnaryTransfer(grpc::CallbackServerContext* ctx,
                                              const TransferRequest* request,
                                              TransferResult* result, WorkerPool* starters,
-                                             TransferCalls calls) {
+                                             std::shared_ptr<const TransferCalls> calls) {
   WaitingCall call;
-  call.start = [request, start = calls.start](std::function<void(TransferResult)> ended) {
-    return start(*request, std::move(ended));
+  call.start = [request, calls](std::function<void(TransferResult)> ended) {
+    return calls->Start(*request, std::move(ended));
   };
-  call.may_block = [request, may_block = calls.may_block] { return may_block(*request); };
+  call.may_block = [request, calls] { return calls->MayBlockOn(*request); };
   call.respond = [result](TransferResult ended) { *result = std::move(ended); };
   return StartWaitingCall(ctx, starters, std::move(call));
 }

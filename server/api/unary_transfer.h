@@ -42,14 +42,15 @@ class TransferMessages final
   std::vector<std::unique_ptr<Holder>> kept_ ABSL_GUARDED_BY(mu_);
 };
 
-// The call's reactor (server/api/waiting_call.h): starts `request` with `calls.start` (on
-// `starters` when `calls.may_block` says it may block) and answers with the result when the
+// The call's reactor (server/api/waiting_call.h): starts `request` with `calls->Start` (on
+// `starters` when `calls->MayBlockOn` says it may block) and answers with the result when the
 // transfer ended; a refusal is the call's status. When the call ends first, the transfer
 // runs on (Cancel ends it) and the call answers DEADLINE_EXCEEDED naming the transfer if
 // its deadline passed, else CANCELLED.
 grpc::ServerUnaryReactor* StartUnaryTransfer(grpc::CallbackServerContext* ctx,
                                              const ferry::v1::TransferRequest* request,
                                              ferry::v1::TransferResult* result,
-                                             WorkerPool* starters, TransferCalls calls);
+                                             WorkerPool* starters,
+                                             std::shared_ptr<const TransferCalls> calls);
 
 }  // namespace ferry::server

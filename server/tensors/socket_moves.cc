@@ -10,13 +10,15 @@
 
 namespace ferry::server {
 
-MoveCalls TensorService::MovesFor(const LocalCaller& caller) {
-  MoveCalls calls;
-  calls.start = [this, caller](const ferry::v1::SessionMove& move,
-                               std::function<void(ferry::v1::TransferResult)> answer)
-      -> absl::StatusOr<uint64_t> {
+class TensorService::CallerMoves final : public MoveCalls {
+ public:
+  CallerMoves(TensorService* service, LocalCaller caller)
+      : core_(service->core_), service_(service), caller_(std::move(caller)) {}
+
+  absl::StatusOr<uint64_t> Start(const ferry::v1::SessionMove& move,
+                                 AnswerFn answer) const override {
     ASSIGN_OR_RETURN(uint64_t session,
-                     SessionOfCaller(move.session(), "move.session", caller, core_->sessions(),
+                     SessionOfCaller(move.session(), "move.session", caller_, core_->sessions(),
                                      core_->local_callers()));
     if (session == 0) {
       return absl::FailedPreconditionError(
@@ -28,17 +30,26 @@ MoveCalls TensorService::MovesFor(const LocalCaller& caller) {
                                     ? absl::InfiniteFuture()
                                     : absl::Now() + absl::Milliseconds(req.timeout_ms());
     // The transfer's end answers (the move's hook copies the result for it).
-    RETURN_IF_ERROR(MayReachOwnNodeList(caller, req));
+    RETURN_IF_ERROR(service_->MayReachOwnNodeList(caller_, req));
     ASSIGN_OR_RETURN(ferry::v1::MoveBlocksResponse started,
-                     core_->tensors().mover().Move(req, session, caller.uid, req.timeout_ms(),
+                     core_->tensors().mover().Move(req, session, caller_.uid, req.timeout_ms(),
                                                    deadline, std::move(answer)));
     return started.transfer_id();
-  };
-  calls.may_block = [this](const ferry::v1::SessionMove& move) -> std::optional<std::string> {
+  }
+
+  std::optional<std::string> MayBlockOn(const ferry::v1::SessionMove& move) const override {
     if (!core_->tensors().mover().MayAskPeer(move.request())) return std::nullopt;
     return move.request().peer();
-  };
-  return calls;
+  }
+
+ private:
+  AgentCore* const core_;
+  TensorService* const service_;
+  const LocalCaller caller_;
+};
+
+std::shared_ptr<const MoveCalls> TensorService::MovesFor(const LocalCaller& caller) {
+  return std::make_shared<CallerMoves>(this, caller);
 }
 
 }  // namespace ferry::server

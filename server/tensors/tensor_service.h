@@ -44,9 +44,11 @@ class TensorService final
                            ferry::v1::ListPendingResponse*) override;
   // socket_moves.cc: what `caller`'s block moves on the transfer socket do (MoveBlocks with
   // `wait`, in the session each names: the caller's own, or it is privileged).
-  MoveCalls MovesFor(const LocalCaller& caller);
+  std::shared_ptr<const MoveCalls> MovesFor(const LocalCaller& caller);
 
  private:
+  class CallerMoves;  // MovesFor's calls
+
   // The caller's uid, owner of what it starts and taker of its notifications (-1: a
   // caller over local_tcp, known by its certificate only).
   int64_t CallerUid(const grpc::ServerContext& ctx) const;
