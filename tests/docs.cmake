@@ -6,6 +6,13 @@ if(Python3_Interpreter_FOUND)
            COMMAND ${Python3_EXECUTABLE} ${CMAKE_CURRENT_SOURCE_DIR}/docs_links_test.py
                    ${PROJECT_SOURCE_DIR})
   set_tests_properties(docs_links PROPERTIES LABELS unit)
+  # The reshaping's limits (scripts/code-shape): no function in server/ over 150 lines, no
+  # file in server/engine/ over 600.
+  add_test(NAME code_shape
+           COMMAND ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/scripts/code-shape --check
+                   server
+           WORKING_DIRECTORY ${PROJECT_SOURCE_DIR})
+  set_tests_properties(code_shape PROPERTIES LABELS unit)
 else()
   message(STATUS "ferry: docs_links test skipped (no python3)")
 endif()
