@@ -7,6 +7,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -123,6 +124,17 @@ void Frames(const std::string& socket_a) {
   }
 }
 
+// Spins `share` of each 10 ms and sleeps the rest: CPU taken, nothing asked of the agents.
+void Burn(double share) {
+  const absl::Duration period = absl::Milliseconds(10);
+  while (!stopping.load()) {
+    const absl::Time until = absl::Now() + period * share;
+    while (absl::Now() < until) {
+    }
+    absl::SleepFor(period * (1 - share));
+  }
+}
+
 }  // namespace
 
 int RunHostileClient(const std::string& socket_a, const std::string& socket_b, uid_t uid) {
@@ -154,6 +166,14 @@ int RunHostileClient(const std::string& socket_a, const std::string& socket_b, u
   if (wants("flood")) threads.emplace_back([&] { Flood(socket_a); });
   if (wants("hoard")) threads.emplace_back([&] { Hoard(socket_a); });
   if (wants("frames")) threads.emplace_back([&] { Frames(socket_a); });
+  if (wants("burn")) {
+    const char* share = std::getenv("FERRY_HOSTILE_BURN");
+    double cores = share != nullptr ? std::atof(share) : 0.5;
+    // More than one core: one thread per core, each its share.
+    for (int i = 0; cores > 0 && i < 8; ++i, cores -= 1) {
+      threads.emplace_back([s = std::min(cores, 1.0)] { Burn(s); });
+    }
+  }
   for (auto& t : threads) t.join();
   target.join();
   return 0;

@@ -9,6 +9,9 @@
 //   flood   notifications to its own buffer on the peer, never taken
 //   hoard   4 KiB WRITEs submitted and never waited for, as many as it is let
 //   frames  transfer-socket connections holding most of a 64 MiB frame, never finished
+//   burn    no trick: a control that only spins, $FERRY_HOSTILE_BURN of one core (0.5
+//           default), to tell what the hostile client's CPU alone costs the others on a
+//           machine of few cores from what its tricks cost them through the agent
 
 #include <sys/types.h>
 

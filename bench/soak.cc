@@ -19,6 +19,7 @@
 // the start and the end; exits 1 on any mismatch or if the accounting does not return.
 
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -27,16 +28,20 @@
 #include <atomic>
 #include <filesystem>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <map>
 #include <mutex>
 #include <random>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "base/byte_size.h"
 #include "bench/hostile_client.h"
@@ -82,6 +87,23 @@ size_t OpenFds(pid_t pid) {
   return static_cast<size_t>(std::distance(it, std::filesystem::directory_iterator()));
 }
 
+// CPU `pid` used so far, user and system (proc(5) /proc/<pid>/stat fields 14 and 15, in
+// clock ticks); 0 when unreadable.
+double CpuSeconds(pid_t pid) {
+  std::ifstream stat(absl::StrCat("/proc/", pid, "/stat"));
+  std::string line;
+  if (!std::getline(stat, line)) return 0;
+  // The command name may hold spaces: fields count from after its closing parenthesis.
+  std::istringstream rest(line.substr(line.rfind(')') + 2));
+  std::string field;
+  uint64_t utime = 0, stime = 0;
+  for (int i = 3; i <= 15 && rest >> field; ++i) {
+    if (i == 14) utime = std::strtoull(field.c_str(), nullptr, 10);
+    if (i == 15) stime = std::strtoull(field.c_str(), nullptr, 10);
+  }
+  return static_cast<double>(utime + stime) / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
 std::string Figures(const std::string& when, AgentProcess& agent, Client* client) {
   std::string pool = "?", threads = "?";
   if (client != nullptr) {
@@ -93,7 +115,8 @@ std::string Figures(const std::string& when, AgentProcess& agent, Client* client
   }
   return absl::StrCat("  ", agent.node(), " ", when, ": RSS ",
                       FormatByteSize(agent.MemoryBytes("VmRSS")), ", fds ", OpenFds(agent.pid()),
-                      ", threads ", threads, ", host pool used ", pool);
+                      ", threads ", threads, ", host pool used ", pool, ", CPU ",
+                      absl::StrFormat("%.1f s", CpuSeconds(agent.pid())));
 }
 
 // One client's life: its own session, its own slot of "soak".
@@ -187,12 +210,23 @@ class HostileChild {
     if (pid_ <= 0) return;
     kill(pid_, SIGTERM);
     int status = 0;
-    waitpid(pid_, &status, 0);
+    rusage usage = {};
+    wait4(pid_, &status, 0, &usage);
+    cpu_seconds_ = absl::ToDoubleSeconds(absl::DurationFromTimeval(usage.ru_utime) +
+                                         absl::DurationFromTimeval(usage.ru_stime));
+    wall_seconds_ = absl::ToDoubleSeconds(absl::Now() - started_);
     pid_ = 0;
   }
+  // The CPU it used, user and system, all its threads (wait4's rusage), and how long it ran:
+  // on a 2-core machine its share is CPU the agents and the other clients did not get,
+  // whatever it did with it (a control that only burns as much: FERRY_HOSTILE_TRICKS=burn).
+  double cpu_seconds() const { return cpu_seconds_; }
+  double wall_seconds() const { return wall_seconds_; }
 
  private:
   pid_t pid_ = 0;
+  absl::Time started_ = absl::Now();
+  double cpu_seconds_ = 0, wall_seconds_ = 0;
 };
 
 Outcome Run(const Options& o) {
@@ -274,6 +308,13 @@ Outcome Run(const Options& o) {
   double seconds = absl::ToDoubleSeconds(absl::Now() - t0);
   // The hostile client goes; what it held must go with it.
   if (hostile) hostile->Stop();
+  if (hostile) {
+    std::printf("hostile client: %.1f s of CPU in %.1f s (%.2f cores; tricks %s)\n",
+                hostile->cpu_seconds(), hostile->wall_seconds(),
+                hostile->cpu_seconds() / std::max(hostile->wall_seconds(), 1e-9),
+                std::getenv("FERRY_HOSTILE_TRICKS") ? std::getenv("FERRY_HOSTILE_TRICKS")
+                                                    : "all");
+  }
 
   // Every client gone: node-a holds nothing, node-b only the persisting target.
   absl::SleepFor(absl::Milliseconds(o.hostile ? 3000 : 500));
