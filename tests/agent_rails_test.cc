@@ -260,6 +260,8 @@ TEST_F(AgentRailsTest, ARailThatFailsMidTransferIsRetriedElsewherePausedAndComes
   EXPECT_GT(paused.errors(), 0u);
   EXPECT_GT(paused.retries(), 0u);
   EXPECT_THAT(paused.last_error(), Not(IsEmpty()));
+  // The run's first error, and where the failed rail's slices went (issue 43 items 4, 6).
+  EXPECT_THAT(paused.last_error(), HasSubstr("; its slices go to tcp:mlx5_"));
   EXPECT_THAT(Counts(*pair_.cb, "node-a").health[Rail(1)], HasSubstr("taken down"));
 
   // Back in service: once the pause is over, the next transfer probes mlx5_1 and uses it.

@@ -4,9 +4,12 @@
 
 #include <memory>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -14,6 +17,8 @@
 #include "server/engine/rail_ledger.h"
 #include "server/engine/route_choice.h"
 #include "server/engine/striped_op.h"
+#include "spdlog/sinks/ostream_sink.h"
+#include "spdlog/spdlog.h"
 #include "tests/fakes/held_endpoint.h"
 
 namespace ferry::server {
@@ -165,6 +170,81 @@ TEST(RailLedgerTest, AFailurePausesOnlyThatRailToThatPeerAndBackOffGrowsOnFailed
   EXPECT_TRUE(ledger.Usable(Tcp("mlx5_1"), "node-b", t0 + absl::Seconds(13)));
 }
 
+// Everything spdlog's default logger writes while it lives, one string per line.
+class LogLines {
+ public:
+  LogLines() : sink_(std::make_shared<spdlog::sinks::ostream_sink_mt>(out_)) {
+    previous_ = spdlog::default_logger();
+    auto logger = std::make_shared<spdlog::logger>("test", sink_);
+    logger->set_level(spdlog::level::info);
+    sink_->set_pattern("%l %v");
+    spdlog::set_default_logger(logger);
+  }
+  ~LogLines() { spdlog::set_default_logger(previous_); }
+  std::vector<std::string> Lines() const {
+    return absl::StrSplit(out_.str(), '\n', absl::SkipEmpty());
+  }
+
+ private:
+  std::ostringstream out_;
+  std::shared_ptr<spdlog::sinks::ostream_sink_mt> sink_;
+  std::shared_ptr<spdlog::logger> previous_;
+};
+
+TEST(RailLedgerTest, ARunOfFailuresKeepsItsRootCauseAndWarnsOnceWithWhereTheSlicesGo) {
+  // make test-rdma's cable pull: 214 retries, the nics view showed the last flush, and the
+  // log said nothing (issue 43 items 4 and 6).
+  LogLines log;
+  RailLedger ledger(absl::Seconds(1), absl::Seconds(8));
+  const absl::Time t0 = absl::Now();
+  const fabric::RailId rxe{"verbs", "rxe0"};
+  ledger.Failed(rxe, "node-b", absl::UnavailableError("transport retry counter exceeded"), true,
+                t0, "tcp->tcp");
+  for (int i = 1; i <= 5; ++i) {
+    ledger.Failed(rxe, "node-b", absl::UnavailableError("Work Request Flushed Error"), true,
+                  t0 + absl::Milliseconds(i), "tcp->tcp");
+  }
+  // Probes that fail: the pause grows, 2 s then 4 s.
+  ledger.Failed(rxe, "node-b", absl::UnavailableError("INIT->RTR: Connection timed out"), false,
+                t0 + absl::Seconds(1));
+  ledger.Failed(rxe, "node-b", absl::UnavailableError("INIT->RTR: Connection timed out"), false,
+                t0 + absl::Seconds(3));
+  std::vector<RailPeerCounters> snap = ledger.Snapshot(t0 + absl::Seconds(3));
+  ASSERT_THAT(snap, SizeIs(1));
+  EXPECT_EQ(snap[0].state, "paused");
+  EXPECT_EQ(snap[0].pause, absl::Seconds(4));
+  EXPECT_EQ(snap[0].root_cause, "transport retry counter exceeded");
+  EXPECT_EQ(snap[0].last_error, "INIT->RTR: Connection timed out");
+  EXPECT_EQ(snap[0].fallback, "tcp->tcp");
+  EXPECT_EQ(snap[0].errors, 8u);
+  std::vector<std::string> warnings;
+  for (const std::string& line : log.Lines()) {
+    if (absl::StartsWith(line, "warning")) warnings.push_back(line);
+  }
+  ASSERT_THAT(warnings, SizeIs(1));
+  EXPECT_EQ(warnings[0],
+            "warning rail verbs:rxe0 to node-b paused 1s: transport retry counter exceeded; its "
+            "slices go to tcp->tcp");
+  // Carrying again ends the run: said once, and the next failure is a new root cause.
+  ledger.Carried(rxe, "node-b", 4096);
+  EXPECT_THAT(log.Lines().back(),
+              HasSubstr("carries again after 8 error(s) (the first: transport retry counter"));
+  ledger.Failed(rxe, "node-b", absl::UnavailableError("port down"), false,
+                t0 + absl::Seconds(10));
+  snap = ledger.Snapshot(t0 + absl::Seconds(10));
+  EXPECT_EQ(snap[0].root_cause, "port down");
+  EXPECT_EQ(snap[0].fallback, "");
+  EXPECT_EQ(snap[0].pause, absl::Seconds(1));
+  // A fallback learnt after the run's warning is said once more.
+  ledger.Failed(rxe, "node-b", absl::UnavailableError("flushed"), true,
+                t0 + absl::Seconds(10) + absl::Milliseconds(1), "tcp->tcp");
+  ledger.Failed(rxe, "node-b", absl::UnavailableError("flushed"), true,
+                t0 + absl::Seconds(10) + absl::Milliseconds(2), "tcp->tcp");
+  EXPECT_EQ(log.Lines().back(),
+            "warning rail verbs:rxe0 to node-b (port down); its slices go to tcp->tcp");
+  EXPECT_THAT(log.Lines(), SizeIs(6));
+}
+
 // Two routes, one lane each, and an op of four 1 MiB slices.
 class StripedOpTest : public ::testing::Test {
  protected:
@@ -284,6 +364,12 @@ TEST_F(StripedOpTest, WhenEveryNicFailedTheReserveProviderCarriesTheRest) {
   ASSERT_THAT(outcome_->retries, SizeIs(2));
   EXPECT_THAT(outcome_->retries[1], HasSubstr("on verbs:mlx5_1->verbs:mlx5_1 failed (port down); "
                                               "carried by tcp->tcp"));
+  // The ledger (ferryctl nics, the warning) says where the failed NIC's slices went.
+  for (const RailPeerCounters& c : ledger_->Snapshot(absl::Now())) {
+    if (c.rail.provider != "verbs") continue;
+    EXPECT_EQ(c.root_cause, "port down") << c.rail.ToString();
+    EXPECT_EQ(c.fallback, "tcp->tcp") << c.rail.ToString();
+  }
 }
 
 TEST_F(StripedOpTest, ARefusedKeyIsNotRetriedElsewhere) {

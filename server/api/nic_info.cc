@@ -43,7 +43,11 @@ void Describe(AgentCore& core, const fabric::Fabric& fabric,
       peer->set_paused_ms_left(
           static_cast<uint64_t>(absl::ToInt64Milliseconds(c.paused_until - now)));
     }
-    peer->set_last_error(c.last_error);
+    // What broke the rail, not the last of its consequences (the flushes of the slices in
+    // flight, the failed probes), and where its slices went meanwhile.
+    std::string error = c.root_cause.empty() ? c.last_error : c.root_cause;
+    if (!c.fallback.empty()) absl::StrAppend(&error, "; its slices go to ", c.fallback);
+    peer->set_last_error(error);
   }
 }
 

@@ -31,7 +31,14 @@ struct RailPeerCounters {
   // "ok", "paused" (until `paused_until`) or "probing" (the pause is over, no success yet).
   std::string state = "ok";
   absl::Time paused_until = absl::InfinitePast();
+  // The pause it is in or was last in: it doubles with each failed probe.
+  absl::Duration pause = absl::ZeroDuration();
   std::string last_error;
+  // The error that began the current (or last) run of failures: what broke the rail. The
+  // ones after it are mostly its consequences (the slices in flight, the probes).
+  std::string root_cause;
+  // The route that took its slices over in that run ("tcp->tcp"); "" when none did.
+  std::string fallback;
 };
 
 class RailLedger {
@@ -45,10 +52,13 @@ class RailLedger {
   bool Usable(const fabric::RailId& rail, const std::string& peer, absl::Time now) const;
   // A slice of `bytes` went through: counted, and a paused or probing rail is healthy again.
   void Carried(const fabric::RailId& rail, const std::string& peer, uint64_t bytes);
-  // A slice failed on `rail` with a transport error: counted and the rail paused. `retried`
-  // when another rail took the slice over.
+  // A slice failed on `rail` with a transport error (or its connection could not be made):
+  // counted and the rail paused. `retried` when another route took the slice over, and
+  // `fallback` names that route when known. The first failure of a run is logged as a
+  // warning with its cause and where the slices go (again once if that is learnt later);
+  // failed probes after it only at info, and a rail that carries again says so.
   void Failed(const fabric::RailId& rail, const std::string& peer, const absl::Status& why,
-              bool retried, absl::Time now);
+              bool retried, absl::Time now, const std::string& fallback = "");
 
   // Every (rail, peer) seen, with `state` as of `now`.
   std::vector<RailPeerCounters> Snapshot(absl::Time now) const;
@@ -56,7 +66,9 @@ class RailLedger {
  private:
   struct Entry {
     RailPeerCounters counters;
-    absl::Duration backoff;  // the next pause
+    absl::Duration backoff;        // the next pause
+    bool fallback_logged = false;  // the run's warning named where its slices go
+    uint64_t errors_in_run = 0;
   };
   Entry& EntryFor(const fabric::RailId& rail, const std::string& peer)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

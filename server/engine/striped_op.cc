@@ -144,7 +144,8 @@ void StripedOp::OnSlice(const SliceRange& slice, size_t lane, absl::Status statu
       // No `wanted` means nothing cancels the op (as FairQueue::Enqueue reads it): retry.
       failed_.insert(route);
       int other = OtherLane(lane);
-      ledger_->Failed(route.ours, spec_.peer, status, other >= 0, absl::Now());
+      ledger_->Failed(route.ours, spec_.peer, status, other >= 0, absl::Now(),
+                      other >= 0 ? lanes_[other].route.ToString() : std::string());
       if (other >= 0) {
         retries_.push_back(absl::StrCat(
             FormatByteSize(slice.length), " at +", slice.offset, " on ", route.ToString(),
