@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/echo.h"
+#include "base/status_macros.h"
 #include "config/key_types.h"
 #include "yaml-cpp/yaml.h"
 
@@ -214,18 +215,28 @@ absl::Status SetKey(Config& config, absl::string_view name, absl::string_view va
     return absl::InvalidArgumentError(absl::StrCat(
         "unknown key ", Echo(name), " (every key: ferryd --print-config, docs/config-keys.md)"));
   }
-  YAML::Node node;
+  auto read = [&](const YAML::Node& node) -> absl::Status {
+    Config next = config;  // a refused value leaves nothing half set
+    if (const Section* section = FindSection(SectionOf(name))) section->mark(next);
+    try {
+      RETURN_IF_ERROR(key->read(Context(""), node, next));
+    } catch (const YAML::Exception& e) {
+      return absl::InvalidArgumentError(absl::StrCat("key '", name, "': ", e.msg));
+    }
+    config = std::move(next);
+    return absl::OkStatus();
+  };
+  // A command line's value is text: first the one string it is ("[::1]:7100" is an address,
+  // not a list); YAML only where that is not what the key takes ("[mlx5_0]", "{b: h:1}").
+  absl::Status as_text = read(YAML::Node(std::string(value)));
+  if (as_text.ok()) return as_text;
+  YAML::Node parsed;
   try {
-    node = YAML::Load(std::string(value));
-  } catch (const YAML::Exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat("key '", name, "': malformed YAML: ", e.msg));
+    parsed = YAML::Load(std::string(value));
+  } catch (const YAML::Exception&) {
+    return as_text;
   }
-  if (const Section* section = FindSection(SectionOf(name))) section->mark(config);
-  try {
-    return key->read(Context(""), node, config);
-  } catch (const YAML::Exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat("key '", name, "': ", e.msg));
-  }
+  return parsed.IsSequence() || parsed.IsMap() ? read(parsed) : as_text;
 }
 
 std::string PrintConfig(const Config& config, absl::string_view origin) {
