@@ -1,0 +1,155 @@
+// libferry's public Client and Buffer (<ferry/ferry_client.h>): each holds the agent-side
+// client's object (client/ferry_client.h) and answers in the public values (convert.h).
+#include "client/sdk/agent_client.h"
+#include "client/sdk/convert.h"
+#include "ferry/ferry_client.h"
+
+namespace ferry::sdk {
+
+using sdk_convert::FromProto;
+using sdk_convert::ToOpSpecs;
+
+struct Buffer::Mapping {
+  std::unique_ptr<agent_client::Buffer> buffer;
+};
+
+struct Client::Session {
+  std::unique_ptr<agent_client::Client> client;
+};
+
+namespace {
+
+template <typename T, typename U>
+absl::StatusOr<T> Converted(absl::StatusOr<U> value) {
+  if (!value.ok()) return value.status();
+  return FromProto(*value);
+}
+
+}  // namespace
+
+Buffer::Buffer(std::unique_ptr<Mapping> mapping, BufferInfo info, char* data)
+    : mapping_(std::move(mapping)), info_(std::move(info)), data_(data) {}
+
+Buffer::~Buffer() = default;
+
+Client::Client(std::unique_ptr<Session> session) : session_(std::move(session)) {}
+
+Client::~Client() = default;
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& target,
+                                                        absl::Duration timeout) {
+  auto client = agent_client::Client::Connect(target, timeout, "libferry");
+  if (!client.ok()) return client.status();
+  return std::unique_ptr<Client>(
+      new Client(std::make_unique<Session>(Session{std::move(*client)})));
+}
+
+absl::StatusOr<AgentInfo> Client::GetInfo() {
+  return Converted<AgentInfo>(session_->client->GetInfo());
+}
+
+absl::StatusOr<std::unique_ptr<Buffer>> Client::Alloc(uint64_t size, const AllocOptions& options) {
+  auto buffer = session_->client->Alloc(size, options.name, options.device, options.persist,
+                                        options.allowed_peers);
+  if (!buffer.ok()) return buffer.status();
+  BufferInfo info = FromProto((*buffer)->info());
+  char* data = (*buffer)->data();
+  return std::unique_ptr<Buffer>(
+      new Buffer(std::make_unique<Buffer::Mapping>(Buffer::Mapping{std::move(*buffer)}),
+                 std::move(info), data));
+}
+
+absl::Status Client::Free(uint64_t id) { return session_->client->Free(id); }
+
+absl::StatusOr<std::vector<BufferInfo>> Client::ListBuffers() {
+  auto buffers = session_->client->ListBuffers();
+  if (!buffers.ok()) return buffers.status();
+  std::vector<BufferInfo> out;
+  out.reserve(buffers->size());
+  for (const v1::BufferInfo& info : *buffers) out.push_back(FromProto(info));
+  return out;
+}
+
+absl::StatusOr<uint64_t> Client::StatRemoteBuffer(const std::string& node,
+                                                  const std::string& name) {
+  return session_->client->StatRemoteBuffer(node, name);
+}
+
+absl::StatusOr<Registration> Client::RegisterMemory(const void* address, uint64_t length,
+                                                    const std::string& name,
+                                                    const std::vector<std::string>& allowed_peers) {
+  return Converted<Registration>(
+      session_->client->RegisterMemory(address, length, name, allowed_peers));
+}
+
+absl::StatusOr<Registration> Client::RegisterFd(int fd, uint64_t offset, uint64_t length,
+                                                const std::string& name,
+                                                const std::vector<std::string>& allowed_peers) {
+  return Converted<Registration>(
+      session_->client->RegisterFd(fd, offset, length, "host", name, allowed_peers));
+}
+
+absl::Status Client::DeregisterMemory(uint64_t id) {
+  return session_->client->DeregisterMemory(id);
+}
+
+absl::Status Client::Write(const Buffer& local, uint64_t local_offset, const std::string& peer,
+                           const std::string& remote_buffer, uint64_t remote_offset,
+                           uint64_t length) {
+  return session_->client->Write(*local.mapping_->buffer, local_offset, peer, remote_buffer,
+                                 remote_offset, length);
+}
+
+absl::Status Client::Read(const Buffer& local, uint64_t local_offset, const std::string& peer,
+                          const std::string& remote_buffer, uint64_t remote_offset,
+                          uint64_t length) {
+  return session_->client->Read(*local.mapping_->buffer, local_offset, peer, remote_buffer,
+                                remote_offset, length);
+}
+
+absl::StatusOr<TransferResult> Client::Run(const std::vector<Op>& ops, absl::Duration timeout,
+                                           bool include_ops) {
+  return Converted<TransferResult>(session_->client->Run(ToOpSpecs(ops), timeout, include_ops));
+}
+
+absl::StatusOr<uint64_t> Client::Submit(const std::vector<Op>& ops, absl::Duration timeout) {
+  return session_->client->Submit(ToOpSpecs(ops), timeout);
+}
+
+absl::StatusOr<TransferResult> Client::Wait(uint64_t transfer_id, absl::Duration wait,
+                                            bool include_ops) {
+  return Converted<TransferResult>(session_->client->Wait(transfer_id, wait, include_ops));
+}
+
+absl::StatusOr<TransferResult> Client::Poll(uint64_t transfer_id) {
+  return Converted<TransferResult>(session_->client->Poll(transfer_id, /*failed_ops=*/true));
+}
+
+absl::StatusOr<TransferResult> Client::Cancel(uint64_t transfer_id) {
+  return Converted<TransferResult>(session_->client->Cancel(transfer_id));
+}
+
+absl::StatusOr<PolicyState> Client::GetPolicy() {
+  return Converted<PolicyState>(session_->client->GetPolicy());
+}
+
+absl::StatusOr<PolicyState> Client::SetPolicy(
+    const std::vector<std::pair<std::string, std::string>>& settings, bool clear_overrides) {
+  return Converted<PolicyState>(session_->client->SetPolicy(settings, clear_overrides));
+}
+
+absl::Status TransferStatus(const TransferResult& result) {
+  if (result.state == TransferState::kSucceeded) return absl::OkStatus();
+  if (result.state == TransferState::kRunning) {
+    return absl::DeadlineExceededError("transfer " + std::to_string(result.transfer_id) +
+                                       " still running");
+  }
+  // A failed transfer always carries its first failing op's code; kUnknown if it did not.
+  return absl::Status(
+      result.code == absl::StatusCode::kOk ? absl::StatusCode::kUnknown : result.code,
+      result.message);
+}
+
+const char* Version() { return FERRY_VERSION; }
+
+}  // namespace ferry::sdk

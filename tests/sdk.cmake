@@ -1,0 +1,11 @@
+# libferry, the installable SDK (client/sdk/): examples/cpp built against an install of this
+# build (find_package and pkg-config) and, as add_subdirectory users build it, against the
+# ferry::client target in this tree; each run against a real agent.
+if(TARGET ferry_sdk)
+  add_executable(sdk_example_in_tree ${PROJECT_SOURCE_DIR}/examples/cpp/put_get.cc)
+  target_link_libraries(sdk_example_in_tree PRIVATE ferry::client)
+  add_test(NAME sdk_install
+           COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/sdk_install_test.sh ${CMAKE_BINARY_DIR}
+                   ${PROJECT_SOURCE_DIR} $<TARGET_FILE:sdk_example_in_tree>)
+  set_tests_properties(sdk_install PROPERTIES LABELS integration TIMEOUT 300)
+endif()
