@@ -245,6 +245,38 @@ TEST(RailLedgerTest, ARunOfFailuresKeepsItsRootCauseAndWarnsOnceWithWhereTheSlic
   EXPECT_THAT(log.Lines(), SizeIs(6));
 }
 
+TEST(RailLedgerTest, ARailThatCouldNotConnectNamesWhereItsSlicesWent) {
+  LogLines log;
+  RailLedger ledger(absl::Seconds(1), absl::Seconds(8));
+  const fabric::RailId rxe{"verbs", "rxe0"};
+  const absl::Time t0 = absl::Now();
+  ledger.Failed(rxe, "node-b",
+                absl::UnavailableError("ibv_modify_qp(QP 0x13, INIT->RTR): Connection timed out"),
+                false, t0);
+  ledger.FellBack(rxe, "node-b", "tcp->tcp");
+  ledger.FellBack(rxe, "node-b", "tcp->tcp");  // the next op of the batch: said once
+  EXPECT_EQ(ledger.Snapshot(t0)[0].fallback, "tcp->tcp");
+  ASSERT_THAT(log.Lines(), SizeIs(2));
+  EXPECT_EQ(log.Lines()[1],
+            "warning rail verbs:rxe0 to node-b (ibv_modify_qp(QP 0x13, INIT->RTR): Connection "
+            "timed out); its slices go to tcp->tcp");
+}
+
+TEST(CarriedByTest, BytesCountUnderTheProvidersWhoseRailsCarriedThem) {
+  // make test-rdma's cable pull: tcp carried the put, `ferryctl stats` said verbs.
+  auto names = [](std::vector<std::string> v) {
+    return std::make_shared<const std::vector<std::string>>(std::move(v));
+  };
+  StripedOutcome none;
+  EXPECT_EQ(CarriedBy(none, "verbs"), "verbs");
+  StripedOutcome tcp{absl::OkStatus(), names({"tcp"}), names({"tcp"}), {}};
+  EXPECT_EQ(CarriedBy(tcp, "verbs"), "tcp");
+  StripedOutcome rails{absl::OkStatus(), names({"verbs:mlx5_0", "verbs:mlx5_1"}), nullptr, {}};
+  EXPECT_EQ(CarriedBy(rails, "verbs"), "verbs");
+  StripedOutcome both{absl::OkStatus(), names({"tcp:mlx5_1", "verbs:mlx5_0"}), nullptr, {}};
+  EXPECT_EQ(CarriedBy(both, "verbs"), "tcp+verbs");
+}
+
 // Two routes, one lane each, and an op of four 1 MiB slices.
 class StripedOpTest : public ::testing::Test {
  protected:

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/echo.h"
+#include "server/engine/local_copy.h"
 
 namespace ferry::server {
 namespace {
@@ -12,6 +13,8 @@ namespace {
 // tcp (transport/tcp/wire.h takes up to kMaxWirePieces); verbs posts the pieces as WRs,
 // chained by its initiator QP.
 constexpr size_t kMaxPieces = 256;
+// What moved a local op, in results and legs: no fabric.
+constexpr char kLocalProvider[] = "local";
 
 ferry::v1::Leg MakeLeg(const std::string& side, const LegPlan& plan, const std::string& provider) {
   ferry::v1::Leg leg;
@@ -62,6 +65,10 @@ TransferEngine::BatchPost::BatchPost(TransferEngine& engine, std::shared_ptr<Tra
 
 void TransferEngine::BatchPost::Run() {
   for (size_t i = 0; i < ops_.size(); ++i) {
+    if (ops_[i].here != nullptr) {
+      Local(i);
+      continue;
+    }
     const PeerRails* peer_rails = PeerSide(i);
     if (peer_rails == nullptr) continue;
     SharedPlan& plan = PlanFor(i, *peer_rails);
@@ -84,6 +91,27 @@ void TransferEngine::BatchPost::Run() {
   }
   Flush();
   HandOff();
+}
+
+void TransferEngine::BatchPost::Local(size_t i) {
+  const PlannedOp& op = ops_[i];
+  auto [it, fresh] = local_legs_.try_emplace(PlanKey{op.local, op.remote});
+  absl::StatusOr<std::string> engine = LocalCopier::EngineFor(op, engine_.deps_.gpus);
+  if (!engine.ok()) {
+    Settle(i, engine.status(), kLocalProvider);
+    return;
+  }
+  if (fresh) {
+    // Both legs are this node's: how each buffer is reached ("local") and what copies.
+    auto leg = [&](const char* side, const Buffer& buffer) {
+      return MakeLeg(side, {.mode = LegMode::kLocal, .device = buffer.device(), .backend = *engine},
+                     kLocalProvider);
+    };
+    it->second = std::make_shared<const std::vector<ferry::v1::Leg>>(
+        std::vector<ferry::v1::Leg>{leg("local", *op.local), leg("remote", *op.here)});
+  }
+  transfer_->ShareLegs(i, it->second);
+  local_.push_back(i);
 }
 
 const PeerRails* TransferEngine::BatchPost::PeerSide(size_t i) {
@@ -218,6 +246,16 @@ bool TransferEngine::BatchPost::LanesFor(size_t i, SharedPlan& plan) {
             {e->endpoint, route, op.local->region(route.ours), *op.remote->KeyFor(route.theirs)});
       }
     }
+    if (lanes.empty() && !reserve.empty()) {
+      // Not one route of the provider connected (rxe's INIT->RTR timing out, issue 43 item
+      // 4): the next provider both agents offer carries the op rather than it failing; the
+      // routes that failed stay paused in the ledger, which says where their slices went.
+      for (const Route& route : direct.routes) {
+        engine_.ledger_->FellBack(route.ours, node, reserve.front().route.ToString());
+      }
+      lanes = std::move(reserve);
+      reserve.clear();
+    }
     if (!lanes.empty()) {
       plan.lanes = std::make_shared<LaneSet>(std::move(lanes), std::move(reserve));
     }
@@ -293,7 +331,8 @@ void TransferEngine::BatchPost::Flush() {
     Visit visit(*life);
     if (visit.engine() == nullptr) return;  // its destructor settled every op
     const absl::Status status = RemoteOutcome(outcome.status, (*planned)[first]);
-    visit.engine()->SettleRun(transfer, first, last, status, provider, outcome);
+    visit.engine()->SettleRun(transfer, first, last, status, CarriedBy(outcome, provider),
+                              outcome);
   };
   transfer_->MarkPosted(r.first, r.last - r.first + 1);
   const fabric::Piece& one = r.pieces.front();
@@ -323,6 +362,7 @@ void TransferEngine::BatchPost::HandOff() {
     QueueFor(node)->Enqueue(transfer_->id(), std::move(slices), wanted_, transfer_->owner_uid());
   }
   if (!staged_.empty()) engine_.StartStaging(transfer_, planned_, std::move(staged_));
+  if (!local_.empty()) engine_.StartLocalCopies(transfer_, planned_, std::move(local_));
 }
 
 const absl::StatusOr<PeerEndpoint>& TransferEngine::BatchPost::Endpoint(const std::string& node,

@@ -93,6 +93,22 @@ void RailLedger::Failed(const fabric::RailId& rail, const std::string& peer,
   if (!info.empty()) spdlog::info("{}", info);
 }
 
+void RailLedger::FellBack(const fabric::RailId& rail, const std::string& peer,
+                          const std::string& fallback) {
+  std::string warning;
+  {
+    absl::MutexLock lock(&mu_);
+    Entry& e = EntryFor(rail, peer);
+    e.counters.fallback = fallback;
+    if (!e.fallback_logged && e.counters.state != "ok") {
+      e.fallback_logged = true;
+      warning = absl::StrCat("rail ", rail.ToString(), " to ", peer, " (", e.counters.root_cause,
+                             "); its slices go to ", fallback);
+    }
+  }
+  if (!warning.empty()) spdlog::warn("{}", warning);
+}
+
 std::vector<RailPeerCounters> RailLedger::Snapshot(absl::Time now) const {
   absl::MutexLock lock(&mu_);
   std::vector<RailPeerCounters> out;

@@ -60,6 +60,10 @@ class RailLedger {
   void Failed(const fabric::RailId& rail, const std::string& peer, const absl::Status& why,
               bool retried, absl::Time now, const std::string& fallback = "");
 
+  // The slices `rail` could not take to `peer` (it failed to connect) went to `fallback`:
+  // recorded, and said once in the run's warnings as Failed with a fallback would.
+  void FellBack(const fabric::RailId& rail, const std::string& peer, const std::string& fallback);
+
   // Every (rail, peer) seen, with `state` as of `now`.
   std::vector<RailPeerCounters> Snapshot(absl::Time now) const;
 

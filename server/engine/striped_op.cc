@@ -72,6 +72,20 @@ SliceWork StripedOp::Work(const SliceRange& slice, size_t lane) {
           {l.base.address + spec_.remote_offset + slice.offset, l.base.key}, std::move(done)};
 }
 
+std::string CarriedBy(const StripedOutcome& outcome, const std::string& planned) {
+  if (outcome.ours == nullptr || outcome.ours->empty()) return planned;
+  // Rail names are "provider" or "provider:nic", sorted: equal providers are neighbours.
+  std::string out;
+  absl::string_view last;
+  for (const std::string& rail : *outcome.ours) {
+    absl::string_view provider = absl::string_view(rail).substr(0, rail.find(':'));
+    if (provider == last) continue;
+    absl::StrAppend(&out, out.empty() ? "" : "+", provider);
+    last = provider;
+  }
+  return out;
+}
+
 int StripedOp::OtherLane(size_t failed) const {
   const absl::Time now = absl::Now();
   auto usable = [&](size_t candidate) {

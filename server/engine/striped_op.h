@@ -57,6 +57,11 @@ struct StripedOutcome {
   std::vector<std::string> retries;
 };
 
+// The provider(s) whose rails carried the op's bytes ("tcp" for an op of a verbs plan that
+// tcp carried after its NICs failed; "tcp+verbs" when both did), so that its bytes count
+// where they went; `planned` when no rail carried any.
+std::string CarriedBy(const StripedOutcome& outcome, const std::string& planned);
+
 class StripedOp : public std::enable_shared_from_this<StripedOp> {
  public:
   struct Spec {
