@@ -31,6 +31,7 @@ namespace {
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 using ::testing::IsEmpty;
+using ::testing::Not;
 using fake::FakePeerService;
 
 constexpr uint64_t kLandingBytes = 4096;
@@ -317,7 +318,8 @@ TEST_F(PeerDirectoryTest, PeerErrorsPassThrough) {
   // Other codes keep their code and say which call failed where.
   auto secret = dir_->Resolve("node-b", "secret", Soon());
   EXPECT_EQ(secret.status().code(), absl::StatusCode::kPermissionDenied);
-  EXPECT_THAT(secret.status().message(), HasSubstr("ResolveBuffer(secret) on node-b"));
+  EXPECT_THAT(secret.status().message(), HasSubstr("asking node-b for buffer 'secret': "));
+  EXPECT_THAT(secret.status().message(), Not(HasSubstr("ResolveBuffer")));
   EXPECT_THAT(secret.status().message(), HasSubstr("not exported to you"));
   EXPECT_EQ(b_->service().resolves(), 2);
 }
@@ -401,6 +403,26 @@ TEST_F(PeerDirectoryTest, EndpointReconnectsForANewIncarnation) {
   ASSERT_TRUE(kept.ok());
   EXPECT_EQ(kept->endpoint.get(), fresh->endpoint.get());
   EXPECT_EQ(b_->service().connects(), 2);
+}
+
+TEST_F(PeerDirectoryTest, AHealthAnswerFromANewLifeClosesTheOldEndpointsAtOnce) {
+  // issue 43 item 5: node-b SIGKILLed and back within 6 s, its new incarnation already in
+  // node-a's peer list, yet node-a's put hung on the old QPs until its deadline.
+  auto remote = dir_->Resolve("node-b", "landing", Soon());
+  ASSERT_TRUE(remote.ok()) << remote.status();
+  auto first = dir_->Endpoint("node-b", remote->incarnation, Soon());
+  ASSERT_TRUE(first.ok()) << first.status();
+  dir_->Answered("node-b", remote->incarnation);  // the same life: nothing changes
+  EXPECT_FALSE(first->endpoint->broken());
+  dir_->Answered("node-b", 0xb9);
+  EXPECT_TRUE(first->endpoint->broken());
+  // An op posted on it now fails at once rather than waiting for anything.
+  EXPECT_FALSE(WriteThrough(*first->endpoint, *remote, 0x11).ok());
+  b_->service().set_incarnation(0xb9);
+  auto second = dir_->Endpoint("node-b", 0xb9, Soon());
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_NE(second->endpoint.get(), first->endpoint.get());
+  EXPECT_FALSE(second->endpoint->broken());
 }
 
 TEST_F(PeerDirectoryTest, EndpointReconnectsWhenItBroke) {

@@ -94,7 +94,7 @@ absl::StatusOr<RemoteBuffer> PeerDirectory::Resolve(const std::string& node,
     if (s.error_code() == grpc::StatusCode::NOT_FOUND) {
       return absl::NotFoundError(absl::StrCat("no buffer named ", Echo(name), " on ", node));
     }
-    return PeerError(s, absl::StrCat("ResolveBuffer(", name, ") on ", node));
+    return PeerError(s, absl::StrCat("asking ", node, " for buffer ", Echo(name)));
   }
   RemoteBuffer out;
   out.node = node;
@@ -147,9 +147,10 @@ absl::StatusOr<std::shared_ptr<const RemoteBuffer>> PeerDirectory::ResolveKept(
     if (auto used = kept_.Keep(epoch, std::move(answer))) return used;
     // Revoked on its way (the buffer freed, the policy changed): ask again.
   }
-  return absl::UnavailableError(absl::StrCat("ResolveBuffer(", name, ") on ", node,
-                                             ": revoked ", kResolveAttempts,
-                                             " times while the answer was on its way"));
+  return absl::UnavailableError(absl::StrCat("asking ", node, " for buffer ", Echo(name),
+                                             ": its answer was withdrawn ", kResolveAttempts,
+                                             " times on its way (the buffer was freed or the ",
+                                             "policy changed each time)"));
 }
 
 bool PeerDirectory::Kept(const std::string& node, const std::string& name) {
@@ -430,7 +431,7 @@ absl::StatusOr<PeerEndpoint> PeerDirectory::Endpoint(const std::string& node, co
     ctx.set_deadline(absl::ToChronoTime(deadline));
     grpc::Status s = stub->Connect(&ctx, req, &reply);
     if (!s.ok()) {
-      return PeerError(s, absl::StrCat("Connect(", route.ToString(), ") to ", node));
+      return PeerError(s, absl::StrCat("connecting to ", node, " over ", route.ToString()));
     }
   }
   ASSIGN_OR_RETURN(std::shared_ptr<fabric::Endpoint> endpoint, pending->Finish(reply.reply()));
@@ -471,14 +472,30 @@ std::optional<PeerDirectory::View> PeerDirectory::ViewOf(const std::string& node
 }
 
 void PeerDirectory::Answered(const std::string& node, uint64_t incarnation) {
-  absl::MutexLock lock(&mu_);
-  auto it = links_.find(node);
-  if (it == links_.end() || it->second.incarnation == 0 ||
-      it->second.incarnation == incarnation) {
-    return;
+  std::vector<std::shared_ptr<fabric::Endpoint>> closing;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = links_.find(node);
+    if (it == links_.end() || it->second.incarnation == 0 ||
+        it->second.incarnation == incarnation) {
+      return;
+    }
+    Link& l = it->second;
+    l.welcome.reset();
+    kept_.Revoke(node, {}, true);
+    // The new life forgot our connections: the ops posted on them would wait for transport
+    // retries (forever on rxe at retry_cnt 7) though we know now that nothing answers them.
+    // Closed here, they fail at once (UNAVAILABLE, so a striped op takes another route);
+    // l.incarnation stays, and the next Hello sees the new one and connects again.
+    for (auto& [key, e] : l.endpoints) closing.push_back(std::move(e));
+    l.endpoints.clear();
   }
-  it->second.welcome.reset();
-  kept_.Revoke(node, {}, true);
+  if (!closing.empty()) {
+    spdlog::warn("peer {} restarted (incarnation {:x}): closing the {} connection(s) to its "
+                 "previous life; the ops on them fail now",
+                 node, incarnation, closing.size());
+  }
+  for (auto& e : closing) e->Close();
 }
 
 void PeerDirectory::Refresh(const std::string& node) {

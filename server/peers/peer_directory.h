@@ -116,7 +116,8 @@ class PeerDirectory {
   // may have changed).
   void Refresh(const std::string& node);
   // `node` answered a Health call with `incarnation`: if it restarted since its last Hello,
-  // its kept answers go and the next Rails says hello again.
+  // its kept answers go, the endpoints to its previous life are closed (their ops fail now,
+  // not after transport retries), and the next Rails says hello again.
   void Answered(const std::string& node, uint64_t incarnation);
   // Our fabric of `rail`, or nullptr.
   fabric::Fabric* FabricOf(const fabric::RailId& rail) const;
