@@ -2,7 +2,8 @@
 // and the same bytes as "key=value" lines through ApplyPolicySetting, which SetPolicy
 // (Agent API) and `ferryctl policy set` feed with remote text. Invariants: no crash or UB,
 // and whatever is accepted is valid: a parsed config's policy passes ValidatePolicy, and a
-// setting that ApplyPolicySetting accepts leaves a valid policy.
+// setting that ApplyPolicySetting accepts leaves a valid policy; and a parsed config prints
+// (PrintConfig, `ferryd --print-config`) as YAML that parses back and prints the same.
 
 #include <cstddef>
 #include <cstdint>
@@ -12,6 +13,7 @@
 
 #include "absl/strings/str_split.h"
 #include "config/config.h"
+#include "config/keys.h"
 #include "config/policy.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -21,6 +23,16 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (config.ok() && !ValidatePolicy(config->policy).ok()) {
     fprintf(stderr, "config_fuzz: ParseConfig accepted an invalid policy\n");
     abort();
+  }
+  if (config.ok()) {
+    const std::string printed = PrintConfig(*config, "fuzz");
+    auto again = ParseConfig(printed, "printed.yaml");
+    if (!again.ok() || PrintConfig(*again, "fuzz") != printed) {
+      fprintf(stderr, "config_fuzz: the printed config does not read back the same: %s\n%s\n",
+              again.ok() ? "printed differently" : std::string(again.status().message()).c_str(),
+              printed.c_str());
+      abort();
+    }
   }
   Policy policy;
   for (absl::string_view line : absl::StrSplit(text, '\n')) {
