@@ -444,6 +444,8 @@ std::shared_ptr<Session> Connect(const std::string& target, double timeout_s) {
 
 PYBIND11_MODULE(_ferry, m) {
   m.doc() = "ferry's compiled bindings; use the `ferry` package instead.";
+  // The project's version (CMakeLists.txt), which ferry.__version__ reports.
+  m.attr("__version__") = FERRY_VERSION;
 
   py::register_exception_translator([](std::exception_ptr p) {
     try {
@@ -669,6 +671,7 @@ PYBIND11_MODULE(_ferry, m) {
         return d;
       });
   BindMemory(session);
+  BindTransfers(session);
 }
 
 }  // namespace ferry::python

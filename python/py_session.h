@@ -44,5 +44,7 @@ struct Session {
 // Session's calls for registered memory, block lists and transfer handles
 // (python/memory_bindings.cc).
 void BindMemory(pybind11::class_<Session, std::shared_ptr<Session>>& session);
+// Session's one-sided transfers (run), buffer and policy listing (python/transfer_bindings.cc).
+void BindTransfers(pybind11::class_<Session, std::shared_ptr<Session>>& session);
 
 }  // namespace ferry::python

@@ -38,6 +38,10 @@ class Cancelled(Error):
     code = 1
 
 
+class Unknown(Error):
+    code = 2
+
+
 class InvalidArgument(Error, ValueError):
     code = 3
 
@@ -54,6 +58,12 @@ class AlreadyExists(Error):
     code = 6
 
 
+class PermissionDenied(Error, PermissionError):
+    """The agent refused the caller (its uid), e.g. an operator call without root or the
+    admin group, or another uid's transfer."""
+    code = 7
+
+
 class ResourceExhausted(Error):
     code = 8
 
@@ -62,8 +72,20 @@ class FailedPrecondition(Error):
     code = 9
 
 
+class Aborted(Error):
+    code = 10
+
+
 class OutOfRange(Error):
     code = 11
+
+
+class Unimplemented(Error, NotImplementedError):
+    code = 12
+
+
+class Internal(Error):
+    code = 13
 
 
 class Unavailable(Error):
@@ -75,9 +97,15 @@ class DataLoss(Error):
     code = 15
 
 
-_BY_CODE = {cls.code: cls for cls in (Cancelled, InvalidArgument, DeadlineExceeded, NotFound,
-                                      AlreadyExists, ResourceExhausted, FailedPrecondition,
-                                      OutOfRange, Unavailable, DataLoss)}
+class Unauthenticated(Error):
+    code = 16
+
+
+# One class for every code but OK (tests/python/test_errors.py checks that none is missing).
+ERRORS = (Cancelled, Unknown, InvalidArgument, DeadlineExceeded, NotFound, AlreadyExists,
+          PermissionDenied, ResourceExhausted, FailedPrecondition, Aborted, OutOfRange,
+          Unimplemented, Internal, Unavailable, DataLoss, Unauthenticated)
+_BY_CODE = {cls.code: cls for cls in ERRORS}
 
 
 def from_status(code, message):
