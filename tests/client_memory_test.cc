@@ -506,14 +506,24 @@ TEST_F(ClientMemoryTest, VerifyChecksumsEveryPairAndFailsThoseThatDiffer) {
   EXPECT_EQ(AwaitByPoll(*b_.client, pushed->transfer_id()).state(), ferry::v1::SUCCEEDED);
   EXPECT_EQ(std::memcmp(gpu_mem.data + 15 * kBlock, host_mem.data + kBlock, kBlock), 0);
 
-  // Unchecked, the same collision passes for a success: the check is what catches it.
-  auto unchecked = b_.blocks->Move(ferry::v1::READ, ours->list(), {7, 7}, "node-a", "verify-kv",
-                                   {1, 2});
+  // One block index twice on the landing side is refused before anything moves.
+  auto twice = b_.blocks->Move(ferry::v1::READ, ours->list(), {7, 7}, "node-a", "verify-kv",
+                               {1, 2});
+  ASSERT_FALSE(twice.ok());
+  EXPECT_EQ(twice.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(twice.status().message(), HasSubstr("local_blocks[1]: block 7 is local_blocks[0]"));
+  // A list that names the same memory twice (blocks 7 and 23) still collides. Unchecked it
+  // passes for a success: the check is what catches it.
+  auto aliased = b_.blocks->Prepare(
+      {Extent(dst->buffer().id(), 0, kBlock, 16), Extent(dst->buffer().id(), 0, kBlock, 16)});
+  ASSERT_TRUE(aliased.ok()) << aliased.status();
+  auto unchecked = b_.blocks->Move(ferry::v1::READ, aliased->list(), {7, 23}, "node-a",
+                                   "verify-kv", {1, 2});
   ASSERT_TRUE(unchecked.ok()) << unchecked.status();
   EXPECT_EQ(AwaitByPoll(*b_.client, unchecked->transfer_id()).state(), ferry::v1::SUCCEEDED);
 
-  auto clash = b_.blocks->Move(ferry::v1::READ, ours->list(), {7, 7, 8}, "node-a", "verify-kv",
-                               {1, 2, 3}, "clash", 0, true);
+  auto clash = b_.blocks->Move(ferry::v1::READ, aliased->list(), {7, 23, 8}, "node-a",
+                               "verify-kv", {1, 2, 3}, "clash", 0, true);
   ASSERT_TRUE(clash.ok()) << clash.status();
   ferry::v1::TransferResult end = AwaitByPoll(*b_.client, clash->transfer_id(), true);
   EXPECT_EQ(end.state(), ferry::v1::FAILED);
@@ -524,7 +534,8 @@ TEST_F(ClientMemoryTest, VerifyChecksumsEveryPairAndFailsThoseThatDiffer) {
   for (const auto& op : end.ops()) {
     EXPECT_LT(op.index(), 2u) << "pair 2 (block 8) did not collide";
     EXPECT_EQ(op.code(), static_cast<int>(absl::StatusCode::kDataLoss));
-    EXPECT_THAT(op.message(), HasSubstr("verify: the blocks differ: local block 7 has CRC32C"));
+    EXPECT_THAT(op.message(), HasSubstr(absl::StrCat("verify: the blocks differ: local block ",
+                                                     op.index() == 0 ? 7 : 23, " has CRC32C")));
     EXPECT_THAT(op.message(), HasSubstr("node-a's block"));
   }
   EXPECT_EQ(std::memcmp(host_mem.data + 8 * kBlock, gpu_mem.data + 3 * kBlock, kBlock), 0);

@@ -6,6 +6,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "base/batch_arena.h"
 #include "base/echo.h"
 #include "base/status_macros.h"
@@ -34,6 +35,25 @@ absl::Status AsPairs(const absl::Status& s) {
   std::string msg(s.message());
   if (absl::StartsWith(msg, "ops")) msg = "pairs" + msg.substr(3);
   return absl::Status(s.code(), msg);
+}
+
+// Two pairs that land in one block leave it holding one source, or a mix of both, while the
+// move still succeeds: refused up front, naming both pairs. `landing`: the side written to
+// (local_blocks for a READ, remote_blocks for a WRITE); the other side may repeat a block
+// (one local block pushed to several remote ones is a broadcast).
+absl::Status NoBlockLandedTwice(const google::protobuf::RepeatedField<uint64_t>& landing,
+                                absl::string_view field, absl::string_view type) {
+  absl::flat_hash_map<uint64_t, int> first;
+  first.reserve(landing.size());
+  for (int i = 0; i < landing.size(); ++i) {
+    auto [at, fresh] = first.try_emplace(landing[i], i);
+    if (!fresh) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          field, "[", i, "]: block ", landing[i], " is ", field, "[", at->second,
+          "] too; a ", type, " would land two blocks in it (each block at most once)"));
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -134,6 +154,11 @@ absl::StatusOr<ferry::v1::MoveBlocksResponse> BlockMover::Move(
                                                      " is out of range (list ", list->id(),
                                                      " has ", list->size(), " blocks)"));
     }
+  }
+  if (req.type() == ferry::v1::READ) {
+    RETURN_IF_ERROR(NoBlockLandedTwice(req.local_blocks(), "local_blocks", "READ"));
+  } else {
+    RETURN_IF_ERROR(NoBlockLandedTwice(req.remote_blocks(), "remote_blocks", "WRITE"));
   }
   ASSIGN_OR_RETURN(std::shared_ptr<const RemoteList> remote_list,
                    RemoteListOf(req.peer(), req.remote_list(),

@@ -86,12 +86,14 @@ def test_verify_fails_the_pairs_whose_blocks_differ(a, b):
     src, dst = shared_array(4 * BLOCK, keep), shared_array(4 * BLOCK, keep)
     src[:] = np.random.default_rng(5).integers(0, 256, src.size, dtype=np.uint8)
     theirs = b.prepare_blocks([src], BLOCK, name="verify-kv")
-    ours = a.prepare_blocks([dst], BLOCK)
+    # The same memory twice: blocks 3 and 7 are the same bytes.
+    ours = a.prepare_blocks([dst, dst], BLOCK)
     h = a.read_blocks("node-b", "verify-kv", [2, 3], ours, [0, 1], verify=True).wait(10)
     assert h.status() == "succeeded"
     assert np.array_equal(dst[:2 * BLOCK], src[2 * BLOCK:])
-    # Two pairs into block 3: it cannot hold both sources, and the check says which failed.
-    h = a.read_blocks("node-b", "verify-kv", [0, 1, 2], ours, [3, 3, 2], verify=True)
+    # Two pairs into block 3's memory: it cannot hold both sources, and the check says which
+    # failed (the same block index twice is refused before anything moves).
+    h = a.read_blocks("node-b", "verify-kv", [0, 1, 2], ours, [3, 7, 2], verify=True)
     with pytest.raises(ferry.DataLoss, match="verify: the blocks differ"):
         h.wait(10)
     failed = h.failed()
@@ -105,7 +107,7 @@ def test_wait_moves_in_one_call_and_a_failure_raises_from_the_handle(a, b):
     src, dst = shared_array(4 * BLOCK, keep), shared_array(4 * BLOCK, keep)
     src[:] = np.random.default_rng(6).integers(0, 256, src.size, dtype=np.uint8)
     theirs = b.prepare_blocks([src], BLOCK, name="wait-kv")
-    ours = a.prepare_blocks([dst], BLOCK)
+    ours = a.prepare_blocks([dst, dst], BLOCK)     # blocks 4-7 are 0-3's memory again
     for j in range(4):  # one block at a time, as a decode step pulls a layer's newest block
         h = a.read_blocks("node-b", "wait-kv", [j], ours, [3 - j], wait=True)
         # Ended when it returns: its result came with the answer.
@@ -117,7 +119,7 @@ def test_wait_moves_in_one_call_and_a_failure_raises_from_the_handle(a, b):
     assert w.status() == "succeeded"
     assert np.array_equal(src[BLOCK:2 * BLOCK], dst[:BLOCK])
     # A move that fails the check ends failed: the handle says so, and wait() raises.
-    h = a.read_blocks("node-b", "wait-kv", [0, 1], ours, [2, 2], verify=True, wait=True)
+    h = a.read_blocks("node-b", "wait-kv", [0, 1], ours, [2, 6], verify=True, wait=True)
     assert h.status() == "failed"
     with pytest.raises(ferry.DataLoss):
         h.wait(0)
@@ -173,6 +175,14 @@ def test_bad_indices_and_unknown_lists_name_the_argument(a, b):
         a.read_blocks("node-b", "bad-kv", [0], ours, [-1])
     with pytest.raises(ferry.NotFound, match="nope"):
         a.read_blocks("node-b", "nope", [0], ours, [0])
+    # Two blocks landing in one: a pull into local block 3 twice, a push into remote block 2
+    # twice. Reading one block twice, or pushing one block to two, is fine.
+    with pytest.raises(ferry.InvalidArgument, match=r"local_ids\[1\]: block 3 is local_ids\[0\]"):
+        a.read_blocks("node-b", "bad-kv", [0, 1], ours, [3, 3])
+    with pytest.raises(ferry.InvalidArgument, match=r"remote_ids\[2\]: block 2 is remote_ids\[0\]"):
+        a.write_blocks(ours, [0, 1, 3], "node-b", "bad-kv", [2, 0, 2])
+    a.read_blocks("node-b", "bad-kv", [1, 1], ours, [0, 1], wait=True)
+    a.write_blocks(ours, [1, 1], "node-b", "bad-kv", [0, 3], wait=True)
     # A named list over an unnamed registration: peers could not reach it.
     reg = a.register(shared_array(BLOCK, keep))
     with pytest.raises(ferry.InvalidArgument, match="no name"):
