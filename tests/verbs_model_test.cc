@@ -224,6 +224,56 @@ TEST_F(VerbsModelTest, TransitionsNeedTheirAttributeMasks) {
   EXPECT_EQ(Post(qp, IBV_WR_RDMA_WRITE, mem.data(), 8, mr->lkey, 0, 0, 1), EINVAL);
 }
 
+TEST_F(VerbsModelTest, RoceRtrToAGidNoActivePortHoldsTimesOutAfterTheNeighbourWait) {
+  // make test-rdma: INIT->RTR between two rxe devices that could not reach each other failed
+  // "Connection timed out" (the kernel's ARP wait, addr.c); the model used to accept any GID.
+  VerbsModel roce({RoceDevice("rxe0", "10.0.0.7"), RoceDevice("rxe1", "10.0.0.8")});
+  int n = 0;
+  ibv_device** list = roce.GetDeviceList(&n);
+  ibv_context* ctx = roce.OpenDevice(list[0]);
+  roce.FreeDeviceList(list);
+  ibv_pd* pd = roce.AllocPd(ctx);
+  ibv_cq* cq = roce.CreateCq(ctx, 16);
+  ibv_qp_init_attr init = {};
+  init.send_cq = init.recv_cq = cq;
+  init.qp_type = IBV_QPT_RC;
+  init.cap = {4, 4, 1, 1, 0};
+  ibv_qp* qp = roce.CreateQp(pd, &init);
+  ibv_qp_attr a = {};
+  a.qp_state = IBV_QPS_INIT;
+  a.port_num = 1;
+  ASSERT_EQ(roce.ModifyQp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+                                      IBV_QP_ACCESS_FLAGS), 0);
+  a = {};
+  a.qp_state = IBV_QPS_RTR;
+  a.path_mtu = IBV_MTU_1024;
+  a.dest_qp_num = 0x99;
+  a.ah_attr.port_num = 1;
+  a.ah_attr.is_global = 1;
+  a.ah_attr.grh.sgid_index = 3;
+  a.ah_attr.grh.dgid = Ipv4MappedGid("10.0.0.9");  // nobody
+  const int mask = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+                   IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
+  absl::Time start = absl::Now();
+  EXPECT_EQ(roce.ModifyQp(qp, &a, mask), ETIMEDOUT);
+  EXPECT_EQ(errno, ETIMEDOUT);
+  EXPECT_GE(absl::Now() - start, kNeighbourTimeout);
+  EXPECT_EQ(roce.QpState(qp->qp_num), IBV_QPS_INIT);
+  // The peer's GID, its port down (the cable pulled): no ARP answer either.
+  a.ah_attr.grh.dgid = Ipv4MappedGid("10.0.0.8");
+  roce.SetPortState("rxe1", 1, IBV_PORT_DOWN);
+  EXPECT_EQ(roce.ModifyQp(qp, &a, mask), ETIMEDOUT);
+  roce.SetPortState("rxe1", 1, IBV_PORT_ACTIVE);
+  start = absl::Now();
+  EXPECT_EQ(roce.ModifyQp(qp, &a, mask), 0);
+  EXPECT_LT(absl::Now() - start, kNeighbourTimeout);
+  EXPECT_EQ(roce.QpState(qp->qp_num), IBV_QPS_RTR);
+  EXPECT_EQ(roce.DestroyQp(qp), 0);
+  EXPECT_EQ(roce.DestroyCq(cq), 0);
+  EXPECT_EQ(roce.DeallocPd(pd), 0);
+  EXPECT_EQ(roce.CloseDevice(ctx), 0);
+}
+
 TEST_F(VerbsModelTest, RoceNeedsAGrhAndAnMtuThePortHas) {
   VerbsModel roce({RoceDevice("rxe0", "10.0.0.7")});
   int n = 0;

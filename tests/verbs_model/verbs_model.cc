@@ -648,12 +648,40 @@ int VerbsModel::DestroyQp(ibv_qp* qp) {
 }
 
 int VerbsModel::ModifyQp(ibv_qp* qp, ibv_qp_attr* attr, int mask) {
-  absl::MutexLock lock(&mu_);
-  int err = 0;
-  if (TakeFault(Call::kModifyQp, &err)) return Fail(err);
-  Qp* q = QpOf(qp);
-  if (q == nullptr || attr == nullptr) return Fail(EINVAL);
-  return ModifyLocked(q, *attr, mask);
+  {
+    absl::MutexLock lock(&mu_);
+    int err = 0;
+    if (TakeFault(Call::kModifyQp, &err)) return Fail(err);
+    Qp* q = QpOf(qp);
+    if (q == nullptr || attr == nullptr) return Fail(EINVAL);
+    if (!NeighbourUnresolvedLocked(q, *attr, mask)) return ModifyLocked(q, *attr, mask);
+  }
+  // The kernel resolves the MAC before the driver sees the modify, and waits for it with
+  // nothing else held: the QP stays as it was.
+  absl::SleepFor(kNeighbourTimeout);
+  return Fail(ETIMEDOUT);
+}
+
+bool VerbsModel::NeighbourUnresolvedLocked(Qp* q, const ibv_qp_attr& a, int mask) {
+  if (!(mask & IBV_QP_AV) || !a.ah_attr.is_global) return false;
+  const DeviceConfig& dc = q->pd->context->device->config;
+  const int port_num = mask & IBV_QP_PORT ? a.port_num : q->attr.port_num;
+  if (port_num < 1 || port_num > static_cast<int>(dc.ports.size()) ||
+      dc.ports[port_num - 1].link_layer != IBV_LINK_LAYER_ETHERNET) {
+    return false;  // InfiniBand routes by LID; a bad port is ModifyLocked's EINVAL
+  }
+  const ibv_gid& dgid = a.ah_attr.grh.dgid;
+  if (IsLinkLocalGid(dgid) || IsZeroGid(dgid)) return false;
+  for (const auto& device : devices_) {
+    if (device->lost) continue;
+    for (const PortConfig& port : device->config.ports) {
+      if (port.link_layer != IBV_LINK_LAYER_ETHERNET || port.state != IBV_PORT_ACTIVE) continue;
+      for (const ibv_gid_entry& entry : port.gids) {
+        if (std::memcmp(entry.gid.raw, dgid.raw, sizeof(dgid.raw)) == 0) return false;
+      }
+    }
+  }
+  return true;
 }
 
 int VerbsModel::ModifyLocked(Qp* q, const ibv_qp_attr& a, int mask) {

@@ -24,6 +24,13 @@
 // - in-order execution and completion per QP; WRITE-with-immediate consumes a posted
 //   receive (none: RNR, retried forever when rnr_retry is 7, else IBV_WC_RNR_RETRY_EXC_ERR);
 //   READ; messages above the port's max_msg_sz fail with IBV_WC_LOC_LEN_ERR;
+// - RoCE path resolution: a modify that sets the address vector on an Ethernet port resolves
+//   the destination GID's MAC first (ib_resolve_eth_dmac ->
+//   rdma_addr_find_l2_eth_by_grh, drivers/infiniband/core/addr.c: rdma_resolve_ip with
+//   1000 ms; process_one_req sets -ETIMEDOUT when the neighbour never answers). A GID no
+//   ACTIVE Ethernet port holds blocks the call kNeighbourTimeout and fails ETIMEDOUT, as
+//   INIT->RTR did between two rxe devices that could not reach each other (make test-rdma);
+//   link-local GIDs carry their MAC and need no resolution;
 // - memory registration as the kernel pins it (ib_umem_get): ibv_reg_mr needs CPU pages the
 //   access may use, else EFAULT, so a device address (a simulated GPU's PROT_NONE range) is
 //   refused unless peer memory is loaded and its table (transport/memory/peer_memory.h)
@@ -88,6 +95,10 @@ DeviceConfig InfinibandDevice(const std::string& name, uint16_t lid);
 // (index 3).
 DeviceConfig RoceDevice(const std::string& name, const std::string& ipv4);
 ibv_gid Ipv4MappedGid(const std::string& ipv4);
+
+// How long the kernel waits for a RoCE destination's neighbour entry before INIT->RTR fails
+// ETIMEDOUT (rdma_addr_find_l2_eth_by_grh's 1000 ms).
+inline constexpr absl::Duration kNeighbourTimeout = absl::Milliseconds(1000);
 
 enum class Call {
   kGetDeviceList, kOpenDevice, kAllocPd, kRegMr, kRegDmabufMr, kCreateCq, kCreateQp,
@@ -235,6 +246,10 @@ class VerbsModel : public VerbsApi {
   absl::Time NextRetryDeadline() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Flush(Qp* qp) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int ModifyLocked(Qp* qp, const ibv_qp_attr& attr, int mask) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // True when a modify that sets a RoCE path names a destination GID no ACTIVE Ethernet port
+  // of the model holds: the kernel's neighbour resolution for it cannot succeed.
+  bool NeighbourUnresolvedLocked(Qp* qp, const ibv_qp_attr& attr, int mask)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Executes the head WR of `qp`. False when it must wait (RNR with infinite retry).
   bool Execute(Qp* qp) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Complete(Qp* qp, const SendWr& wr, ibv_wc_status status)
