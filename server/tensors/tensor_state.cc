@@ -196,7 +196,7 @@ absl::StatusOr<ferry::v1::SendResponse> TensorState::Send(const ferry::v1::SendR
       return why;
     }
     if (!s.ok()) {
-      absl::Status err = PeerCallError(s, absl::StrCat(what, " (Match on ", req.peer(), ")"));
+      absl::Status err = PeerCallError(s, absl::StrCat(what, ": ", req.peer(), " answered"));
       if (s.error_code() == grpc::StatusCode::UNAVAILABLE ||
           s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
         Withdraw(stub, send_id, std::string(err.message()));

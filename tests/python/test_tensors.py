@@ -109,8 +109,11 @@ def test_recv_into_named_buffer_checks_dtype_and_shape(a, b):
     # A sender whose dtype differs from `out`: both sides get INVALID_ARGUMENT, `out` untouched.
     f = b.recv_async("node-a", "into-bad", out=out)
     time.sleep(0.1)
-    with pytest.raises(ferry.InvalidArgument, match="meta.dtype"):
+    with pytest.raises(ferry.InvalidArgument, match="meta.dtype") as sent:
         a.send(np.zeros((8, 8), np.int32), "node-b", "into-bad")
+    # In the user's words (which send, which node), not the agents' call names.
+    assert "send of 'into-bad' to node-b: node-b answered: meta.dtype" in sent.value.message
+    assert "Match" not in sent.value.message
     with pytest.raises(ferry.InvalidArgument) as err:
         f.result(10)
     assert err.value.code == 3 and "expects float32" in err.value.message
