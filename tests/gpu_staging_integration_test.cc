@@ -152,21 +152,25 @@ TEST_F(GpuStagingTest, EveryModeCombinationMovesVerifiedData) {
   EXPECT_EQ(LegOf(r, "local").mode(), "host");
   EXPECT_EQ(LegOf(r, "remote").mode(), "gdr");
 
-  // gdr -> staged (node-b's GPU into node-a's), and gdr -> gdr (node-b to itself).
+  // gdr -> staged (node-b's GPU into node-a's); node-b to itself is no transfer over a
+  // fabric but a copy between its two GPUs (server/engine/local_copy.h).
   r = WriteAndCheck(*cb_, **b_gpu0, "node-a", "a-gpu0", **a_gpu, kSize);
   EXPECT_EQ(LegOf(r, "local").mode(), "gdr");
   EXPECT_EQ(LegOf(r, "remote").mode(), "staged");
   EXPECT_THAT(LegOf(r, "remote").reason(), HasSubstr("staging through host memory on NUMA node 1"));
   r = WriteAndCheck(*cb_, **b_gpu0, "node-b", "b-gpu1", **b_gpu1, kSize);
-  EXPECT_EQ(LegOf(r, "local").mode(), "gdr");
-  EXPECT_EQ(LegOf(r, "remote").mode(), "gdr");
+  EXPECT_EQ(LegOf(r, "local").mode(), "local");
+  EXPECT_EQ(LegOf(r, "local").backend(), "P2P");
+  EXPECT_EQ(LegOf(r, "remote").mode(), "local");
+  EXPECT_EQ(LegOf(r, "remote").device(), "cuda:1");
+  EXPECT_EQ(r.ops(0).provider(), "local");
 
-  // staged -> staged: node-a's GPU into itself through its own agent.
+  // node-a's GPU into its other GPU, whose NICs would both stage: copied, not staged.
   auto a_gpu1 = ca_->Alloc(kSize, "a-gpu1", "cuda:1");
   ASSERT_TRUE(a_gpu1.ok());
   r = WriteAndCheck(*ca_, **a_gpu, "node-a", "a-gpu1", **a_gpu1, kSize);
-  EXPECT_EQ(LegOf(r, "local").mode(), "staged");
-  EXPECT_EQ(LegOf(r, "remote").mode(), "staged");
+  EXPECT_EQ(LegOf(r, "local").mode(), "local");
+  EXPECT_EQ(LegOf(r, "remote").mode(), "local");
 
   // READ into a staged GPU from a host buffer: wire into a bounce chunk, then copy-in.
   Fill(**b_host, 77);
@@ -179,13 +183,15 @@ TEST_F(GpuStagingTest, EveryModeCombinationMovesVerifiedData) {
   EXPECT_EQ(LegOf(*read, "local").mode(), "staged");
 
   // READ from a staged GPU on the peer: it copies each range out into a bounce chunk and
-  // says when it is ready. Into host memory, into a GDR GPU, and into a staged GPU.
+  // says when it is ready. Into host memory, into a GDR GPU; and on node-a itself, a copy.
   struct ReadCase {
     Client* client;
     Buffer* local;
     std::string local_mode;
-  } reads[] = {{cb_.get(), b_host->get(), "host"}, {cb_.get(), b_gpu1->get(), "gdr"},
-               {ca_.get(), a_gpu1->get(), "staged"}};
+    std::string remote_mode = "staged";
+  } reads[] = {{cb_.get(), b_host->get(), "host"},
+               {cb_.get(), b_gpu1->get(), "gdr"},
+               {ca_.get(), a_gpu1->get(), "local", "local"}};
   for (const ReadCase& c : reads) {
     Fill(**a_gpu, static_cast<uint32_t>(c.local->id()));
     std::memset(c.local->data(), 0, kSize);
@@ -193,7 +199,7 @@ TEST_F(GpuStagingTest, EveryModeCombinationMovesVerifiedData) {
                            absl::Seconds(60), true);
     ASSERT_TRUE(r.ok() && TransferStatus(*r).ok()) << (r.ok() ? TransferStatus(*r) : r.status());
     EXPECT_EQ(0, std::memcmp((*a_gpu)->data(), c.local->data(), kSize)) << c.local_mode;
-    EXPECT_EQ(LegOf(*r, "remote").mode(), "staged");
+    EXPECT_EQ(LegOf(*r, "remote").mode(), c.remote_mode);
     EXPECT_EQ(LegOf(*r, "local").mode(), c.local_mode);
   }
   for (Client* c : {ca_.get(), cb_.get()}) {

@@ -1,5 +1,7 @@
 #pragma once
-// One batch posted: TransferEngine::Post in its steps. For each op, in order:
+// One batch posted: TransferEngine::Post in its steps. An op between two buffers of this node
+// (its peer is this node) is Local: the agent copies it (server/engine/local_copy.h). Each
+// other op, in order:
 //   1. PeerSide: the peer's rails (one Hello answer per peer for the batch), and whether the
 //      remote buffer still belongs to the agent that resolved it;
 //   2. PlanFor: the legs and routes, planned by the first op between the same two buffers
@@ -9,8 +11,9 @@
 //   4. Join: direct ops between the same buffers ride together as one fabric op (a run) while
 //      they fit a slice;
 // and at the end, HandOff: every peer's slices go to its fair queue at once, the staged ops
-// to a thread of their own. An op that cannot go settles on the spot, with why.
-// Engine-internal: only transfer_engine.cc and batch_post.cc include it.
+// to a thread of their own, the local copies to theirs (or done there and then, if small). An op
+// that cannot go settles on the spot, with why. Engine-internal: only transfer_engine.cc and
+// batch_post.cc include it.
 
 #include <cstddef>
 #include <cstdint>
@@ -65,6 +68,8 @@ class TransferEngine::BatchPost {
   };
   using PlanKey = std::pair<const Buffer*, const RemoteBuffer*>;
 
+  // Op `i` is copied here, between two buffers of this node; settles it when it cannot be.
+  void Local(size_t i);
   // Step 1. The peer's rails for op `i`; null when the op settled (the peer did not answer,
   // or restarted since its buffer was resolved).
   const PeerRails* PeerSide(size_t i);
@@ -112,6 +117,8 @@ class TransferEngine::BatchPost {
   std::map<std::string, std::vector<SliceWork>> work_;  // direct slices, by peer
   std::map<std::string, size_t> routes_to_;             // the most routes an op takes, by peer
   std::vector<StagedOp> staged_;
+  std::vector<size_t> local_;                    // ops copied here, by index
+  std::map<PlanKey, Transfer::Legs> local_legs_;  // shared by the ops between two buffers
   std::optional<OpRun> run_;
 
   // What the previous op looked up, for the next op that shares its remote buffer, or both

@@ -30,6 +30,9 @@ struct PlannedOp {
   uint64_t length = 0;
   const RemoteBuffer* remote = nullptr;
   uint64_t remote_offset = 0;
+  // The remote buffer itself when the op's peer is this node: the agent copies between the
+  // two (server/engine/local_copy.h) instead of sending the bytes to itself.
+  Buffer* here = nullptr;
 };
 
 // A batch's ops, and one reference to each buffer they name: whoever holds the batch keeps

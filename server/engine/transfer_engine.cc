@@ -13,6 +13,7 @@
 #include "base/status_macros.h"
 #include "server/buffers/guarded_touch.h"
 #include "server/engine/batch_post.h"
+#include "server/engine/local_copy.h"
 #include "server/engine/op_target.h"
 #include "server/engine/route_choice.h"
 #include "server/engine/slice_planner.h"
@@ -24,12 +25,6 @@ namespace {
 
 // Ops of a finished transfer whose legs the debug log shows.
 constexpr size_t kLoggedOps = 4;
-
-absl::Status RangeError(const std::string& field, uint64_t offset, uint64_t length,
-                        const std::string& what, uint64_t size) {
-  return absl::OutOfRangeError(absl::StrCat(field, ": range [", offset, ", ", offset, "+", length,
-                                            ") is outside ", what, " (", size, " bytes)"));
-}
 
 }  // namespace
 
@@ -76,105 +71,6 @@ TransferEngine::Visit::Visit(Life& life) : life_(life) {
 
 TransferEngine::Visit::~Visit() {
   if (entered_) life_.visits.fetch_sub(1);
-}
-
-absl::StatusOr<PlannedBatch> TransferEngine::Plan(const ferry::v1::SubmitRequest& request,
-                                                 const EngineLimits& limits, absl::Time deadline) {
-  if (request.ops_size() == 0) return absl::InvalidArgumentError("ops: the batch is empty");
-  if (static_cast<uint64_t>(request.ops_size()) > limits.max_ops_per_submit) {
-    return absl::InvalidArgumentError(absl::StrCat("ops: ", request.ops_size(),
-                                                   " ops is more than limits.max_ops_per_submit (",
-                                                   limits.max_ops_per_submit, ")"));
-  }
-  // One answer per distinct remote buffer in the batch, not per op: kept from an earlier
-  // transfer where the peer allows (no call), else one ResolveBuffer. The batch holds it.
-  std::map<std::pair<std::string, std::string>, const RemoteBuffer*> remotes;
-  PlannedBatch batch;
-  std::vector<PlannedOp>& planned = batch.ops;
-  planned.resize(request.ops_size());
-  for (int i = 0; i < request.ops_size(); ++i) {
-    const ferry::v1::Op& op = request.ops(i);
-    // The field prefix of error messages, built only for an error (not for 4096 good ops).
-    auto f = [i] { return absl::StrCat("ops[", i, "]."); };
-    PlannedOp& p = planned[i];
-    if (op.type() != ferry::v1::WRITE && op.type() != ferry::v1::READ) {
-      return absl::InvalidArgumentError(absl::StrCat(f(), "type: must be WRITE or READ"));
-    }
-    p.type = op.type();
-    if (op.length() == 0)
-      return absl::InvalidArgumentError(absl::StrCat(f(), "length: must be positive"));
-    if (op.length() > limits.max_op_bytes) {
-      return absl::InvalidArgumentError(absl::StrCat(f(), "length: ", op.length(),
-                                                     " bytes is more than limits.max_op_bytes (",
-                                                     FormatByteSize(limits.max_op_bytes), ")"));
-    }
-    p.length = op.length();
-    // Most ops of a batch name the previous op's local buffer and peer: looked up once for
-    // the run of them, not once per op (a registry lookup takes its lock).
-    const PlannedOp* previous = i > 0 ? &planned[i - 1] : nullptr;
-    if (previous && request.ops(i - 1).local_buffer() == op.local_buffer()) {
-      p.local = previous->local;
-    } else {
-      static const std::string kLocalBuffer = "local_buffer";
-      auto local = buffers_->Get(op.local_buffer(), kLocalBuffer);
-      if (!local.ok()) {
-        return absl::Status(local.status().code(), absl::StrCat(f(), local.status().message()));
-      }
-      // A client file that shrank under an earlier touch shows zeros, not the client's bytes.
-      if (absl::Status whole = NotBroken(**local, kLocalBuffer); !whole.ok()) {
-        return absl::Status(whole.code(), absl::StrCat(f(), whole.message()));
-      }
-      p.local = batch.Keep(*std::move(local));
-    }
-    if (!RangeFits(op.local_offset(), op.length(), p.local->size())) {
-      return RangeError(f() + "local_offset", op.local_offset(), op.length(),
-                        absl::StrCat("local buffer ", p.local->id()), p.local->size());
-    }
-    p.local_offset = op.local_offset();
-    ASSIGN_OR_RETURN(const OpTarget target, TargetOf(request, i));
-    const std::string& peer = *target.peer;
-    const std::string& name = *target.remote_buffer;
-    // The prefix for the target's fields, likewise built only for an error.
-    auto t = [&](absl::string_view field) { return absl::StrCat(target.Field(i, field), ": "); };
-    if (peer.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(t("peer"), "must name a node"));
-    }
-    const bool same_peer = previous && previous->remote->node == peer;
-    if (!same_peer && !peers_->Known(peer)) {
-      return absl::NotFoundError(absl::StrCat(t("peer"), "unknown node ", Echo(peer)));
-    }
-    if (name.empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(t("remote_buffer"), "must name a buffer"));
-    }
-    if (name.size() > kMaxBufferName) {
-      return absl::InvalidArgumentError(absl::StrCat(t("remote_buffer"), name.size(),
-                                                     " characters is longer than any buffer "
-                                                     "name (at most ",
-                                                     kMaxBufferName, ")"));
-    }
-    // Likewise the previous op's remote buffer: no key to build for them.
-    if (same_peer && previous->remote->name == name) {
-      p.remote = previous->remote;
-    } else {
-      auto key = std::make_pair(peer, name);
-      auto it = remotes.find(key);
-      if (it == remotes.end()) {
-        auto resolved = peers_->ResolveKept(peer, name, deadline);
-        if (!resolved.ok()) {
-          return absl::Status(resolved.status().code(),
-                              absl::StrCat(t("remote_buffer"), resolved.status().message()));
-        }
-        it = remotes.emplace(key, batch.Keep(*std::move(resolved))).first;
-      }
-      p.remote = it->second;
-    }
-    if (!RangeFits(op.remote_offset(), op.length(), p.remote->size)) {
-      return RangeError(f() + "remote_offset", op.remote_offset(), op.length(),
-                        absl::StrCat(Echo(name), " on ", peer), p.remote->size);
-    }
-    p.remote_offset = op.remote_offset();
-  }
-  return batch;
 }
 
 absl::StatusOr<uint64_t> TransferEngine::Submit(const ferry::v1::SubmitRequest& request,
@@ -286,6 +182,35 @@ void TransferEngine::StartStaging(const std::shared_ptr<Transfer>& transfer, Pla
   deps.ledger = ledger_;
   auto sender = std::make_shared<StageSender>(transfer, std::move(planned), std::move(ops),
                                               std::move(deps));
+  std::weak_ptr<StageSender> weak = sender;
+  // The thread drops the sender when Run returns: a finished pipeline holds no buffers
+  // while its thread waits to be joined.
+  StartWorker(transfer->id(), std::move(weak), [sender = std::move(sender)]() mutable {
+    sender->Run();
+    sender.reset();
+  });
+}
+
+void TransferEngine::StartLocalCopies(const std::shared_ptr<Transfer>& transfer,
+                                      PlannedOps planned, std::vector<size_t> ops) {
+  const bool here = LocalCopier::CopiesInline(*planned, ops);
+  auto copier =
+      std::make_unique<LocalCopier>(transfer, std::move(planned), std::move(ops), deps_.gpus,
+                                    [this, transfer](size_t index, const absl::Status& s) {
+                                      Settle(transfer, index, s, "local");
+                                    });
+  if (here) {
+    copier->Run();
+    return;
+  }
+  StartWorker(transfer->id(), {}, [copier = std::move(copier)]() mutable {
+    copier->Run();
+    copier.reset();  // holds the buffers until then
+  });
+}
+
+void TransferEngine::StartWorker(uint64_t transfer_id, std::weak_ptr<StageSender> sender,
+                                 absl::AnyInvocable<void() &&> work) {
   auto done = std::make_shared<std::atomic<bool>>(false);
   absl::MutexLock lock(&workers_mu_);
   // Join the workers that have finished, so a long-lived agent does not collect threads.
@@ -297,15 +222,11 @@ void TransferEngine::StartStaging(const std::shared_ptr<Transfer>& transfer, Pla
       ++w;
     }
   }
-  std::weak_ptr<StageSender> weak = sender;
-  // The thread drops the sender when Run returns: a finished pipeline holds no buffers
-  // while its thread waits to be joined.
-  std::thread thread([sender = std::move(sender), done]() mutable {
-    sender->Run();
-    sender.reset();
+  std::thread thread([work = std::move(work), done]() mutable {
+    std::move(work)();
     done->store(true);
   });
-  workers_.push_back({transfer->id(), std::move(weak), std::move(thread), done});
+  workers_.push_back({transfer_id, std::move(sender), std::move(thread), done});
 }
 
 void TransferEngine::OnFinished(uint64_t id) {

@@ -156,6 +156,14 @@ class TransferEngine {
   // Runs a transfer's staged ops on a thread of its own.
   void StartStaging(const std::shared_ptr<Transfer>& transfer, PlannedOps planned,
                     std::vector<StagedOp> ops);
+  // Copies a transfer's ops between this node's buffers (`ops`: their indexes): on this
+  // thread when they are few host bytes, else on a thread of their own.
+  void StartLocalCopies(const std::shared_ptr<Transfer>& transfer, PlannedOps planned,
+                        std::vector<size_t> ops);
+  // Runs `work` on a thread of its own, kept in workers_ (joined when finished, or by the
+  // destructor); `sender`: the staging pipeline Cancel and the destructor stop, if any.
+  void StartWorker(uint64_t transfer_id, std::weak_ptr<StageSender> sender,
+                   absl::AnyInvocable<void() &&> work);
   void Settle(const std::shared_ptr<Transfer>& transfer, size_t index, const absl::Status& status,
               const std::string& provider);
   // Settles ops first..last, which rode as one fabric op, with its outcome.

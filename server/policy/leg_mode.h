@@ -11,15 +11,19 @@
 
 namespace ferry::server {
 
-enum class LegMode { kHost, kGdr, kStaged, kUnavailable };
+// kLocal: both buffers are on this node, and the agent copies between them without a fabric
+// (server/engine/local_copy.h); only this agent plans it, never a peer's answer.
+enum class LegMode { kHost, kGdr, kStaged, kUnavailable, kLocal };
 
-// "host", "gdr", "staged", "unavailable": the words of the protos (Leg.mode, ResolveBuffer).
+// "host", "gdr", "staged", "unavailable", "local": the words of the protos (Leg.mode,
+// ResolveBuffer).
 inline const char* LegModeName(LegMode mode) {
   switch (mode) {
     case LegMode::kHost: return "host";
     case LegMode::kGdr: return "gdr";
     case LegMode::kStaged: return "staged";
     case LegMode::kUnavailable: return "unavailable";
+    case LegMode::kLocal: return "local";
   }
   return "unavailable";
 }

@@ -20,6 +20,7 @@
 #include <memory>
 #include <thread>
 
+#include "absl/functional/function_ref.h"
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
@@ -428,7 +429,10 @@ class CudaGpu : public GpuDevice {
   }
 
   absl::Status CopyToHost(void* host, const void* device, uint64_t n, CopyDone done) override {
-    return Submit(host, device, n, cudaMemcpyDeviceToHost, std::move(done));
+    return Submit(
+        absl::StrCat("cudaMemcpyAsync(GPU ", index_, ", D2H, ", FormatByteSize(n), ")"),
+        [&](cudaStream_t s) { return cudaMemcpyAsync(host, device, n, cudaMemcpyDeviceToHost, s); },
+        std::move(done));
   }
 
   // A client's VMM allocation (cuMemCreate, exported with cuMemExportToShareableHandle as a
@@ -504,7 +508,35 @@ class CudaGpu : public GpuDevice {
         dmabuf_unsupported_, what.offset));
   }
   absl::Status CopyToDevice(void* device, const void* host, uint64_t n, CopyDone done) override {
-    return Submit(device, host, n, cudaMemcpyHostToDevice, std::move(done));
+    return Submit(
+        absl::StrCat("cudaMemcpyAsync(GPU ", index_, ", H2D, ", FormatByteSize(n), ")"),
+        [&](cudaStream_t s) { return cudaMemcpyAsync(device, host, n, cudaMemcpyHostToDevice, s); },
+        std::move(done));
+  }
+  absl::Status CopyFromDevice(void* dst, GpuDevice& src_gpu, const void* src, uint64_t n,
+                              CopyDone done) override {
+    if (src_gpu.backend() != "cuda") {
+      return absl::InvalidArgumentError(absl::StrCat("cudaMemcpyPeerAsync(GPU ", index_, " <- ",
+                                                     src_gpu.backend(), " GPU ", src_gpu.index(),
+                                                     "): not a CUDA device"));
+    }
+    const int from = src_gpu.index();
+    if (from == index_) {
+      return Submit(
+          absl::StrCat("cudaMemcpyAsync(GPU ", index_, ", D2D, ", FormatByteSize(n), ")"),
+          [&](cudaStream_t s) { return cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, s); },
+          std::move(done));
+    }
+    return Submit(absl::StrCat("cudaMemcpyPeerAsync(GPU ", index_, " <- GPU ", from, ", ",
+                               FormatByteSize(n), ")"),
+                  [&](cudaStream_t s) { return cudaMemcpyPeerAsync(dst, index_, src, from, n, s); },
+                  std::move(done));
+  }
+  std::string PeerCopyPath(const GpuDevice& src_gpu) const override {
+    if (src_gpu.index() == index_) return "copy engine";
+    int can = 0;
+    if (cudaDeviceCanAccessPeer(&can, index_, src_gpu.index()) != cudaSuccess) can = 0;
+    return can ? "P2P" : "peer copy via host";
   }
 
   absl::Status PinHost(void* host, uint64_t n) override {
@@ -553,8 +585,9 @@ class CudaGpu : public GpuDevice {
   // Copies go on the GPU's one stream, so they run in submission order; an event recorded
   // after each marks its completion. `mu_` is held across the enqueue so that stream order
   // and the order of `pending_` agree.
-  absl::Status Submit(void* dst, const void* src, uint64_t n, cudaMemcpyKind kind, CopyDone done) {
-    const char* what = kind == cudaMemcpyDeviceToHost ? "D2H" : "H2D";
+  // `call` names the copy in its error; `enqueue` queues it on the stream it is given.
+  absl::Status Submit(const std::string& call,
+                      absl::FunctionRef<cudaError_t(cudaStream_t stream)> enqueue, CopyDone done) {
     absl::MutexLock lock(&mu_);
     if (stopping_) return absl::UnavailableError(absl::StrCat("GPU ", index_, " is shutting down"));
     ScopedCudaDevice d(index_);
@@ -572,9 +605,7 @@ class CudaGpu : public GpuDevice {
                      absl::StrCat("cudaEventCreateWithFlags(GPU ", index_, ")")));
       event.reset(e);
     }
-    absl::Status s = CudaStatus(cudaMemcpyAsync(dst, src, n, kind, stream_.get()),
-                                absl::StrCat("cudaMemcpyAsync(GPU ", index_, ", ", what, ", ",
-                                             FormatByteSize(n), ")"));
+    absl::Status s = CudaStatus(enqueue(stream_.get()), call);
     if (s.ok()) {
       s = CudaStatus(cudaEventRecord(event.get(), stream_.get()),
                      absl::StrCat("cudaEventRecord(GPU ", index_, ")"));

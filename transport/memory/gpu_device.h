@@ -91,6 +91,16 @@ class GpuDevice {
   // allocations, as cudaErrorInvalidValue) or OK and `done` runs later on the copy thread.
   virtual absl::Status CopyToHost(void* host, const void* device, uint64_t n, CopyDone done) = 0;
   virtual absl::Status CopyToDevice(void* device, const void* host, uint64_t n, CopyDone done) = 0;
+  // Device -> device, on this GPU's stream: `dst` in this GPU's memory, `src` in `src_gpu`'s
+  // (this GPU: one D2D copy; another: cudaMemcpyPeerAsync, which the driver routes over
+  // NVLink or PCIe peer to peer where the two can access each other, else through host
+  // memory). As above: an error now (INVALID_ARGUMENT for a range outside either GPU's
+  // allocations, or a GPU of another backend) or OK and `done` later.
+  virtual absl::Status CopyFromDevice(void* dst, GpuDevice& src_gpu, const void* src, uint64_t n,
+                                      CopyDone done) = 0;
+  // How CopyFromDevice from `src_gpu` moves the bytes, in words for a transfer's legs:
+  // "copy engine" (one GPU), "P2P" (cudaDeviceCanAccessPeer), "peer copy via host".
+  virtual std::string PeerCopyPath(const GpuDevice& src_gpu) const = 0;
 
   // Page-locks host memory for full-speed DMA (cudaHostRegister); the simulation has nothing
   // to do. Unpin before freeing the memory.

@@ -169,6 +169,26 @@ class SimGpu : public GpuDevice {
     char* dst = bytes.get();
     return Enqueue({dst, static_cast<const char*>(host), n, std::move(bytes), std::move(done)});
   }
+  absl::Status CopyFromDevice(void* dst, GpuDevice& src_gpu, const void* src, uint64_t n,
+                              CopyDone done) override {
+    auto* from = dynamic_cast<SimGpu*>(&src_gpu);
+    if (from == nullptr) {
+      // A real driver knows nothing of a simulated GPU's memory.
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "cudaMemcpyPeerAsync(sim GPU %d <- %s GPU %d): invalid argument (cudaErrorInvalidValue)",
+          index_, src_gpu.backend(), src_gpu.index()));
+    }
+    // Both ranges inside one live allocation of their GPU, as the driver checks them
+    // (cudaErrorInvalidValue otherwise); the source's mapping is held until the copy ran.
+    ASSIGN_OR_RETURN(std::shared_ptr<char> to, DeviceBytes(dst, n, "D2D", "destination"));
+    ASSIGN_OR_RETURN(std::shared_ptr<char> bytes,
+                     from->DeviceBytes(src, n, "D2D", "source"));
+    char* src_bytes = bytes.get();
+    return Enqueue({to.get(), src_bytes, n, std::move(bytes), std::move(done), std::move(to)});
+  }
+  std::string PeerCopyPath(const GpuDevice& src_gpu) const override {
+    return &src_gpu == this ? "copy engine" : "P2P";
+  }
   absl::Status PinHost(void*, uint64_t) override { return absl::OkStatus(); }
   void UnpinHost(void*) override {}
 
@@ -181,7 +201,22 @@ class SimGpu : public GpuDevice {
     // is freed meanwhile (cudaFree waits for the copies in flight).
     std::shared_ptr<char> device_bytes;
     CopyDone done;
+    std::shared_ptr<char> other_device_bytes = nullptr;  // D2D: the destination's range
   };
+
+  // The copy engine's bytes for device range [device, device + n) of this GPU, or the
+  // driver's refusal of a range outside every live allocation.
+  absl::StatusOr<std::shared_ptr<char>> DeviceBytes(const void* device, uint64_t n,
+                                                    const char* direction, const char* side) {
+    std::shared_ptr<char> bytes = engine_ranges_->Find(device, n);
+    if (bytes == nullptr) {
+      return absl::InvalidArgumentError(absl::StrFormat(
+          "cudaMemcpyPeerAsync(sim GPU %d, %s, %s): %s range [%p, +%d) is not inside one "
+          "allocation: invalid argument (cudaErrorInvalidValue)",
+          index_, direction, FormatByteSize(n), side, device, n));
+    }
+    return bytes;
+  }
 
   // The copy engine's bytes for device range [device, device + n), or the error that
   // cudaMemcpyAsync returns now for a range outside every live allocation of this GPU, or
@@ -243,6 +278,7 @@ class SimGpu : public GpuDevice {
       absl::Time start = absl::Now();
       std::memcpy(copy.dst, copy.src, copy.n);
       copy.device_bytes.reset();
+      copy.other_device_bytes.reset();
       if (bytes_per_sec_ > 0) {
         absl::Duration should = absl::Seconds(static_cast<double>(copy.n) / bytes_per_sec_);
         absl::SleepFor(should - (absl::Now() - start));
