@@ -1,6 +1,9 @@
 // The operator views' small pieces: JSON log escaping, quantiles from histogram buckets, and
 // the transfer statistics they read.
 
+#include <algorithm>
+#include <vector>
+
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/engine/transfer_stats.h"
@@ -35,6 +38,12 @@ ferry::v1::OpResult Op(uint64_t bytes, uint64_t us, const std::string& mode, int
   return r;
 }
 
+// The bucket an op of `us` lands in: the first bound at or above it.
+size_t BucketOf(double us) {
+  return std::lower_bound(kLatencyBoundsUs.begin(), kLatencyBoundsUs.end(), us) -
+         kLatencyBoundsUs.begin();
+}
+
 TEST(TransferStatsTest, OpsAddUpByPeerDirectionModeAndProviderAndLatencyBySize) {
   TransferStats stats;
   stats.Record("node-b", false, Op(4096, 80, "host"));
@@ -52,12 +61,32 @@ TEST(TransferStatsTest, OpsAddUpByPeerDirectionModeAndProviderAndLatencyBySize) 
   ASSERT_EQ(latency.size(), 2u);  // failed ops are not timed
   const LatencyHistogram& small = latency.at("<=4KiB");
   EXPECT_EQ(small.count, 2u);
-  EXPECT_EQ(small.buckets[1], 1u);  // 80 us: <= 100
-  EXPECT_EQ(small.buckets[3], 1u);  // 300 us: <= 500
-  EXPECT_EQ(latency.at(">16MiB").buckets[8], 1u);  // 20 ms: <= 25 ms
+  EXPECT_EQ(small.buckets[BucketOf(80)], 1u);  // 80 us: <= 80
+  EXPECT_EQ(small.buckets[BucketOf(300)], 1u);  // 300 us: <= 315
+  EXPECT_EQ(kLatencyBoundsUs[BucketOf(300)], 315);
+  EXPECT_EQ(latency.at(">16MiB").buckets[BucketOf(20000)], 1u);  // 20 ms: <= 20 ms
   EXPECT_STREQ(SizeClassOf(4096), "<=4KiB");
   EXPECT_STREQ(SizeClassOf(4097), "<=64KiB");
   EXPECT_STREQ(SizeClassOf(16 << 20), "<=16MiB");
+}
+
+// `ferryctl stats`' "P50 <=" is the bound of a bucket: never far above the ops' own time.
+// From the field: one 55 ms op read "P50 <= 100000 us" when the bounds went 25, 100 ms.
+TEST(TransferStatsTest, AQuantileReadsWithinAQuarterOfTheOpsTime) {
+  const std::vector<double> bounds(kLatencyBoundsUs.begin(), kLatencyBoundsUs.end());
+  for (uint64_t us : {10, 13, 80, 300, 4321, 20000, 55000, 99000, 2000000, 9900000}) {
+    TransferStats stats;
+    stats.Record("node-b", false, Op(4096, us, "host"));
+    const LatencyHistogram& h = stats.Latency().at("<=4KiB");
+    const double p50 = BucketQuantile(bounds, {h.buckets.begin(), h.buckets.end()}, 0.5);
+    EXPECT_GE(p50, us);
+    EXPECT_LE(p50, us * 1.28) << us << " us";
+    if (us == 55000) EXPECT_EQ(p50, 63000);
+  }
+  for (size_t i = 1; i < bounds.size(); ++i) {
+    EXPECT_GT(bounds[i], bounds[i - 1]);
+    EXPECT_LE(bounds[i] / bounds[i - 1], 1.28) << bounds[i];
+  }
 }
 
 }  // namespace
