@@ -1,5 +1,6 @@
 #include "server/buffers/open_files.h"
 
+#include <algorithm>
 #include <fcntl.h>
 #include <sys/resource.h>
 
@@ -14,6 +15,11 @@ uint64_t SoftLimit() {
   if (getrlimit(RLIMIT_NOFILE, &limit) != 0) return 1024;
   return limit.rlim_cur == RLIM_INFINITY ? UINT64_MAX : limit.rlim_cur;
 }
+
+// Descriptors kept for the agent's own sockets under a soft limit of `soft`: kReservedFds, or
+// half of a limit too low for that (a test's 128, a container's), so that a client's
+// buffer, which holds one descriptor, still fits.
+uint64_t ReservedFds(uint64_t soft) { return std::min<uint64_t>(kReservedFds, soft / 2); }
 
 }  // namespace
 
@@ -32,16 +38,18 @@ uint64_t RaiseOpenFileLimit() {
     }
   }
   const uint64_t now = SoftLimit();
-  spdlog::info("open files: at most {} ({} kept for the agent's own sockets)", now, kReservedFds);
+  spdlog::info("open files: at most {} ({} kept for the agent's own sockets)", now,
+               ReservedFds(now));
   return now;
 }
 
 absl::Status RoomForClientFd(uint64_t held, absl::string_view field) {
   const uint64_t soft = SoftLimit();
-  if (soft > kReservedFds && held + 1 <= soft - kReservedFds) return absl::OkStatus();
+  const uint64_t reserved = ReservedFds(soft);
+  if (held + 1 <= soft - reserved) return absl::OkStatus();
   return absl::ResourceExhaustedError(absl::StrCat(
       field, ": the agent holds ", held, " client descriptors; its RLIMIT_NOFILE is ", soft,
-      " and ", kReservedFds,
+      " and ", reserved,
       " are kept for its own sockets: deregister memory or free buffers first (or raise the "
       "agent's limit)"));
 }

@@ -2,9 +2,9 @@
 // The agent's file descriptors. Every registration of a client's file holds one, and so do
 // the listeners, the peers' connections and the clients' sockets: the soft RLIMIT_NOFILE
 // (1024 under most shells and systemd's default) is raised to the hard limit at start, and
-// registrations stop kReservedFds short of it, so that a client holding thousands cannot
-// leave the Peer API unable to accept (once it could not complete a TLS handshake again
-// after EMFILE).
+// registrations stop kReservedFds short of it (half of a limit below twice that), so that a client
+// holding thousands cannot leave the Peer API unable to accept (once it could not complete a TLS
+// handshake again after EMFILE).
 
 #include <atomic>
 #include <cstdint>
