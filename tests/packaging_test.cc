@@ -1,6 +1,7 @@
 // Packaging (deploy/): the tree `cmake --install` lays out, the systemd unit (checked by
 // systemd-analyze where it is installed), the Kubernetes manifest (parsed, every mount the
-// agent needs named), the container file, and the .deb CPack makes.
+// agent needs named), the container file, and the .debs CPack makes (ferryd, libferry,
+// libferry-dev, python3-ferry).
 
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -92,6 +93,15 @@ TEST_F(InstallTree, HasTheStandardLayout) {
   std::string out;
   EXPECT_EQ(Shell(Path("bin/ferryd --version"), &out), 0) << out;
   EXPECT_THAT(out, HasSubstr("ferryd "));
+  // libferry for programs (tests/sdk_install_test.sh builds and runs one against it).
+  for (const char* file : {"lib/libferry.so", "include/ferry/ferry_client.h",
+                           "include/ferry/types.h", "include/ferry/version.h",
+                           "lib/cmake/ferry/ferryConfig.cmake", "lib/pkgconfig/ferry.pc"}) {
+    EXPECT_EQ(access(Path(file).c_str(), R_OK), 0) << file << " is not installed";
+  }
+#ifdef FERRY_PACKAGING_PYTHON
+  EXPECT_EQ(access(Path("lib/python3/dist-packages/ferry/__init__.py").c_str(), R_OK), 0);
+#endif
 }
 
 TEST_F(InstallTree, TheInstalledConfigIsValidAndPackaged) {
@@ -244,7 +254,7 @@ TEST(DebPackageTest, ListsFerrydTheUnitAndTheConfig) {
             0)
       << out;
   std::string deb;
-  ASSERT_EQ(Shell(absl::StrCat("ls ", dir, "/ferry_*.deb"), &deb), 0) << deb;
+  ASSERT_EQ(Shell(absl::StrCat("ls ", dir, "/ferryd_*.deb"), &deb), 0) << deb;
   deb = std::string(absl::StripTrailingAsciiWhitespace(deb));
   ASSERT_EQ(Shell(absl::StrCat("dpkg-deb -c ", deb), &out), 0) << out;
   EXPECT_THAT(out, HasSubstr("./usr/bin/ferryd"));
@@ -254,7 +264,7 @@ TEST(DebPackageTest, ListsFerrydTheUnitAndTheConfig) {
   EXPECT_THAT(out, HasSubstr("./usr/share/doc/ferry/ferry.example.yaml"));
   ASSERT_EQ(Shell(absl::StrCat("dpkg-deb -f ", deb, " Package Version Depends Recommends"), &out),
             0);
-  EXPECT_THAT(out, HasSubstr("Package: ferry"));
+  EXPECT_THAT(out, HasSubstr("Package: ferryd\n"));
   EXPECT_THAT(out, HasSubstr("libgrpc++1.51"));
   EXPECT_THAT(out, HasSubstr("libibverbs1"));
   EXPECT_THAT(out, HasSubstr("ibverbs-providers"));
@@ -271,6 +281,34 @@ TEST(DebPackageTest, ListsFerrydTheUnitAndTheConfig) {
   ASSERT_EQ(stat(deb.c_str(), &st), 0);
   std::printf("%s: %lld bytes\n%s", deb.c_str(), static_cast<long long>(st.st_size),
               fields.c_str());
+
+  // The client packages: the run-time library (named after its SONAME), the development
+  // files that depend on exactly it, and the Python package.
+  const std::map<std::string, std::vector<std::string>> contents = {
+      {"libferry" FERRY_SOVERSION, {"./usr/lib/libferry.so." FERRY_SOVERSION}},
+      {"libferry-dev",
+       {"./usr/include/ferry/ferry_client.h", "./usr/lib/libferry.so",
+        "./usr/lib/cmake/ferry/ferryConfig.cmake", "./usr/lib/pkgconfig/ferry.pc"}},
+#ifdef FERRY_PACKAGING_PYTHON
+      {"python3-ferry", {"./usr/lib/python3/dist-packages/ferry/__init__.py",
+                         "./usr/lib/python3/dist-packages/ferry/_ferry"}},
+#endif
+  };
+  for (const auto& [package, files] : contents) {
+    std::string path;
+    ASSERT_EQ(Shell(absl::StrCat("ls ", dir, "/", package, "_*.deb"), &path), 0) << path;
+    path = std::string(absl::StripTrailingAsciiWhitespace(path));
+    ASSERT_EQ(Shell(absl::StrCat("dpkg-deb -c ", path), &out), 0) << out;
+    for (const std::string& file : files) EXPECT_THAT(out, HasSubstr(file)) << package;
+    EXPECT_THAT(out, Not(HasSubstr("./usr/bin/ferryd"))) << package;
+    ASSERT_EQ(Shell(absl::StrCat("dpkg-deb -f ", path, " Package Depends"), &out), 0);
+    EXPECT_THAT(out, HasSubstr(absl::StrCat("Package: ", package, "\n")));
+    if (package == "libferry-dev") {
+      EXPECT_THAT(out, HasSubstr("libferry" FERRY_SOVERSION " (= " FERRY_PROJECT_VERSION ")"));
+      EXPECT_THAT(out, HasSubstr("libabsl-dev"));
+    }
+    if (package == "python3-ferry") EXPECT_THAT(out, HasSubstr("python3-numpy"));
+  }
   std::system(absl::StrCat("rm -rf ", dir).c_str());
 }
 
