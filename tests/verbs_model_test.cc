@@ -274,6 +274,60 @@ TEST_F(VerbsModelTest, RoceRtrToAGidNoActivePortHoldsTimesOutAfterTheNeighbourWa
   EXPECT_EQ(roce.CloseDevice(ctx), 0);
 }
 
+TEST_F(VerbsModelTest, RemovingSoftRoceSendsNothingAndWaitsForItsContextsToClose) {
+  // `rdma link delete rxe0` in make test-rdma: D state while ferryd held rxe0, no event.
+  VerbsModel roce({SoftRoceDevice("rxe0", "10.0.0.7")});
+  int n = 0;
+  ibv_device** list = roce.GetDeviceList(&n);
+  ASSERT_EQ(n, 1);
+  ibv_device* rxe0 = list[0];
+  roce.FreeDeviceList(list);
+  ibv_context* ctx = roce.OpenDevice(rxe0);
+  ASSERT_NE(ctx, nullptr);
+  const uint64_t events = roce.EventsRaised();
+  EXPECT_FALSE(roce.RemoveDevice("rxe0", absl::Milliseconds(100)));
+  EXPECT_EQ(roce.BlockedRemovals(), 1u);
+  EXPECT_EQ(roce.EventsRaised(), events);  // nothing tells the holder
+  // Gone from the list and unopenable at once (its uverbs cdev went first).
+  list = roce.GetDeviceList(&n);
+  ASSERT_NE(list, nullptr);
+  EXPECT_EQ(n, 0);
+  roce.FreeDeviceList(list);
+  EXPECT_EQ(roce.OpenDevice(rxe0), nullptr);
+  EXPECT_EQ(errno, ENODEV);
+  // Re-added (a new device of the old name) while the old one still waits for its holder,
+  // then removed again: the removal returns once the holder closes.
+  roce.AddDevice(SoftRoceDevice("rxe0", "10.0.0.7"));
+  list = roce.GetDeviceList(&n);
+  ASSERT_EQ(n, 1);
+  ibv_context* again = roce.OpenDevice(list[0]);
+  roce.FreeDeviceList(list);
+  ASSERT_NE(again, nullptr);
+  std::thread closer([&] {
+    absl::SleepFor(absl::Milliseconds(50));
+    EXPECT_EQ(roce.CloseDevice(again), 0);
+  });
+  EXPECT_TRUE(roce.RemoveDevice("rxe0", absl::Seconds(10)));
+  closer.join();
+  EXPECT_EQ(roce.CloseDevice(ctx), 0);
+}
+
+TEST_F(VerbsModelTest, RemovingADeviceThatDisassociatesRaisesDeviceFatalAndReturns) {
+  VerbsModel roce({RoceDevice("mlx5_0", "10.0.0.7")});
+  int n = 0;
+  ibv_device** list = roce.GetDeviceList(&n);
+  ibv_context* ctx = roce.OpenDevice(list[0]);
+  roce.FreeDeviceList(list);
+  ASSERT_NE(ctx, nullptr);
+  EXPECT_TRUE(roce.RemoveDevice("mlx5_0", absl::ZeroDuration()));
+  ibv_async_event event = {};
+  ASSERT_EQ(roce.GetAsyncEvent(ctx, &event), 0);
+  EXPECT_EQ(event.event_type, IBV_EVENT_DEVICE_FATAL);
+  roce.AckAsyncEvent(&event);
+  EXPECT_EQ(roce.BlockedRemovals(), 0u);
+  EXPECT_EQ(roce.CloseDevice(ctx), 0);
+}
+
 TEST_F(VerbsModelTest, RoceNeedsAGrhAndAnMtuThePortHas) {
   VerbsModel roce({RoceDevice("rxe0", "10.0.0.7")});
   int n = 0;

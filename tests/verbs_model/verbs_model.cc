@@ -97,6 +97,7 @@ struct VerbsModel::Device {
   DeviceConfig config;
   ibv_device dev = {};
   bool lost = false;  // LoseDevice(): nothing it had or gets completes
+  bool removed = false;  // RemoveDevice(): not listed, not opened
   // Per port (index port - 1): what it moved, and the sent + received total at which
   // SetPortDownAfter takes it down (none: UINT64_MAX).
   std::vector<PortCounters> counters;
@@ -193,6 +194,12 @@ DeviceConfig InfinibandDevice(const std::string& name, uint16_t lid) {
   return d;
 }
 
+DeviceConfig SoftRoceDevice(const std::string& name, const std::string& ipv4) {
+  DeviceConfig d = RoceDevice(name, ipv4);
+  d.disassociates = false;  // rxe registers no disassociate_ucontext
+  return d;
+}
+
 DeviceConfig RoceDevice(const std::string& name, const std::string& ipv4) {
   DeviceConfig d;
   d.name = name;
@@ -219,18 +226,56 @@ DeviceConfig RoceDevice(const std::string& name, const std::string& ipv4) {
 }
 
 VerbsModel::VerbsModel(std::vector<DeviceConfig> devices) {
-  for (auto& config : devices) {
-    auto d = std::make_unique<Device>();
-    d->config = std::move(config);
-    d->counters.resize(d->config.ports.size());
-    d->down_at.assign(d->config.ports.size(), UINT64_MAX);
-    d->dev.node_type = IBV_NODE_CA;
-    d->dev.transport_type = IBV_TRANSPORT_IB;
-    std::snprintf(d->dev.name, sizeof(d->dev.name), "%s", d->config.name.c_str());
-    std::snprintf(d->dev.dev_name, sizeof(d->dev.dev_name), "uverbs%zu", devices_.size());
-    devices_.push_back(std::move(d));
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& config : devices) AddDeviceLocked(std::move(config));
   }
   mover_ = std::thread([this] { Mover(); });
+}
+
+void VerbsModel::AddDeviceLocked(DeviceConfig config) {
+  auto d = std::make_unique<Device>();
+  d->config = std::move(config);
+  d->counters.resize(d->config.ports.size());
+  d->down_at.assign(d->config.ports.size(), UINT64_MAX);
+  d->dev.node_type = IBV_NODE_CA;
+  d->dev.transport_type = IBV_TRANSPORT_IB;
+  std::snprintf(d->dev.name, sizeof(d->dev.name), "%s", d->config.name.c_str());
+  std::snprintf(d->dev.dev_name, sizeof(d->dev.dev_name), "uverbs%zu", devices_.size());
+  devices_.push_back(std::move(d));
+}
+
+void VerbsModel::AddDevice(DeviceConfig config) {
+  absl::MutexLock lock(&mu_);
+  AddDeviceLocked(std::move(config));
+}
+
+bool VerbsModel::RemoveDevice(const std::string& device, absl::Duration wait) {
+  absl::MutexLock lock(&mu_);
+  Device* d = nullptr;
+  for (auto& candidate : devices_) {
+    if (candidate->config.name == device && !candidate->removed) d = candidate.get();
+  }
+  if (d == nullptr) return false;
+  d->removed = true;
+  if (d->config.disassociates) {
+    LoseDeviceLocked(*d);
+    return true;
+  }
+  auto closed = [this, d]() ABSL_NO_THREAD_SAFETY_ANALYSIS {
+    for (const auto& [handle, c] : contexts_) {
+      if (c->device == d) return false;
+    }
+    return true;
+  };
+  if (mu_.AwaitWithTimeout(absl::Condition(&closed), wait)) return true;
+  ++blocked_removals_;
+  return false;
+}
+
+uint64_t VerbsModel::BlockedRemovals() {
+  absl::MutexLock lock(&mu_);
+  return blocked_removals_;
 }
 
 VerbsModel::~VerbsModel() {
@@ -267,10 +312,14 @@ ibv_device** VerbsModel::GetDeviceList(int* num) {
   if (TakeFault(Call::kGetDeviceList, &err)) return FailNull<ibv_device*>(err);
   // What rdma-core answers on a kernel without RDMA support.
   if (devices_.empty()) return FailNull<ibv_device*>(ENOSYS);
+  // With RDMA support but every device removed, an empty list.
   auto** list = new ibv_device*[devices_.size() + 1];
-  for (size_t i = 0; i < devices_.size(); ++i) list[i] = &devices_[i]->dev;
-  list[devices_.size()] = nullptr;
-  if (num != nullptr) *num = static_cast<int>(devices_.size());
+  size_t listed = 0;
+  for (const auto& d : devices_) {
+    if (!d->removed) list[listed++] = &d->dev;
+  }
+  list[listed] = nullptr;
+  if (num != nullptr) *num = static_cast<int>(listed);
   return list;
 }
 
@@ -284,6 +333,7 @@ ibv_context* VerbsModel::OpenDevice(ibv_device* device) {
   if (TakeFault(Call::kOpenDevice, &err)) return FailNull<ibv_context>(err);
   for (auto& d : devices_) {
     if (&d->dev != device) continue;
+    if (d->removed) break;  // its uverbs cdev is gone
     auto c = std::make_unique<Context>();
     c->device = d.get();
     c->ctx.device = device;
@@ -673,7 +723,7 @@ bool VerbsModel::NeighbourUnresolvedLocked(Qp* q, const ibv_qp_attr& a, int mask
   const ibv_gid& dgid = a.ah_attr.grh.dgid;
   if (IsLinkLocalGid(dgid) || IsZeroGid(dgid)) return false;
   for (const auto& device : devices_) {
-    if (device->lost) continue;
+    if (device->lost || device->removed) continue;
     for (const PortConfig& port : device->config.ports) {
       if (port.link_layer != IBV_LINK_LAYER_ETHERNET || port.state != IBV_PORT_ACTIVE) continue;
       for (const ibv_gid_entry& entry : port.gids) {
@@ -1314,21 +1364,25 @@ void VerbsModel::RaiseQpFatal(uint32_t qpn) {
 void VerbsModel::LoseDevice(const std::string& device) {
   absl::MutexLock lock(&mu_);
   for (auto& d : devices_) {
-    if (d->config.name != device) continue;
-    d->lost = true;
-    for (auto& [qpn, q] : qps_) {
-      if (q->pd->context->device != d.get()) continue;
-      q->qp.state = IBV_QPS_ERR;
-      q->attr.qp_state = IBV_QPS_ERR;
-      q->sq.clear();
-      q->rq.clear();
-    }
-    for (auto& [handle, cq] : cqs_) {
-      if (cq->context->device == d.get()) cq->entries.clear();
-    }
-    for (auto& [handle, c] : contexts_) {
-      if (c->device == d.get()) Raise(c.get(), IBV_EVENT_DEVICE_FATAL, nullptr, nullptr, 0);
-    }
+    if (d->config.name == device) LoseDeviceLocked(*d);
+  }
+}
+
+void VerbsModel::LoseDeviceLocked(Device& device) {
+  Device* d = &device;
+  d->lost = true;
+  for (auto& [qpn, q] : qps_) {
+    if (q->pd->context->device != d) continue;
+    q->qp.state = IBV_QPS_ERR;
+    q->attr.qp_state = IBV_QPS_ERR;
+    q->sq.clear();
+    q->rq.clear();
+  }
+  for (auto& [handle, cq] : cqs_) {
+    if (cq->context->device == d) cq->entries.clear();
+  }
+  for (auto& [handle, c] : contexts_) {
+    if (c->device == d) Raise(c.get(), IBV_EVENT_DEVICE_FATAL, nullptr, nullptr, 0);
   }
 }
 

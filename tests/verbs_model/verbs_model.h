@@ -86,6 +86,13 @@ struct DeviceConfig {
   int max_qp_rd_atom = 16;
   int max_qp_init_rd_atom = 16;
   uint32_t max_inline_data = 256;
+  // Whether the driver implements disassociate_ucontext. When a device is removed the kernel
+  // (ib_uverbs_remove_one, drivers/infiniband/core/uverbs_main.c) deletes its uverbs cdev,
+  // then either disassociates (IBV_EVENT_DEVICE_FATAL to every context, the removal returns)
+  // or, without it, sends nothing and waits until every context is closed. mlx5 has it;
+  // Soft-RoCE (rxe) and siw do not: `rdma link delete rxe0` hung in D state while ferryd held
+  // the device and ferryd heard nothing (make test-rdma).
+  bool disassociates = true;
 };
 
 // An InfiniBand device with one active port at `lid`.
@@ -94,6 +101,8 @@ DeviceConfig InfinibandDevice(const std::string& name, uint16_t lid);
 // link-local RoCE v1 and v2 pair, then the IPv4-mapped address as RoCE v1 (index 2) and v2
 // (index 3).
 DeviceConfig RoceDevice(const std::string& name, const std::string& ipv4);
+// Soft-RoCE as the kernel's rdma_rxe: a RoCE device whose removal waits for its users.
+DeviceConfig SoftRoceDevice(const std::string& name, const std::string& ipv4);
 ibv_gid Ipv4MappedGid(const std::string& ipv4);
 
 // How long the kernel waits for a RoCE destination's neighbour entry before INIT->RTR fails
@@ -161,6 +170,14 @@ class VerbsModel : public VerbsApi {
   // had posted; later posts are accepted and never complete; IBV_EVENT_DEVICE_FATAL goes to
   // every open context.
   void LoseDevice(const std::string& device);
+  // `rdma link delete`: the device leaves the device list and opens of it fail (ENODEV) at
+  // once; then, per DeviceConfig::disassociates, it is lost as LoseDevice says and the call
+  // returns true, or the call waits up to `wait` for every context of it to close (no event
+  // says anything) and returns whether they did; a removal that gave up is counted (the
+  // kernel's would still be waiting, in D state).
+  bool RemoveDevice(const std::string& device, absl::Duration wait);
+  // `rdma link add`: a device (a new one, though its name may be an old one's) appears.
+  void AddDevice(DeviceConfig config);
   // As loading nvidia_peermem (off at first): from now on ibv_reg_mr of a range that
   // get_user_pages cannot pin asks the process's peer-memory table for its pages, and the
   // HCA moves the range's bytes through the mapping found there.
@@ -188,6 +205,8 @@ class VerbsModel : public VerbsApi {
   uint64_t EventsRaised();
   int UnackedEvents();
   uint64_t BlockedDestroys();
+  // Device removals that gave up waiting for the device's contexts to close.
+  uint64_t BlockedRemovals();
   // Posts refused because inline data would have been read by the CPU from GPU (DMA-BUF or
   // peer) memory: on the hardware, a SIGSEGV in the agent.
   uint64_t CpuFaults();
@@ -246,6 +265,8 @@ class VerbsModel : public VerbsApi {
   absl::Time NextRetryDeadline() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void Flush(Qp* qp) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int ModifyLocked(Qp* qp, const ibv_qp_attr& attr, int mask) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void LoseDeviceLocked(Device& device) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void AddDeviceLocked(DeviceConfig config) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // True when a modify that sets a RoCE path names a destination GID no ACTIVE Ethernet port
   // of the model holds: the kernel's neighbour resolution for it cannot succeed.
   bool NeighbourUnresolvedLocked(Qp* qp, const ibv_qp_attr& attr, int mask)
@@ -277,6 +298,7 @@ class VerbsModel : public VerbsApi {
   uint64_t events_raised_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<const void*, int> unacked_ ABSL_GUARDED_BY(mu_);  // handed-out events per object
   uint64_t blocked_destroys_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t blocked_removals_ ABSL_GUARDED_BY(mu_) = 0;
   bool paused_ ABSL_GUARDED_BY(mu_) = false;
   bool peer_memory_loaded_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
