@@ -1,8 +1,8 @@
 // ferry-bench: perftest-style numbers for ferry with baselines measured in the same run.
 //
-//   ferry-bench [--suite standard|quick|staging|fairness] [--op write|read] [--min-size 4KiB]
-//   [--max-size 1GiB]
-//               [--seconds S] [--clients C] [--outstanding K] [--streams N]
+//   ferry-bench [--suite standard|quick|staging|fairness|security|same-node] [--op write|read]
+//               [--min-size 4KiB] [--max-size 1GiB] [--seconds S] [--clients C] [--outstanding K]
+//               [--streams N]
 //               [--kv BLOCKS:SIZE] [--long BYTES] [--agents SOCKET_A,SOCKET_B]
 //               [--no-baselines] [--out DIR] [--rails N]
 //
@@ -29,7 +29,6 @@
 #include <memory>
 #include <optional>
 
-#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -42,6 +41,7 @@
 #include "bench/ferry_runner.h"
 #include "bench/report.h"
 #include "bench/rails_suite.h"
+#include "bench/same_node_suite.h"
 #include "bench/security_suite.h"
 #include "bench/socket_ceiling.h"
 #include "bench/staging_suite.h"
@@ -73,38 +73,42 @@ struct Options {
 };
 
 constexpr char kUsage[] = R"(usage: ferry-bench [options]
-  --suite S          standard (default), quick, staging, fairness or security
-  --op OP            write, read or both (default)
-  --min-size SIZE    smallest op of the size sweep (default 4KiB)
-  --max-size SIZE    largest op of the size sweep (default 1GiB)
-  --seconds S        per measured point (default 0.5)
-  --clients C        client processes (default 1)
-  --outstanding K    4 KiB ops in flight on one stream (default 64)
-  --streams N        transfer streams (default 4)
-  --kv BLOCKS:SIZE   one KV batch shape, e.g. 4096:64KiB (default 4096 of 4, 16 and 64 KiB)
-  --long BYTES       the long transfer (default 16GiB)
-  --agents A,B       sockets of two running agents (default: start node-a and node-b here)
-  --no-baselines     skip iperf3, sockets, gRPC and ucx_perftest
+Perftest-style numbers for ferry, with baselines measured in the same run. Without --agents
+it starts node-a and node-b on loopback itself, and stops them.
+  --suite S          standard (default), quick, staging, fairness, security or same-node
+  --op O             write, read or both (default both)
+  --min-size SIZE    the size sweep's smallest op (default 4KiB)
+  --max-size SIZE    its largest (default 1GiB; the staging suite's write size)
+  --seconds S        per point (default 0.5)
+  --clients C        concurrent client connections (default 1)
+  --outstanding K    ops per batch, and in flight on a stream (default 64)
+  --streams N        TransferStreams for the streamed rows (default 4)
+  --kv BLOCKS:SIZE   KV batches of BLOCKS blocks of SIZE (default 4096 at 4, 16, 64 KiB)
+  --long BYTES       the long run's bytes (default 16GiB)
+  --agents A,B       use running agents: their sockets, A submits, B owns the target
   --rails N          the rails suite, 1..N rails
-  --out DIR          also write DIR/<date>.json, .txt and .png
-  --help             this text
+  --no-baselines     skip iperf3, sockets, gRPC and ucx_perftest
+  --out DIR          write DIR/<date>.{json,txt,png} (made if missing)
+  --help, -h         this text
 Sizes take B, KiB, MiB, GiB. make bench runs the suites; docs/benchmarks.md has the figures.
 )";
 
-// nullopt: --help was asked for (Run prints the usage).
+// The options, or nullopt for --help (answered before anything runs).
 absl::StatusOr<std::optional<Options>> Parse(int argc, char** argv) {
   Options o;
   std::vector<std::string> args(argv + 1, argv + argc);
+  for (const std::string& a : args) {
+    if (a == "--help" || a == "-h") return std::nullopt;
+  }
   for (size_t i = 0; i < args.size(); ++i) {
     const std::string& f = args[i];
-    if (f == "--help" || f == "-h") return std::nullopt;
     if (f == "--no-baselines") {
       o.baselines = false;
       continue;
     }
-    if (!absl::StartsWith(f, "--")) {
+    if (f.rfind("--", 0) != 0) {
       return absl::InvalidArgumentError(
-          absl::StrCat("unknown argument ", f, " (--help lists the flags)"));
+          absl::StrCat("unexpected argument '", f, "' (--help lists the options)"));
     }
     if (i + 1 >= args.size()) return absl::InvalidArgumentError(absl::StrCat(f, " needs a value"));
     const std::string& v = args[++i];
@@ -120,8 +124,10 @@ absl::StatusOr<std::optional<Options>> Parse(int argc, char** argv) {
         o.max_size = 64ull << 20;
         o.seconds = 0.2;
         o.long_bytes = 2ull << 30;
-      } else if (v != "standard" && v != "staging" && v != "fairness" && v != "security") {
-        s = absl::InvalidArgumentError("--suite: standard, quick, staging, fairness or security");
+      } else if (v != "standard" && v != "staging" && v != "fairness" && v != "security" &&
+                 v != "same-node") {
+        s = absl::InvalidArgumentError(
+            "--suite: standard, quick, staging, fairness, security or same-node");
       }
     } else if (f == "--op") {
       if (v == "write") o.ops = {ferry::v1::WRITE};
@@ -168,7 +174,8 @@ absl::StatusOr<std::optional<Options>> Parse(int argc, char** argv) {
       }
       o.out = v;
     } else {
-      s = absl::InvalidArgumentError(absl::StrCat("unknown flag ", f, " (--help lists them)"));
+      s = absl::InvalidArgumentError(
+          absl::StrCat("unknown flag ", f, " (--help lists the options)"));
     }
     if (!s.ok()) return s;
   }
@@ -434,8 +441,12 @@ int Run(int argc, char** argv) {
   std::printf("ferry-bench on %s\n", report.machine.c_str());
   if (o.rails > 0) o.suite = "rails";
   if (o.suite == "staging" || o.suite == "fairness" || o.suite == "rails" ||
-      o.suite == "security") {
-    if (o.suite == "security") {
+      o.suite == "security" || o.suite == "same-node") {
+    if (o.suite == "same-node") {
+      SameNodeOptions so;
+      so.seconds = std::max(o.seconds, 1.0);
+      if (!RunSameNodeSuite(so, report)) return 1;
+    } else if (o.suite == "security") {
       SecurityOptions so;
       so.seconds = std::max(o.seconds, 1.0);
       if (!RunSecuritySuite(so, report)) return 1;
