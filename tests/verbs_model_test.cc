@@ -23,6 +23,15 @@
 namespace ferry::verbs::model {
 namespace {
 
+// The first device `m` lists, opened; nullptr when it lists none.
+ibv_context* OpenFirst(VerbsModel& m) {
+  int n = 0;
+  ibv_device** list = m.GetDeviceList(&n);
+  ibv_context* ctx = n > 0 ? m.OpenDevice(list[0]) : nullptr;
+  if (list != nullptr) m.FreeDeviceList(list);
+  return ctx;
+}
+
 class VerbsModelTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -228,10 +237,7 @@ TEST_F(VerbsModelTest, RoceRtrToAGidNoActivePortHoldsTimesOutAfterTheNeighbourWa
   // make test-rdma: INIT->RTR between two rxe devices that could not reach each other failed
   // "Connection timed out" (the kernel's ARP wait, addr.c); the model used to accept any GID.
   VerbsModel roce({RoceDevice("rxe0", "10.0.0.7"), RoceDevice("rxe1", "10.0.0.8")});
-  int n = 0;
-  ibv_device** list = roce.GetDeviceList(&n);
-  ibv_context* ctx = roce.OpenDevice(list[0]);
-  roce.FreeDeviceList(list);
+  ibv_context* ctx = OpenFirst(roce);
   ibv_pd* pd = roce.AllocPd(ctx);
   ibv_cq* cq = roce.CreateCq(ctx, 16);
   ibv_qp_init_attr init = {};
@@ -298,10 +304,7 @@ TEST_F(VerbsModelTest, RemovingSoftRoceSendsNothingAndWaitsForItsContextsToClose
   // Re-added (a new device of the old name) while the old one still waits for its holder,
   // then removed again: the removal returns once the holder closes.
   roce.AddDevice(SoftRoceDevice("rxe0", "10.0.0.7"));
-  list = roce.GetDeviceList(&n);
-  ASSERT_EQ(n, 1);
-  ibv_context* again = roce.OpenDevice(list[0]);
-  roce.FreeDeviceList(list);
+  ibv_context* again = OpenFirst(roce);
   ASSERT_NE(again, nullptr);
   std::thread closer([&] {
     absl::SleepFor(absl::Milliseconds(50));
@@ -314,10 +317,7 @@ TEST_F(VerbsModelTest, RemovingSoftRoceSendsNothingAndWaitsForItsContextsToClose
 
 TEST_F(VerbsModelTest, RemovingADeviceThatDisassociatesRaisesDeviceFatalAndReturns) {
   VerbsModel roce({RoceDevice("mlx5_0", "10.0.0.7")});
-  int n = 0;
-  ibv_device** list = roce.GetDeviceList(&n);
-  ibv_context* ctx = roce.OpenDevice(list[0]);
-  roce.FreeDeviceList(list);
+  ibv_context* ctx = OpenFirst(roce);
   ASSERT_NE(ctx, nullptr);
   EXPECT_TRUE(roce.RemoveDevice("mlx5_0", absl::ZeroDuration()));
   ibv_async_event event = {};
