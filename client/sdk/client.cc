@@ -15,6 +15,8 @@ struct Buffer::Mapping {
 
 struct Client::Session {
   std::unique_ptr<agent_client::Client> client;
+  // On the client's session; goes first (declared after it).
+  std::unique_ptr<agent_client::TensorClient> tensors;
 };
 
 namespace {
@@ -40,8 +42,10 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(const std::string& targe
                                                         absl::Duration timeout) {
   auto client = agent_client::Client::Connect(target, timeout, "libferry");
   if (!client.ok()) return client.status();
-  return std::unique_ptr<Client>(
-      new Client(std::make_unique<Session>(Session{std::move(*client)})));
+  auto session = std::make_unique<Session>();
+  session->tensors = std::make_unique<agent_client::TensorClient>((*client)->shared_session());
+  session->client = std::move(*client);
+  return std::unique_ptr<Client>(new Client(std::move(session)));
 }
 
 absl::StatusOr<AgentInfo> Client::GetInfo() {
@@ -127,6 +131,33 @@ absl::StatusOr<TransferResult> Client::Poll(uint64_t transfer_id) {
 
 absl::StatusOr<TransferResult> Client::Cancel(uint64_t transfer_id) {
   return Converted<TransferResult>(session_->client->Cancel(transfer_id));
+}
+
+absl::StatusOr<uint64_t> Client::WriteBlocks(uint64_t local_buffer, const std::string& peer,
+                                             const std::string& remote_buffer,
+                                             const std::vector<Block>& blocks,
+                                             const std::string& notification,
+                                             absl::Duration timeout) {
+  std::vector<agent_client::BlockSpec> specs;
+  specs.reserve(blocks.size());
+  for (const Block& b : blocks) specs.push_back({b.local_offset, b.remote_offset, b.length});
+  agent_client::CallOptions options;
+  options.timeout = timeout;
+  auto written = session_->tensors->WriteBlocks(local_buffer, peer, remote_buffer, specs,
+                                                notification, options);
+  if (!written.ok()) return written.status();
+  return written->bytes();
+}
+
+absl::StatusOr<Notification> Client::WaitNotification(const std::string& name,
+                                                      const std::string& from_node,
+                                                      absl::Duration timeout) {
+  agent_client::CallOptions options;
+  options.timeout = timeout;
+  auto note = session_->tensors->WaitNotification(name, from_node, options);
+  if (!note.ok()) return note.status();
+  return Notification{note->name(), note->from_node(), note->bytes(), note->blocks(),
+                      note->sequence()};
 }
 
 absl::StatusOr<PolicyState> Client::GetPolicy() {

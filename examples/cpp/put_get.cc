@@ -1,5 +1,6 @@
 // libferry's first steps: connect to this host's agent, put 4 MiB into a named buffer,
-// get it back with a batch, and verify every byte.
+// get it back with a batch, verify every byte, then write KV-cache blocks with a
+// notification and wait for it.
 //
 //   put_get [SOCKET]     SOCKET: the agent's (default: $FERRY_SOCKET, else
 //                        /tmp/ferryd-<host name>.sock)
@@ -73,6 +74,24 @@ int main(int argc, char** argv) {
   std::printf("put %llu bytes, got them back in %zu ops (%s), verified\n",
               static_cast<unsigned long long>(kSize), result->ops.size(),
               result->ops.empty() ? "?" : result->ops[0].provider.c_str());
+
+  // KV-cache style: blocks written into the named buffer, then a notification that the
+  // receiving side (here the same node) waits for; it comes once every block landed.
+  const std::vector<ferry::Block> blocks = {{0, kSize - 4096, 4096}, {4096, 0, 4096}};
+  auto written =
+      (*client)->WriteBlocks((*back)->id(), node, "put-get-example", blocks, "put-get/done");
+  if (!written.ok()) return Fail("write blocks", written.status());
+  auto note = (*client)->WaitNotification("put-get/done", node, absl::Seconds(10));
+  if (!note.ok()) return Fail("notification", note.status());
+  const char* landed = (*target)->data();
+  if (std::memcmp(landed + kSize - 4096, out, 4096) != 0 ||
+      std::memcmp(landed, out + 4096, 4096) != 0) {
+    std::fprintf(stderr, "put_get: the blocks did not land where they were written\n");
+    return 1;
+  }
+  std::printf("wrote %llu bytes in %u blocks, notified '%s' from %s\n",
+              static_cast<unsigned long long>(*written), note->blocks, note->name.c_str(),
+              note->from_node.c_str());
 
   auto buffers = (*client)->ListBuffers();
   if (!buffers.ok()) return Fail("list", buffers.status());

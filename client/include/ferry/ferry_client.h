@@ -116,6 +116,22 @@ class Client {
   absl::StatusOr<TransferResult> Poll(uint64_t transfer_id);
   absl::StatusOr<TransferResult> Cancel(uint64_t transfer_id);
 
+  // KV-cache blocks: writes each block of local buffer `local_buffer` (an id: a Buffer's or a
+  // registration's) into the peer's buffer `remote_buffer`, then, if `notification` is not
+  // empty, delivers it to the peer's agent once every block landed; returns then, with the
+  // bytes written.
+  absl::StatusOr<uint64_t> WriteBlocks(uint64_t local_buffer, const std::string& peer,
+                                       const std::string& remote_buffer,
+                                       const std::vector<Block>& blocks,
+                                       const std::string& notification = "",
+                                       absl::Duration timeout = absl::Seconds(60));
+  // On the receiving node: takes notification `name` (from `from_node` if not empty),
+  // waiting at most `timeout`. A notification of a batch that failed comes back as its
+  // error.
+  absl::StatusOr<Notification> WaitNotification(const std::string& name,
+                                                const std::string& from_node = "",
+                                                absl::Duration timeout = absl::Seconds(60));
+
   // The GDR / staging policy, and run-time settings (key, value) over the config file's
   // (`clear_overrides`: drop the earlier ones first; none: back to the file's policy).
   absl::StatusOr<PolicyState> GetPolicy();

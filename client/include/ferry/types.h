@@ -85,6 +85,23 @@ struct OpResult {
   std::vector<std::string> retries;  // slices carried by another route, one line each
 };
 
+// One block of Client::WriteBlocks: [local_offset, +length) of the local buffer to
+// [remote_offset, +length) of the peer's.
+struct Block {
+  uint64_t local_offset = 0;
+  uint64_t remote_offset = 0;
+  uint64_t length = 0;
+};
+
+// What a peer's WriteBlocks delivers once its last block landed (Client::WaitNotification).
+struct Notification {
+  std::string name;
+  std::string from_node;
+  uint64_t bytes = 0;
+  uint32_t blocks = 0;
+  uint64_t sequence = 0;  // per receiving agent, increasing
+};
+
 enum class TransferState { kUnspecified = 0, kRunning = 1, kSucceeded = 2, kFailed = 3 };
 
 struct TransferResult {
