@@ -70,7 +70,8 @@ TEST(ProtoToJsonTest, NestedMessagesOnlyWhenSet) {
   buffer.mutable_shm()->set_length(uint64_t{1} << 40);
   std::string json = ProtoToJson(buffer);
   EXPECT_THAT(json,
-              HasSubstr(R"("shm":{"path":"/dev/shm/ferry","offset":0,"length":1099511627776})"));
+              HasSubstr(R"("shm":{"path":"/dev/shm/ferry","offset":0,"length":1099511627776,)"
+                        R"("fd_socket":""})"));
   EXPECT_THAT(json, Not(HasSubstr(R"("gpu")")));
 
   ferry::v1::AllocBufferResponse response;

@@ -114,14 +114,23 @@ TEST(OpenFilesTest, RegistrationsStopShortOfTheDescriptorLimitNamingIt) {
   rlimit saved = {};
   ASSERT_EQ(getrlimit(RLIMIT_NOFILE, &saved), 0);
   rlimit lower = saved;
-  lower.rlim_cur = 2000;
-  if (lower.rlim_cur > saved.rlim_max) GTEST_SKIP() << "hard limit below 2000";
+  lower.rlim_cur = 4000;
+  if (lower.rlim_cur > saved.rlim_max) GTEST_SKIP() << "hard limit below 4000";
   ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &lower), 0);
-  EXPECT_TRUE(RoomForClientFd(975).ok());
-  absl::Status full = RoomForClientFd(976);
+  // kReservedFds (1024) are kept for the agent's own sockets.
+  EXPECT_TRUE(RoomForClientFd(2975).ok());
+  absl::Status full = RoomForClientFd(2976);
   EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted);
-  EXPECT_THAT(full.message(), HasSubstr("holds 976 client descriptors"));
-  EXPECT_THAT(full.message(), HasSubstr("RLIMIT_NOFILE is 2000"));
+  EXPECT_THAT(full.message(), HasSubstr("holds 2976 client descriptors"));
+  EXPECT_THAT(full.message(), HasSubstr("RLIMIT_NOFILE is 4000 and 1024 are kept"));
+  // Under a limit too low for that (a container's 128), half is kept: a client's buffer,
+  // which holds one descriptor, still fits.
+  lower.rlim_cur = 128;
+  ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &lower), 0);
+  EXPECT_TRUE(RoomForClientFd(63).ok());
+  full = RoomForClientFd(64);
+  EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(full.message(), HasSubstr("RLIMIT_NOFILE is 128 and 64 are kept"));
   // The agent raises its soft limit to the hard one at start.
   EXPECT_EQ(RaiseOpenFileLimit(), saved.rlim_max == RLIM_INFINITY ? UINT64_MAX : saved.rlim_max);
   ASSERT_EQ(setrlimit(RLIMIT_NOFILE, &saved), 0);

@@ -5,7 +5,10 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include <thread>
+
 #include "absl/synchronization/mutex.h"
+#include "base/stream_copy.h"
 #include "server/buffers/guarded_touch.h"
 
 namespace ferry::server {
@@ -112,16 +115,53 @@ LocalCopier::LocalCopier(std::shared_ptr<Transfer> transfer, PlannedOps planned,
       settle_(std::move(settle)) {}
 
 void LocalCopier::Run() {
+  // A batch of many host ops (a KV cache's blocks) in two halves of equal bytes, one on a
+  // thread of its own; each op settles where it was copied.
+  uint64_t bytes = 0;
   for (size_t i : ops_) {
+    const PlannedOp& op = (*planned_)[i];
+    if (op.local->gpu() >= 0 || op.here->gpu() >= 0) {
+      bytes = 0;
+      break;
+    }
+    bytes += op.length;
+  }
+  if (ops_.size() > 1 && bytes >= kTwoThreadBytes) {
+    size_t half = 0;
+    for (uint64_t first_half = 0; half < ops_.size() && first_half < bytes / 2; ++half) {
+      first_half += (*planned_)[ops_[half]].length;
+    }
+    std::thread other([this, half] { RunOps(0, half, /*split=*/false); });
+    RunOps(half, ops_.size(), /*split=*/false);
+    other.join();
+    return;
+  }
+  RunOps(0, ops_.size(), /*split=*/true);
+}
+
+void LocalCopier::RunOps(size_t first, size_t last, bool split) {
+  for (size_t k = first; k < last; ++k) {
     if (Ended()) return;  // cancelled, past its deadline, or the agent stopping
-    settle_(i, Copy((*planned_)[i]));
+    settle_(ops_[k], Copy((*planned_)[ops_[k]], split));
   }
 }
 
-absl::Status LocalCopier::Copy(const PlannedOp& op) {
+absl::Status LocalCopier::Copy(const PlannedOp& op, bool split) {
   const Ends e = EndsOf(op);
   if (e.src->gpu() < 0 && e.dst->gpu() < 0) {
-    return CopyHost(*e.src, e.src_offset, *e.dst, e.dst_offset, op.length);
+    if (!split || op.length < kTwoThreadBytes) {
+      return CopyHost(*e.src, e.src_offset, *e.dst, e.dst_offset, op.length);
+    }
+    // The two halves at once; the op's outcome is the first half's error, else the second's.
+    const uint64_t half = op.length / 2;
+    absl::Status second;
+    std::thread other([&] {
+      second = CopyHost(*e.src, e.src_offset + half, *e.dst, e.dst_offset + half,
+                        op.length - half);
+    });
+    absl::Status first = CopyHost(*e.src, e.src_offset, *e.dst, e.dst_offset, half);
+    other.join();
+    return first.ok() ? second : first;
   }
   return CopyGpu(*e.src, e.src_offset, *e.dst, e.dst_offset, op.length);
 }
@@ -139,11 +179,11 @@ absl::Status LocalCopier::CopyHost(const Buffer& src, uint64_t src_offset, const
     if (Shrinkable(src) || Shrinkable(dst)) {
       absl::Status inner;
       copied = GuardedTouch(src, [&] {
-        inner = GuardedTouch(dst, [&] { std::memcpy(to, from, n); });
+        inner = GuardedTouch(dst, [&] { StreamCopy(to, from, n); });
       });
       if (copied.ok()) copied = inner;
     } else {
-      std::memcpy(to, from, n);
+      StreamCopy(to, from, n);
     }
     if (!copied.ok()) return copied;
     done += n;
