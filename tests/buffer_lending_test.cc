@@ -94,7 +94,8 @@ TEST_F(BufferLendingTest, TheFdSocketCarriesTheFileOrTheRefusal) {
   ASSERT_TRUE(inbox.ok()) << inbox.status();
   (*inbox)->SetLender([&](uint64_t id, const ucred& caller) -> absl::StatusOr<UniqueFd> {
     EXPECT_EQ(caller.uid, getuid()) << "the kernel's, not ours";
-    if (id != mine) return absl::PermissionDeniedError(absl::StrCat("buffer ", id, " is not yours"));
+    if (id != mine)
+      return absl::PermissionDeniedError(absl::StrCat("buffer ", id, " is not yours"));
     auto b = registry_->Get(id, "buffer");
     if (!b.ok()) return b.status();
     return (*b)->memory().LendFile();
