@@ -14,7 +14,9 @@
 #include "absl/strings/str_format.h"
 #include "absl/time/clock.h"
 #include "bench/ferry_runner.h"
+#include "bench/gpu_peak.h"
 #include "client/agent_process.h"
+#include "client/ferry_client.h"
 
 namespace ferry::bench {
 namespace {
@@ -57,6 +59,95 @@ Measurement Memcpy(uint64_t size, double seconds) {
   return m;
 }
 
+// GPU -> GPU WRITEs of kGpuBytes between two clients' buffers on `from` and `to`, repeated
+// for `seconds`, one at a time.
+absl::StatusOr<Measurement> GpuWrites(const std::string& socket, const std::string& from,
+                                      const std::string& to, double seconds) {
+  constexpr uint64_t n = 256 * kMiB;
+  auto a = Client::Connect(socket);
+  auto b = Client::Connect(socket);
+  if (!a.ok()) return a.status();
+  if (!b.ok()) return b.status();
+  auto src = (*a)->Alloc(n, "", from);
+  if (!src.ok()) return src.status();
+  auto dst = (*b)->Alloc(n, "same-node-gpu", to);
+  if (!dst.ok()) return dst.status();
+  const std::vector<OpSpec> op = {
+      {ferry::v1::WRITE, (*src)->id(), 0, "solo", "same-node-gpu", 0, n}};
+  uint64_t copies = 0;
+  absl::Time start;
+  absl::Duration took;
+  for (int i = -1; i < 0 || took < absl::Seconds(seconds) || copies < 3; ++i) {
+    if (i == 0) start = absl::Now();  // after one untimed WRITE
+    auto r = (*a)->Run(op, absl::Seconds(60));
+    if (!r.ok()) return r.status();
+    if (absl::Status s = TransferStatus(*r); !s.ok()) return s;
+    if (i >= 0) {
+      ++copies;
+      took = absl::Now() - start;
+    }
+  }
+  Measurement m;
+  m.series = absl::StrCat("ferry same-node ", from, "->", to);
+  m.size = n;
+  m.ops = copies;
+  m.bytes = copies * n;
+  m.seconds = absl::ToDoubleSeconds(took);
+  m.gbps = m.bytes / m.seconds / 1e9;
+  m.ops_per_sec = copies / m.seconds;
+  m.p50_us = absl::ToDoubleMicroseconds(took) / copies;
+  m.note = "GPU buffers of two clients, 1 outstanding";
+  return m;
+}
+
+// The GPU rows and their finding, when the agent has CUDA GPUs; a printed reason else.
+void RunGpuRows(const std::string& socket, double seconds, Report& report) {
+  auto probe = Client::Connect(socket);
+  auto info = probe.ok() ? (*probe)->GetInfo() : absl::StatusOr<ferry::v1::GetInfoResponse>(
+                                                     probe.status());
+  if (!info.ok() || info->gpus_size() == 0) {
+    std::fprintf(stderr, "  GPU -> GPU rows skipped: %s\n",
+                 !info.ok() ? info.status().ToString().c_str() : "the agent sees no GPU");
+    return;
+  }
+  // Simulated GPUs (FERRY_GPU_BACKEND=sim) check the rows' plumbing; no baseline for them.
+  auto d2d = info->gpus(0).backend() == "cuda"
+                 ? TimeCudaMemcpyD2D(0, 256 * kMiB, 5)
+                 : absl::StatusOr<double>(absl::UnimplementedError("simulated GPUs"));
+  std::vector<std::string> targets = {"cuda:0"};
+  if (info->gpus_size() > 1) targets.push_back("cuda:1");
+  for (const std::string& to : targets) {
+    auto m = GpuWrites(socket, "cuda:0", to, seconds);
+    if (!m.ok()) {
+      std::fprintf(stderr, "  GPU -> GPU (%s): %s\n", to.c_str(), m.status().ToString().c_str());
+      continue;
+    }
+    report.rows.push_back(*m);
+    if (to == "cuda:0" && d2d.ok()) {
+      Measurement base;
+      base.series = "cudaMemcpy D2D";
+      base.size = 256 * kMiB;
+      base.ops = 1;
+      base.seconds = *d2d;
+      base.gbps = base.size / *d2d / 1e9;
+      base.note = "one device, best of 5";
+      report.rows.push_back(base);
+      report.findings.push_back(absl::StrFormat(
+          "same node, GPU: 256 MiB WRITE cuda:0 -> cuda:0 %.1f GB/s against cudaMemcpy D2D "
+          "%.1f GB/s: %.2fx (goal >= 0.8: %s)",
+          m->gbps, base.gbps, m->gbps / base.gbps, m->gbps / base.gbps >= 0.8 ? "met" : "NOT met"));
+    }
+  }
+  if (!d2d.ok()) std::fprintf(stderr, "  cudaMemcpy D2D: %s\n", d2d.status().ToString().c_str());
+}
+
+// The agent's GPUs: CUDA where a driver sees some ("auto"), or two simulated ones with
+// FERRY_GPU_BACKEND=sim (as tests/gpu/run.sh's dry run).
+std::string GpuBackend() {
+  const char* env = std::getenv("FERRY_GPU_BACKEND");
+  return env != nullptr && std::string(env) == "sim" ? "sim\n  count: 2" : "auto";
+}
+
 }  // namespace
 
 bool RunSameNodeSuite(const SameNodeOptions& o, Report& report) {
@@ -65,7 +156,9 @@ bool RunSameNodeSuite(const SameNodeOptions& o, Report& report) {
   auto port = PickFreePort();
   if (!port.ok()) return false;
   auto agent = AgentProcess::Start(
-      {"solo", dir, *port, {}, "host_pool:\n  size: 1GiB\nlog:\n  level: warn\n"});
+      {"solo", dir, *port, {},
+       absl::StrCat("host_pool:\n  size: 1GiB\ngpu:\n  backend: ", GpuBackend(),
+                    "\n  pool_size: 768MiB\nlog:\n  level: warn\n")});
   if (!agent.ok()) {
     std::fprintf(stderr, "same-node suite: %s\n", agent.status().ToString().c_str());
     std::system(("rm -rf " + dir).c_str());
@@ -112,6 +205,7 @@ bool RunSameNodeSuite(const SameNodeOptions& o, Report& report) {
     keep("ferry kv", *kv);
   }
   runner->reset();
+  if (ok) RunGpuRows((*agent)->socket(), o.seconds, report);
   (*agent)->Stop();
   std::system(("rm -rf " + dir).c_str());
   if (!ok) return false;

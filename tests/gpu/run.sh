@@ -99,7 +99,7 @@ if [ "$mode" = build ]; then
   if ! cmake -S "$root" -B "$build" "${gen[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
       -DFERRY_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 > "$out/build.log" 2>&1 ||
      ! grep -q "ferry: CUDA backend ON" "$out/build.log" ||
-     ! timeout "$(left 400)" cmake --build "$build" -j"$jobs" --target "${gpu_targets[@]}" \
+     ! timeout "$(left 400)" cmake --build "$build" -j"$jobs" --target "${gpu_targets[@]}" ferry-bench \
        >> "$out/build.log" 2>&1; then
     status_build=failed
     tail -n 30 "$out/build.log"
@@ -108,6 +108,7 @@ if [ "$mode" = build ]; then
   fi
   test_bin=$build/tests/gpu_memory_test
   bench_bin=$build/bench/ferry-gpu-bench
+  same_node_bin=$build/bench/ferry-bench
   agent_bins=(--ferryd "$build/server/ferryd" --ferryctl "$build/client/ferryctl"
               --client "$build/tests/gpu_staged_client")
 else
@@ -169,6 +170,20 @@ if [ "$status_build" = ok ]; then
   esac
 fi
 
+# Same node (the agent copies): GPU -> GPU beside cudaMemcpy D2D, host rows beside memcpy. The
+# pack carries no ferry-bench: built here only.
+status_same=not-run
+if [ "$status_build" = ok ] && [ -n "${same_node_bin:-}" ] && [ "$backend" = cuda ]; then
+  echo "== same node: ferry-bench --suite same-node"
+  timeout "$(left 120)" "$same_node_bin" --suite same-node --seconds 0.5 2>&1 |
+    tee "$out/same-node.txt"
+  rc=${PIPESTATUS[0]}
+  status_same=$([ "$rc" -eq 0 ] && echo ok || echo "FAILED (rc $rc)")
+elif [ "$status_build" = ok ]; then
+  status_same="skipped ($([ "$backend" = cuda ] && echo "pack mode carries no ferry-bench" ||
+    echo "simulated GPUs"))"
+fi
+
 echo
 echo "== summary ($(($(date +%s) - start)) s; results in $out)"
 echo "build: $status_build ($mode)"
@@ -184,6 +199,8 @@ if [ "${#xmls[@]}" -gt 0 ]; then
 fi
 echo "bench: $status_bench"
 [ -f "$out/bench.txt" ] && grep -E "peak|best:|host memory|skipped" "$out/bench.txt"
+echo "same node: $status_same"
+[ -f "$out/same-node.txt" ] && grep -E "^same node" "$out/same-node.txt"
 echo "agent run: $status_agent"
 [ -f "$out/agent-run/agent-run.txt" ] && sed 's/^agent run: /  /' "$out/agent-run/agent-run.txt"
 [ "$status_build" = ok ] && [ "$status_tests" = passed ] && [ "$status_bench" = ok ] &&
