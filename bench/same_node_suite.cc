@@ -8,6 +8,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -25,6 +26,22 @@ constexpr uint64_t kMiB = 1 << 20;
 constexpr uint64_t kSizes[] = {64 * kMiB, 256 * kMiB};
 constexpr uint32_t kKvBlocks = 4096;
 constexpr uint64_t kKvBlock = 16 << 10;
+
+// `copies` of `size` bytes in `took`, one at a time, as a row.
+Measurement CopiesRow(std::string series, uint64_t size, uint64_t copies, absl::Duration took,
+                      std::string note) {
+  Measurement m;
+  m.series = std::move(series);
+  m.size = size;
+  m.ops = copies;
+  m.bytes = copies * size;
+  m.seconds = absl::ToDoubleSeconds(took);
+  m.gbps = m.bytes / m.seconds / 1e9;
+  m.ops_per_sec = copies / m.seconds;
+  m.p50_us = absl::ToDoubleMicroseconds(took) / copies;
+  m.note = std::move(note);
+  return m;
+}
 
 // memcpy of `size` bytes between two touched buffers of this process, repeated for
 // `seconds`: the copy the agent's own should come near.
@@ -46,17 +63,7 @@ Measurement Memcpy(uint64_t size, double seconds) {
   } while (took < absl::Seconds(seconds) || copies < 3);
   munmap(src, size);
   munmap(dst, size);
-  Measurement m;
-  m.series = "memcpy";
-  m.size = size;
-  m.ops = copies;
-  m.bytes = copies * size;
-  m.seconds = absl::ToDoubleSeconds(took);
-  m.gbps = m.bytes / m.seconds / 1e9;
-  m.ops_per_sec = copies / m.seconds;
-  m.p50_us = absl::ToDoubleMicroseconds(took) / copies;
-  m.note = "one process, one copy at a time";
-  return m;
+  return CopiesRow("memcpy", size, copies, took, "one process, one copy at a time");
 }
 
 // GPU -> GPU WRITEs of kGpuBytes between two clients' buffers on `from` and `to`, repeated
@@ -87,17 +94,8 @@ absl::StatusOr<Measurement> GpuWrites(const std::string& socket, const std::stri
       took = absl::Now() - start;
     }
   }
-  Measurement m;
-  m.series = absl::StrCat("ferry same-node ", from, "->", to);
-  m.size = n;
-  m.ops = copies;
-  m.bytes = copies * n;
-  m.seconds = absl::ToDoubleSeconds(took);
-  m.gbps = m.bytes / m.seconds / 1e9;
-  m.ops_per_sec = copies / m.seconds;
-  m.p50_us = absl::ToDoubleMicroseconds(took) / copies;
-  m.note = "GPU buffers of two clients, 1 outstanding";
-  return m;
+  return CopiesRow(absl::StrCat("ferry same-node ", from, "->", to), n, copies, took,
+                   "GPU buffers of two clients, 1 outstanding");
 }
 
 // The GPU rows and their finding, when the agent has CUDA GPUs; a printed reason else.

@@ -19,6 +19,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/time/clock.h"
+#include "base/fd_passing.h"
 #include "base/status_macros.h"
 
 namespace ferry {
@@ -107,23 +108,8 @@ absl::StatusOr<UniqueFd> ConnectFdSocket(const std::string& fd_socket) {
 bool ReceiveExactly(int sock, char* out, size_t n, std::vector<UniqueFd>* fds) {
   size_t got = 0;
   while (got < n) {
-    iovec iov = {out + got, n - got};
-    alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 4)] = {};
-    msghdr msg = {};
-    msg.msg_iov = &iov;
-    msg.msg_iovlen = 1;
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof(control);
-    ssize_t r = recvmsg(sock, &msg, MSG_CMSG_CLOEXEC);
+    ssize_t r = RecvWithFds(sock, out + got, n - got, 0, fds);
     if (r < 0 && errno == EINTR) continue;
-    for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
-      if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-      for (size_t i = 0; i < (c->cmsg_len - CMSG_LEN(0)) / sizeof(int); ++i) {
-        int fd = -1;
-        std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-        fds->emplace_back(fd);
-      }
-    }
     if (r <= 0) return false;
     got += static_cast<size_t>(r);
   }
@@ -188,19 +174,8 @@ absl::StatusOr<SharedFile> FindSharedFile(const void* address, uint64_t length,
 absl::StatusOr<uint64_t> PassFd(const std::string& fd_socket, int fd) {
   ASSIGN_OR_RETURN(UniqueFd sock, ConnectFdSocket(fd_socket));
   static constexpr char kHello[] = "ferryfd1";
-  iovec iov = {const_cast<char*>(kHello), sizeof(kHello) - 1};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  msghdr msg = {};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof(control);
-  cmsghdr* c = CMSG_FIRSTHDR(&msg);
-  c->cmsg_level = SOL_SOCKET;
-  c->cmsg_type = SCM_RIGHTS;
-  c->cmsg_len = CMSG_LEN(sizeof(int));
-  std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
-  if (sendmsg(sock.get(), &msg, MSG_NOSIGNAL) != static_cast<ssize_t>(iov.iov_len)) {
+  if (SendWithFd(sock.get(), kHello, sizeof(kHello) - 1, fd, MSG_NOSIGNAL) !=
+      static_cast<ssize_t>(sizeof(kHello) - 1)) {
     return absl::UnavailableError(absl::StrCat("sendmsg(", fd_socket, "): ", strerror(errno)));
   }
   unsigned char answer[8];

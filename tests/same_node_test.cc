@@ -42,15 +42,6 @@ const ferry::v1::Leg* LegOf(const ferry::v1::TransferResult& r, const std::strin
   return nullptr;
 }
 
-ferry::v1::BlockExtent Extent(uint64_t buffer, uint64_t offset, uint64_t block, uint64_t count) {
-  ferry::v1::BlockExtent e;
-  e.set_buffer(buffer);
-  e.set_offset(offset);
-  e.set_block_bytes(block);
-  e.set_count(count);
-  return e;
-}
-
 class SameNodeTest : public ::testing::Test {
  protected:
   void SetUp() override {

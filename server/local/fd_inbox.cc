@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/fd_passing.h"
 #include "base/random_bytes.h"
 #include "base/status_macros.h"
 #include "server/local/unix_socket.h"
@@ -127,27 +128,11 @@ void FdInbox::AcceptAll(std::vector<Pending>& pending) {
 
 void FdInbox::Receive(int conn, const ucred& cred) {
   char data[kLendBytes + 1] = {};
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int) * 4)] = {};
-  iovec iov = {data, sizeof(data)};
-  msghdr msg = {};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  msg.msg_control = control;
-  msg.msg_controllen = sizeof(control);
-  // MSG_CMSG_CLOEXEC: a descriptor received is never inherited by a child of the agent.
-  ssize_t n = recvmsg(conn, &msg, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
   // Every descriptor that came is owned here, so that a malformed message leaks none.
   std::vector<UniqueFd> fds;
-  for (cmsghdr* c = CMSG_FIRSTHDR(&msg); c != nullptr; c = CMSG_NXTHDR(&msg, c)) {
-    if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS) continue;
-    size_t count = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-    for (size_t i = 0; i < count; ++i) {
-      int fd = -1;
-      std::memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-      fds.emplace_back(fd);
-    }
-  }
-  const bool whole = (msg.msg_flags & MSG_CTRUNC) == 0;
+  bool truncated = false;
+  ssize_t n = RecvWithFds(conn, data, sizeof(data), MSG_DONTWAIT, &fds, &truncated);
+  const bool whole = !truncated;
   if (whole && n == static_cast<ssize_t>(kLendBytes) &&
       std::memcmp(data, kLendHello, kHelloBytes) == 0 && fds.empty()) {
     uint64_t id = 0;
@@ -186,24 +171,10 @@ void FdInbox::Lend(int conn, uint64_t id, const ucred& cred) {
   PutLittleEndian(static_cast<uint32_t>(status.code()), 4, answer.data());
   PutLittleEndian(message.size(), 4, answer.data() + 4);
   answer += message;
-  iovec iov = {answer.data(), answer.size()};
-  msghdr msg = {};
-  msg.msg_iov = &iov;
-  msg.msg_iovlen = 1;
-  alignas(cmsghdr) char control[CMSG_SPACE(sizeof(int))] = {};
-  if (file.ok()) {
-    msg.msg_control = control;
-    msg.msg_controllen = sizeof(control);
-    cmsghdr* c = CMSG_FIRSTHDR(&msg);
-    c->cmsg_level = SOL_SOCKET;
-    c->cmsg_type = SCM_RIGHTS;
-    c->cmsg_len = CMSG_LEN(sizeof(int));
-    const int fd = file->get();
-    std::memcpy(CMSG_DATA(c), &fd, sizeof(int));
-  }
   // The answer fits the socket's empty send buffer: it never waits. Our copy of the
   // descriptor closes when `file` goes; the client's stays.
-  if (sendmsg(conn, &msg, MSG_NOSIGNAL | MSG_DONTWAIT) != static_cast<ssize_t>(answer.size())) {
+  if (SendWithFd(conn, answer.data(), answer.size(), file.ok() ? file->get() : -1,
+                 MSG_NOSIGNAL | MSG_DONTWAIT) != static_cast<ssize_t>(answer.size())) {
     spdlog::debug("fd socket: lending buffer {} to pid {}: {}", id, cred.pid, strerror(errno));
   }
 }
