@@ -131,6 +131,17 @@ TEST_F(SameNodeTest, HostToHostWritesAndReadsAreCopiesWithoutTheWire) {
   // A small one runs on the posting thread: still verified, still local.
   MoveAndCheck(ferry::v1::WRITE, **mine, "b-host", **theirs, 4096, 3);
   EXPECT_EQ(TcpBytes(), tcp_before) << "bytes went over the tcp rail";
+  // Counted as any transfer is (ferryctl stats, metrics): mode and provider "local".
+  ferry::v1::GetStatsResponse stats;
+  grpc::ClientContext ctx;
+  ASSERT_TRUE(a_->stub().GetStats(&ctx, {}, &stats).ok());
+  uint64_t written = 0, read = 0;
+  for (const auto& row : stats.rows()) {
+    if (row.mode() != "local" || row.provider() != "local" || row.peer() != "solo") continue;
+    (row.direction() == "write" ? written : read) += row.bytes();
+  }
+  EXPECT_EQ(written, kSize + 4096);
+  EXPECT_EQ(read, kSize);
 }
 
 TEST_F(SameNodeTest, GpuCopiesRunOnTheCopyEnginesEveryWay) {
