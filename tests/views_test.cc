@@ -77,7 +77,9 @@ TEST(TransferStatsTest, AQuantileReadsWithinAQuarterOfTheOpsTime) {
   for (uint64_t us : {10, 13, 80, 300, 4321, 20000, 55000, 99000, 2000000, 9900000}) {
     TransferStats stats;
     stats.Record("node-b", false, Op(4096, us, "host"));
-    const LatencyHistogram& h = stats.Latency().at("<=4KiB");
+    // Latency() returns a copy: keep it, or the reference dangles (ASan: heap-use-after-free).
+    const auto latency = stats.Latency();
+    const LatencyHistogram& h = latency.at("<=4KiB");
     const double p50 = BucketQuantile(bounds, {h.buckets.begin(), h.buckets.end()}, 0.5);
     EXPECT_GE(p50, us);
     EXPECT_LE(p50, us * 1.28) << us << " us";
