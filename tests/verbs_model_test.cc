@@ -32,6 +32,39 @@ ibv_context* OpenFirst(VerbsModel& m) {
   return ctx;
 }
 
+// An RC QP in INIT on the first device `m` lists, with its PD and CQ, and the RTR attributes
+// the RoCE tests start from (dest_qp_num 0x99, path MTU 1024, port 1; no path yet).
+struct RoceQp {
+  ibv_context* ctx = nullptr;
+  ibv_pd* pd = nullptr;
+  ibv_cq* cq = nullptr;
+  ibv_qp* qp = nullptr;  // null when INIT failed
+  ibv_qp_attr rtr = {};
+};
+RoceQp RcQpInInit(VerbsModel& m) {
+  RoceQp r;
+  r.ctx = OpenFirst(m);
+  r.pd = m.AllocPd(r.ctx);
+  r.cq = m.CreateCq(r.ctx, 16);
+  ibv_qp_init_attr init = {};
+  init.send_cq = init.recv_cq = r.cq;
+  init.qp_type = IBV_QPT_RC;
+  init.cap = {4, 4, 1, 1, 0};
+  ibv_qp* qp = m.CreateQp(r.pd, &init);
+  ibv_qp_attr a = {};
+  a.qp_state = IBV_QPS_INIT;
+  a.port_num = 1;
+  if (m.ModifyQp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) ==
+      0) {
+    r.qp = qp;
+  }
+  r.rtr.qp_state = IBV_QPS_RTR;
+  r.rtr.path_mtu = IBV_MTU_1024;
+  r.rtr.dest_qp_num = 0x99;
+  r.rtr.ah_attr.port_num = 1;
+  return r;
+}
+
 class VerbsModelTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -237,24 +270,8 @@ TEST_F(VerbsModelTest, RoceRtrToAGidNoActivePortHoldsTimesOutAfterTheNeighbourWa
   // make test-rdma: INIT->RTR between two rxe devices that could not reach each other failed
   // "Connection timed out" (the kernel's ARP wait, addr.c); the model used to accept any GID.
   VerbsModel roce({RoceDevice("rxe0", "10.0.0.7"), RoceDevice("rxe1", "10.0.0.8")});
-  ibv_context* ctx = OpenFirst(roce);
-  ibv_pd* pd = roce.AllocPd(ctx);
-  ibv_cq* cq = roce.CreateCq(ctx, 16);
-  ibv_qp_init_attr init = {};
-  init.send_cq = init.recv_cq = cq;
-  init.qp_type = IBV_QPT_RC;
-  init.cap = {4, 4, 1, 1, 0};
-  ibv_qp* qp = roce.CreateQp(pd, &init);
-  ibv_qp_attr a = {};
-  a.qp_state = IBV_QPS_INIT;
-  a.port_num = 1;
-  ASSERT_EQ(roce.ModifyQp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
-                                      IBV_QP_ACCESS_FLAGS), 0);
-  a = {};
-  a.qp_state = IBV_QPS_RTR;
-  a.path_mtu = IBV_MTU_1024;
-  a.dest_qp_num = 0x99;
-  a.ah_attr.port_num = 1;
+  auto [ctx, pd, cq, qp, a] = RcQpInInit(roce);
+  ASSERT_NE(qp, nullptr);
   a.ah_attr.is_global = 1;
   a.ah_attr.grh.sgid_index = 3;
   a.ah_attr.grh.dgid = Ipv4MappedGid("10.0.0.9");  // nobody
@@ -330,28 +347,9 @@ TEST_F(VerbsModelTest, RemovingADeviceThatDisassociatesRaisesDeviceFatalAndRetur
 
 TEST_F(VerbsModelTest, RoceNeedsAGrhAndAnMtuThePortHas) {
   VerbsModel roce({RoceDevice("rxe0", "10.0.0.7")});
-  int n = 0;
-  ibv_device** list = roce.GetDeviceList(&n);
-  ibv_context* ctx = roce.OpenDevice(list[0]);
-  roce.FreeDeviceList(list);
-  ibv_pd* pd = roce.AllocPd(ctx);
-  ibv_cq* cq = roce.CreateCq(ctx, 16);
-  ibv_qp_init_attr init = {};
-  init.send_cq = init.recv_cq = cq;
-  init.qp_type = IBV_QPT_RC;
-  init.cap = {4, 4, 1, 1, 0};
-  ibv_qp* qp = roce.CreateQp(pd, &init);
-  ibv_qp_attr a = {};
-  a.qp_state = IBV_QPS_INIT;
-  a.port_num = 1;
-  ASSERT_EQ(roce.ModifyQp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
-                                      IBV_QP_ACCESS_FLAGS), 0);
-  a = {};
-  a.qp_state = IBV_QPS_RTR;
-  a.path_mtu = IBV_MTU_1024;
-  a.dest_qp_num = 0x99;
+  auto [ctx, pd, cq, qp, a] = RcQpInInit(roce);
+  ASSERT_NE(qp, nullptr);
   a.ah_attr.dlid = 7;  // a LID means nothing on Ethernet
-  a.ah_attr.port_num = 1;
   int mask = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
              IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
   EXPECT_EQ(roce.ModifyQp(qp, &a, mask), EINVAL);
