@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -17,6 +18,17 @@ namespace {
 // Ops below this many bytes in all, host on both sides, copy on the posting thread: a
 // thread of their own would cost more than the copy.
 constexpr uint64_t kInlineBytes = 1 << 20;
+
+// The bytes of `local`'s ops when every one is host memory on both sides; nullopt else.
+std::optional<uint64_t> HostOnlyBytes(const PlannedBatch& ops, const std::vector<size_t>& local) {
+  uint64_t bytes = 0;
+  for (size_t i : local) {
+    const PlannedOp& op = ops[i];
+    if (op.local->gpu() >= 0 || op.here->gpu() >= 0) return std::nullopt;
+    bytes += op.length;
+  }
+  return bytes;
+}
 
 bool Shrinkable(const Buffer& buffer) {
   return buffer.memory().shrinkable_range().second > 0;
@@ -96,14 +108,8 @@ absl::StatusOr<std::string> LocalCopier::EngineFor(const PlannedOp& op, GpuPools
 }
 
 bool LocalCopier::CopiesInline(const PlannedBatch& ops, const std::vector<size_t>& local) {
-  uint64_t bytes = 0;
-  for (size_t i : local) {
-    const PlannedOp& op = ops[i];
-    if (op.local->gpu() >= 0 || op.here->gpu() >= 0) return false;
-    bytes += op.length;
-    if (bytes > kInlineBytes) return false;
-  }
-  return true;
+  const std::optional<uint64_t> bytes = HostOnlyBytes(ops, local);
+  return bytes && *bytes <= kInlineBytes;
 }
 
 LocalCopier::LocalCopier(std::shared_ptr<Transfer> transfer, PlannedOps planned,
@@ -117,15 +123,7 @@ LocalCopier::LocalCopier(std::shared_ptr<Transfer> transfer, PlannedOps planned,
 void LocalCopier::Run() {
   // A batch of many host ops (a KV cache's blocks) in two halves of equal bytes, one on a
   // thread of its own; each op settles where it was copied.
-  uint64_t bytes = 0;
-  for (size_t i : ops_) {
-    const PlannedOp& op = (*planned_)[i];
-    if (op.local->gpu() >= 0 || op.here->gpu() >= 0) {
-      bytes = 0;
-      break;
-    }
-    bytes += op.length;
-  }
+  const uint64_t bytes = HostOnlyBytes(*planned_, ops_).value_or(0);
   if (ops_.size() > 1 && bytes >= kTwoThreadBytes) {
     size_t half = 0;
     for (uint64_t first_half = 0; half < ops_.size() && first_half < bytes / 2; ++half) {
