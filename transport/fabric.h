@@ -276,6 +276,11 @@ class Fabric {
   // FAILED_PRECONDITION.
   using ImmediateHandler = std::function<void(uint32_t imm)>;
   virtual void SetImmediateHandler(ImmediateHandler handler) = 0;
+
+  // Called on a provider thread when the keys of the fabric's regions changed (verbs: its
+  // device came back and every region was registered again): answers peers kept with the old
+  // keys must go. Providers whose keys never change never call it.
+  virtual void SetKeysChangedHandler(std::function<void(const std::string& why)> handler) {}
 };
 
 }  // namespace ferry::fabric

@@ -334,6 +334,11 @@ ibv_context* VerbsModel::OpenDevice(ibv_device* device) {
   for (auto& d : devices_) {
     if (&d->dev != device) continue;
     if (d->removed) break;  // its uverbs cdev is gone
+    // A device that raised DEVICE_FATAL takes no new context until its driver re-adds it (a
+    // new device, AddDevice): mlx5 in its internal-error state fails the commands a new
+    // ucontext needs. The model answers EIO, so a holder that closed a fatal device cannot
+    // take the dead one back for a live one.
+    if (d->lost) return FailNull<ibv_context>(EIO);
     auto c = std::make_unique<Context>();
     c->device = d.get();
     c->ctx.device = device;
@@ -365,6 +370,12 @@ int VerbsModel::CloseDevice(ibv_context* context) {
   close(context->async_fd);
   contexts_.erase(it);
   return 0;
+}
+
+bool VerbsModel::DeviceRemoved(ibv_context* context) {
+  absl::MutexLock lock(&mu_);
+  auto it = contexts_.find(context);
+  return it != contexts_.end() && it->second->device->removed;
 }
 
 int VerbsModel::QueryDevice(ibv_context* context, ibv_device_attr* attr) {

@@ -125,6 +125,8 @@ class VerbsModel : public VerbsApi {
   const char* GetDeviceName(ibv_device* device) override;
   ibv_context* OpenDevice(ibv_device* device) override;
   int CloseDevice(ibv_context* context) override;
+  // True once RemoveDevice took the context's device away (its uverbs node is gone).
+  bool DeviceRemoved(ibv_context* context) override;
   int QueryDevice(ibv_context* context, ibv_device_attr* attr) override;
   int QueryPort(ibv_context* context, uint8_t port, ibv_port_attr* attr) override;
   int QueryGidEx(ibv_context* context, uint32_t port, uint32_t index,

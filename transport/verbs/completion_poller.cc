@@ -46,13 +46,15 @@ CompletionPoller::CompletionPoller(VerbsApi* api, std::string device)
   thread_ = std::thread([this] { Loop(); });
 }
 
-CompletionPoller::~CompletionPoller() {
+CompletionPoller::~CompletionPoller() { Stop(); }
+
+void CompletionPoller::Stop() {
   {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
     woken_ = true;
   }
-  thread_.join();
+  if (thread_.joinable()) thread_.join();
 }
 
 void CompletionPoller::AddCq(ibv_cq* cq) {

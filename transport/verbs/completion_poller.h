@@ -56,6 +56,9 @@ class CompletionPoller {
   void FailAll(const absl::Status& why, bool completions_lost);
   // Ends the idle back-off: work was just posted.
   void Wake();
+  // Stops and joins the thread (not from it): no CQ is polled after this returns, so the
+  // device may destroy them. Later calls are harmless. The destructor calls it.
+  void Stop();
   bool OnPollerThread() const { return std::this_thread::get_id() == thread_.get_id(); }
 
  private:

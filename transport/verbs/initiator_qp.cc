@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <thread>
 
 #include "absl/strings/str_format.h"
 #include "absl/time/time.h"
@@ -27,6 +28,13 @@ constexpr absl::Duration kFlushWait = absl::Seconds(10);
 
 absl::StatusOr<std::shared_ptr<InitiatorQp>> InitiatorQp::Create(
     std::shared_ptr<VerbsDevice> device, const VerbsOptions& options) {
+  absl::StatusOr<std::shared_ptr<InitiatorQp>> made = absl::UnknownError("not run");
+  if (!device->WhileOpen([&] { made = CreateOpen(device, options); })) return device->health();
+  return made;
+}
+
+absl::StatusOr<std::shared_ptr<InitiatorQp>> InitiatorQp::CreateOpen(
+    const std::shared_ptr<VerbsDevice>& device, const VerbsOptions& options) {
   const PortInfo& port = device->port();
   uint32_t depth = std::max<uint32_t>(1, options.send_queue_depth);
   if (port.max_qp_wr > 0) depth = std::min<uint32_t>(depth, port.max_qp_wr);
@@ -56,8 +64,10 @@ absl::StatusOr<std::shared_ptr<InitiatorQp>> InitiatorQp::Create(
   }
   uint32_t granted = std::min<uint32_t>(depth, init.cap.max_send_wr);
   uint32_t inline_limit = std::min<uint32_t>(options.inline_threshold, init.cap.max_inline_data);
-  return std::shared_ptr<InitiatorQp>(new InitiatorQp(std::move(device), options, std::move(slot),
-                                                      std::move(qp), granted, inline_limit));
+  std::shared_ptr<InitiatorQp> made(
+      new InitiatorQp(device, options, std::move(slot), std::move(qp), granted, inline_limit));
+  device->Attach(made.get());
+  return made;
 }
 
 InitiatorQp::InitiatorQp(std::shared_ptr<VerbsDevice> device, const VerbsOptions& options,
@@ -78,6 +88,7 @@ InitiatorQp::InitiatorQp(std::shared_ptr<VerbsDevice> device, const VerbsOptions
 }
 
 InitiatorQp::~InitiatorQp() {
+  device_->Detach(this);
   // The QP goes before its CQ room does (cq_ is destroyed after this body).
   absl::MutexLock lock(&mu_);
   qp_.reset();
@@ -88,8 +99,10 @@ QpAddress InitiatorQp::LocalAddress() const {
 }
 
 absl::Status InitiatorQp::Connect(const QpAddress& remote) {
+  ibv_cq* cq = nullptr;
   {
     absl::MutexLock lock(&mu_);
+    if (!broken_.ok()) return broken_;  // released: its device closed
     if (connected_ || closing_) {
       return absl::FailedPreconditionError(absl::StrFormat("verbs: QP 0x%x is already used", qpn_));
     }
@@ -100,8 +113,9 @@ absl::Status InitiatorQp::Connect(const QpAddress& remote) {
     connected_ = true;
     remote_qpn_ = remote.qpn;
     peer_takes_immediates_ = remote.takes_immediates;
+    cq = cq_.cq();
   }
-  device_->poller().Add(qpn_, cq_.cq(), shared_from_this());
+  device_->poller().Add(qpn_, cq, shared_from_this());
   return absl::OkStatus();
 }
 
@@ -124,6 +138,12 @@ absl::Status InitiatorQp::Post(ibv_wr_opcode opcode, const fabric::LocalSlice& l
                                               local.length, ") is outside its region"));
   }
   const auto* region = dynamic_cast<const VerbsRegion*>(local.region);
+  if (region != nullptr && region->device() == nullptr) {
+    return absl::UnavailableError(absl::StrFormat(
+        "verbs: the local slice's memory has no registration on %s (the device closed; it is "
+        "registered again when the device comes back)",
+        device_->port().device));
+  }
   if (region == nullptr || region->device() != device_.get()) {
     return absl::InvalidArgumentError(absl::StrFormat(
         "verbs: the local slice's region is not registered with %s (registration: %s)",
@@ -331,6 +351,27 @@ void InitiatorQp::OnFatal(const absl::Status& why, bool completions_lost) {
   Run(finished);
   absl::MutexLock lock(&mu_);
   --delivering_;
+}
+
+void InitiatorQp::ReleaseFromDevice() {
+  Finished finished;
+  {
+    absl::MutexLock lock(&mu_);
+    // The device failed every connected QP's ops first (completions lost); one connected
+    // meanwhile may hold some: they fail with the device's cause.
+    if (broken_.ok()) Break(device_->health());
+    FailPending(finished);
+    while (!posted_.empty()) RetireFront(broken_, finished);
+    closing_ = true;
+    qp_.reset();
+    cq_ = CqSlot();
+    closed_ = true;
+  }
+  // Not here: a completion may drop the last reference to a user, whose destructor takes the
+  // device's user lock held around this call.
+  if (!finished.empty()) std::thread([finished = std::move(finished)]() mutable {
+      Run(finished);
+    }).detach();
 }
 
 void InitiatorQp::Close() {

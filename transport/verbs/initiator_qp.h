@@ -25,7 +25,9 @@
 
 namespace ferry::verbs {
 
-class InitiatorQp : public CompletionSink, public std::enable_shared_from_this<InitiatorQp> {
+class InitiatorQp : public CompletionSink,
+                    public DeviceUser,
+                    public std::enable_shared_from_this<InitiatorQp> {
  public:
   // Creates the QP (RESET). RESOURCE_EXHAUSTED when the device's CQs are fully promised.
   static absl::StatusOr<std::shared_ptr<InitiatorQp>> Create(std::shared_ptr<VerbsDevice> device,
@@ -48,6 +50,7 @@ class InitiatorQp : public CompletionSink, public std::enable_shared_from_this<I
   uint32_t remote_qpn() const;
   void OnCompletion(const ibv_wc& wc) override;
   void OnFatal(const absl::Status& why, bool completions_lost) override;
+  void ReleaseFromDevice() override;
 
  private:
   struct Op {
@@ -71,6 +74,9 @@ class InitiatorQp : public CompletionSink, public std::enable_shared_from_this<I
   // Completions to run once the lock is released.
   using Finished = std::vector<std::pair<fabric::Completion, absl::Status>>;
 
+  // Create's work while the device is open (WhileOpen): the QP, attached to the device.
+  static absl::StatusOr<std::shared_ptr<InitiatorQp>> CreateOpen(
+      const std::shared_ptr<VerbsDevice>& device, const VerbsOptions& options);
   InitiatorQp(std::shared_ptr<VerbsDevice> device, const VerbsOptions& options, CqSlot cq,
               QpPtr qp, uint32_t sq_depth, uint32_t max_inline);
 

@@ -1,5 +1,9 @@
 #include "transport/verbs/rdma_core_api.h"
 
+#include <unistd.h>
+
+#include <cerrno>
+
 namespace ferry::verbs {
 namespace {
 
@@ -10,6 +14,10 @@ class RdmaCore final : public VerbsApi {
   const char* GetDeviceName(ibv_device* device) override { return ibv_get_device_name(device); }
   ibv_context* OpenDevice(ibv_device* device) override { return ibv_open_device(device); }
   int CloseDevice(ibv_context* context) override { return ibv_close_device(context); }
+  bool DeviceRemoved(ibv_context* context) override {
+    // Only ENOENT says gone: another failure (EACCES in a sandbox) says nothing.
+    return access(context->device->dev_path, F_OK) != 0 && errno == ENOENT;
+  }
   int QueryDevice(ibv_context* context, ibv_device_attr* attr) override {
     return ibv_query_device(context, attr);
   }

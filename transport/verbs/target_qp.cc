@@ -25,6 +25,19 @@ absl::StatusOr<std::shared_ptr<TargetQp>> TargetQp::Create(
     depth = std::max<uint32_t>(1, options.recv_queue_depth);
     if (port.max_qp_wr > 0) depth = std::min<uint32_t>(depth, port.max_qp_wr);
   }
+  absl::StatusOr<std::shared_ptr<TargetQp>> made = absl::UnavailableError(
+      absl::StrFormat("verbs: %s is closed", port.device));
+  device->WhileOpen([&] { made = CreateOpen(device, options, initiator_agent, initiator,
+                                            std::move(immediates), depth); });
+  if (!made.ok() && device->closed()) return device->health();
+  return made;
+}
+
+absl::StatusOr<std::shared_ptr<TargetQp>> TargetQp::CreateOpen(
+    const std::shared_ptr<VerbsDevice>& device, const VerbsOptions& options,
+    const fabric::PeerInstance& initiator_agent, uint64_t initiator,
+    std::shared_ptr<ImmediateDispatch> immediates, uint32_t depth) {
+  const PortInfo& port = device->port();
   // The send queue is never used; the posted receives may all flush at once.
   ASSIGN_OR_RETURN(CqSlot slot, device->ReserveCq(std::max<uint32_t>(depth, 1)));
   ibv_qp_init_attr init = {};
@@ -41,9 +54,11 @@ absl::StatusOr<std::shared_ptr<TargetQp>> TargetQp::Create(
     return absl::ErrnoToStatus(errno, absl::StrFormat("ibv_create_qp(%s, RC, %d receives)",
                                                       port.device, depth));
   }
-  return std::shared_ptr<TargetQp>(new TargetQp(std::move(device), options, std::move(slot),
+  std::shared_ptr<TargetQp> made(new TargetQp(device, options, std::move(slot),
                                                 std::move(qp), depth, initiator_agent, initiator,
                                                 std::move(immediates)));
+  device->Attach(made.get());
+  return made;
 }
 
 TargetQp::TargetQp(std::shared_ptr<VerbsDevice> device, const VerbsOptions& options, CqSlot cq,
@@ -61,6 +76,7 @@ TargetQp::TargetQp(std::shared_ptr<VerbsDevice> device, const VerbsOptions& opti
       qpn_(qp_->qp_num) {}
 
 TargetQp::~TargetQp() {
+  device_->Detach(this);
   // The QP goes before its CQ room does (cq_ is destroyed after this body).
   absl::MutexLock lock(&mu_);
   qp_.reset();
@@ -87,8 +103,10 @@ absl::Status TargetQp::PostReceive(uint64_t wr_id) {
 }
 
 absl::Status TargetQp::Accept(const QpAddress& remote) {
+  ibv_cq* cq = nullptr;
   {
     absl::MutexLock lock(&mu_);
+    if (!qp_) return device_->health();  // released: its device closed
     // Peers may WRITE and READ through this QP; each region's own flags still decide.
     absl::Status s = ConnectQp(device_->api(), qp_.get(), device_->port(),
                                IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ, psn_, remote,
@@ -99,8 +117,9 @@ absl::Status TargetQp::Accept(const QpAddress& remote) {
       if (absl::Status p = PostReceive(i); !p.ok()) return p;
     }
     registered_ = true;
+    cq = cq_.cq();
   }
-  device_->poller().Add(qpn_, cq_.cq(), shared_from_this());
+  device_->poller().Add(qpn_, cq, shared_from_this());
   return absl::OkStatus();
 }
 
@@ -137,6 +156,13 @@ void TargetQp::OnFatal(const absl::Status& why, bool) {
   absl::MutexLock lock(&mu_);
   if (!dead_) spdlog::warn("verbs: target QP 0x{:x}: {}", qpn_, std::string(why.message()));
   dead_ = true;
+}
+
+void TargetQp::ReleaseFromDevice() {
+  absl::MutexLock lock(&mu_);
+  dead_ = true;
+  qp_.reset();
+  cq_ = CqSlot();
 }
 
 void TargetQp::Close() {

@@ -41,7 +41,9 @@ class ImmediateDispatch {
   std::function<void(uint32_t)> handler_ ABSL_GUARDED_BY(mu_);
 };
 
-class TargetQp : public CompletionSink, public std::enable_shared_from_this<TargetQp> {
+class TargetQp : public CompletionSink,
+                 public DeviceUser,
+                 public std::enable_shared_from_this<TargetQp> {
  public:
   // `initiator_agent` is the agent that asked (its node and incarnation), `initiator` its
   // fabric's id from the handshake. Receives are posted only if `immediates` has a handler.
@@ -64,8 +66,14 @@ class TargetQp : public CompletionSink, public std::enable_shared_from_this<Targ
   bool dead() const;
   void OnCompletion(const ibv_wc& wc) override;
   void OnFatal(const absl::Status& why, bool completions_lost) override;
+  void ReleaseFromDevice() override;
 
  private:
+  // Create's work while the device is open (WhileOpen): the QP, attached to the device.
+  static absl::StatusOr<std::shared_ptr<TargetQp>> CreateOpen(
+      const std::shared_ptr<VerbsDevice>& device, const VerbsOptions& options,
+      const fabric::PeerInstance& initiator_agent, uint64_t initiator,
+      std::shared_ptr<ImmediateDispatch> immediates, uint32_t depth);
   TargetQp(std::shared_ptr<VerbsDevice> device, const VerbsOptions& options, CqSlot cq, QpPtr qp,
            uint32_t rq_depth, fabric::PeerInstance initiator_agent, uint64_t initiator,
            std::shared_ptr<ImmediateDispatch> immediates);
@@ -73,7 +81,7 @@ class TargetQp : public CompletionSink, public std::enable_shared_from_this<Targ
 
   const std::shared_ptr<VerbsDevice> device_;
   const VerbsOptions options_;
-  CqSlot cq_;  // room in the CQ; given back after the QP is destroyed
+  CqSlot cq_;  // room in the CQ; given back after the QP is destroyed (or released)
   const uint32_t rq_depth_;  // receives kept posted; 0 without an immediate handler
   const fabric::PeerInstance initiator_agent_;
   const uint64_t initiator_;

@@ -23,6 +23,13 @@ class VerbsApi {
   virtual const char* GetDeviceName(ibv_device* device) = 0;
   virtual ibv_context* OpenDevice(ibv_device* device) = 0;
   virtual int CloseDevice(ibv_context* context) = 0;
+  // Whether the device of `context` was removed (`rdma link delete`, a driver unbind): its
+  // uverbs node (ibv_device::dev_path, /sys/class/infiniband_verbs/uverbsN) is gone. The
+  // kernel deletes that node first (ib_uverbs_remove_one, drivers/infiniband/core/
+  // uverbs_main.c: cdev_device_del) and then, for a driver without disassociate_ucontext
+  // (rxe, siw), waits until every open context is closed, telling no one: polling this is the
+  // only way a holder learns it must let go. Not an ibverbs call: a stat of sysfs.
+  virtual bool DeviceRemoved(ibv_context* context) = 0;
 
   virtual int QueryDevice(ibv_context* context, ibv_device_attr* attr) = 0;
   virtual int QueryPort(ibv_context* context, uint8_t port, ibv_port_attr* attr) = 0;

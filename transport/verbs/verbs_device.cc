@@ -9,6 +9,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "base/status_macros.h"
+#include "spdlog/spdlog.h"
 #include "transport/verbs/handshake.h"
 
 namespace ferry::verbs {
@@ -228,6 +229,68 @@ VerbsDevice::~VerbsDevice() {
     // down, in order, once this one has returned from the callback.
     std::thread([res = std::move(res_)]() mutable { res.reset(); }).detach();
   }
+}
+
+bool VerbsDevice::WhileOpen(absl::FunctionRef<void()> make) {
+  absl::ReaderMutexLock lock(&res_->life);
+  if (res_->closed) return false;
+  make();
+  return true;
+}
+
+void VerbsDevice::Attach(DeviceUser* user) {
+  absl::MutexLock lock(&res_->users_mu);
+  res_->users.insert(user);
+}
+
+void VerbsDevice::Detach(DeviceUser* user) {
+  absl::MutexLock lock(&res_->users_mu);
+  res_->users.erase(user);
+}
+
+bool VerbsDevice::lost() const {
+  absl::MutexLock lock(&res_->health.mu);
+  return res_->health.device_lost;
+}
+
+bool VerbsDevice::Removed() const {
+  absl::ReaderMutexLock lock(&res_->life);
+  return !res_->closed && res_->api->DeviceRemoved(res_->context.get());
+}
+
+bool VerbsDevice::closed() const {
+  absl::ReaderMutexLock lock(&res_->life);
+  return res_->closed;
+}
+
+void VerbsDevice::Close(const absl::Status& why) {
+  {
+    absl::MutexLock lock(&res_->health.mu);
+    if (res_->health.closing) return;
+    res_->health.closing = true;
+    res_->health.device_lost = true;
+    res_->health.status = why;
+  }
+  // Every op in flight fails now with the cause; none of their completions will come.
+  res_->poller->FailAll(why, /*completions_lost=*/true);
+  // No thread reads the CQs or the async fd from here on.
+  res_->events.reset();
+  res_->poller->Stop();
+  absl::MutexLock life(&res_->life);
+  res_->closed = true;
+  size_t released = 0;
+  {
+    absl::MutexLock lock(&res_->users_mu);
+    for (DeviceUser* user : res_->users) user->ReleaseFromDevice();
+    released = res_->users.size();
+    res_->users.clear();
+  }
+  // In the order the kernel needs them gone (a CQ after its QPs, the PD after its MRs and
+  // QPs); closing the context releases the uverbs file the removal waits for.
+  res_->cqs.reset();
+  res_->pd.reset();
+  res_->context.reset();
+  spdlog::info("verbs: {} closed ({} QPs and registrations released)", port_.device, released);
 }
 
 absl::Status VerbsDevice::health() const {

@@ -6,6 +6,9 @@
 #include <memory>
 #include <string>
 
+#include "absl/container/flat_hash_set.h"
+#include "absl/functional/function_ref.h"
+
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -24,6 +27,17 @@ namespace ferry::verbs {
 // The names of the machine's RDMA devices, in ibv_get_device_list order. UNAVAILABLE when it
 // has none (as Open).
 absl::StatusOr<std::vector<std::string>> DeviceNames(VerbsApi& api);
+
+// What holds an ibverbs object on a device (a QP, an MR): when the device closes (it was
+// removed, or raised DEVICE_FATAL) the device asks each to destroy its object at once, since
+// the kernel finishes a removal only once every object and the context are gone.
+class DeviceUser {
+ public:
+  virtual ~DeviceUser() = default;
+  // Destroys the object now, under the device's user lock: it must neither run callers'
+  // completions there nor destroy another user. Later use finds it closed.
+  virtual void ReleaseFromDevice() = 0;
+};
 
 class VerbsDevice {
  public:
@@ -59,6 +73,23 @@ class VerbsDevice {
   // Asynchronous events read so far.
   uint64_t events_seen() const { return res_->events ? res_->events->events_seen() : 0; }
 
+  // Runs `make` (which creates ibv objects on the device and Attaches their owner) unless the
+  // device was closed; returns whether it ran. Close() waits for a `make` under way.
+  bool WhileOpen(absl::FunctionRef<void()> make);
+  // Inside WhileOpen's `make`: `user` is asked to release its object when the device closes.
+  void Attach(DeviceUser* user);
+  // First thing in a user's destructor (any thread): it is not asked again.
+  void Detach(DeviceUser* user);
+  // True once DEVICE_FATAL was read: nothing on the device works any more.
+  bool lost() const;
+  // True once the device's uverbs node is gone (VerbsApi::DeviceRemoved).
+  bool Removed() const;
+  // Closes the device so that the kernel can remove it: health() becomes `why` (UNAVAILABLE)
+  // for good, every op on it fails with `why`, its threads stop, every user releases its QP
+  // or MR, then the CQs, the PD and the context go. Never on a device thread. Idempotent.
+  void Close(const absl::Status& why);
+  bool closed() const;
+
  private:
   VerbsDevice(std::shared_ptr<VerbsApi> api, ContextPtr context, PortInfo port);
 
@@ -66,6 +97,7 @@ class VerbsDevice {
     mutable absl::Mutex mu;
     absl::Status status ABSL_GUARDED_BY(mu);
     bool device_lost ABSL_GUARDED_BY(mu) = false;
+    bool closing ABSL_GUARDED_BY(mu) = false;  // Close() ran
   };
   // Declared in creation order and destroyed in reverse: the event reader stops first (its
   // handler uses the poller and the health), then the poller, before the CQs go; CQs and PD
@@ -78,6 +110,11 @@ class VerbsDevice {
     std::unique_ptr<CompletionPoller> poller;
     Health health;
     std::unique_ptr<AsyncEventReader> events;
+    // Held shared while objects are created on the device, exclusively by Close.
+    mutable absl::Mutex life;
+    bool closed ABSL_GUARDED_BY(life) = false;
+    absl::Mutex users_mu;  // after `life` where both are held
+    absl::flat_hash_set<DeviceUser*> users ABSL_GUARDED_BY(users_mu);
     ~Resources() {
       events.reset();
       poller.reset();
