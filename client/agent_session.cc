@@ -2,15 +2,82 @@
 
 #include <unistd.h>
 
-#include <chrono>
-#include <future>
+#include <optional>
 
 #include "absl/strings/str_cat.h"
 #include "base/grpc_status.h"
 #include "client/agent_channel.h"
-#include "ferry/v1/agent.grpc.pb.h"
 
 namespace ferry {
+
+// The OpenSession call. gRPC calls OnReadDone and OnDone on its own threads; the session's
+// owner waits for the first event (First) and, going, for the end (Close).
+class AgentSession::Watch : public grpc::ClientReadReactor<ferry::v1::SessionEvent> {
+ public:
+  Watch(const std::shared_ptr<grpc::Channel>& channel, const std::string& client)
+      : stub_(ferry::v1::Agent::NewStub(channel)) {
+    request_.set_client(client);
+    request_.set_pid(static_cast<uint32_t>(getpid()));
+    stub_->async()->OpenSession(&context_, &request_, this);
+    // Only the first event is read (the agent sends nothing else). No read stays pending
+    // after it, yet OnDone comes when the call ends: the agent went away, or Close.
+    StartRead(&event_);
+    StartCall();
+  }
+
+  void OnReadDone(bool ok) override {
+    absl::MutexLock lock(&mu_);
+    if (ok) first_ = event_;
+    read_done_ = true;
+  }
+  void OnDone(const grpc::Status& status) override {
+    absl::MutexLock lock(&mu_);
+    absl::Status why = FromGrpcStatus(status);
+    ended_ = why.ok() ? absl::UnavailableError("the agent ended the session") : why;
+    done_ = true;
+  }
+
+  // The first event, once it came (waiting up to `timeout`); the call's end if it ended
+  // without one; nullopt if neither happened in time.
+  std::optional<absl::StatusOr<ferry::v1::SessionEvent>> First(absl::Duration timeout) {
+    absl::MutexLock lock(&mu_);
+    auto answered = [this]() ABSL_SHARED_LOCKS_REQUIRED(mu_) { return read_done_ || done_; };
+    mu_.AwaitWithTimeout(absl::Condition(&answered), timeout);
+    if (first_) return *first_;
+    if (done_) return ended_;
+    if (read_done_) return absl::UnavailableError("OpenSession ended without a session id");
+    return std::nullopt;
+  }
+
+  bool done() const {
+    absl::MutexLock lock(&mu_);
+    return done_;
+  }
+  absl::Status ended() const {
+    absl::MutexLock lock(&mu_);
+    return done_ ? ended_ : absl::OkStatus();
+  }
+
+  // Ends the call (the agent frees the session) and returns once gRPC is done with it.
+  void Close() {
+    context_.TryCancel();
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(&done_));
+  }
+
+ private:
+  std::unique_ptr<ferry::v1::Agent::Stub> stub_;
+  grpc::ClientContext context_;
+  ferry::v1::OpenSessionRequest request_;
+  ferry::v1::SessionEvent event_;
+  mutable absl::Mutex mu_;
+  std::optional<ferry::v1::SessionEvent> first_ ABSL_GUARDED_BY(mu_);
+  bool read_done_ ABSL_GUARDED_BY(mu_) = false;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status ended_ ABSL_GUARDED_BY(mu_);
+};
+
+AgentSession::AgentSession(std::shared_ptr<grpc::Channel> channel) : channel_(std::move(channel)) {}
 
 absl::StatusOr<std::shared_ptr<AgentSession>> AgentSession::Open(const std::string& target,
                                                                  absl::Duration timeout,
@@ -18,50 +85,31 @@ absl::StatusOr<std::shared_ptr<AgentSession>> AgentSession::Open(const std::stri
   auto channel = ConnectAgentChannel(target, timeout);
   if (!channel.ok()) return channel.status();
   std::shared_ptr<AgentSession> session(new AgentSession(*channel));
-  ferry::v1::OpenSessionRequest req;
-  req.set_client(client);
-  req.set_pid(static_cast<uint32_t>(getpid()));
-  auto stub = ferry::v1::Agent::NewStub(session->channel_);
-  session->reader_ = std::unique_ptr<grpc::ClientReader<ferry::v1::SessionEvent>>(
-      stub->OpenSession(&session->call_, req));
-  std::promise<absl::StatusOr<uint64_t>> first;
-  auto opened = first.get_future();
-  // Only the first event is read (the session's id; the agent sends nothing else), on a
-  // thread so that Open can give up on an agent that never answers. No read stays pending
-  // after it: a thread blocked in a read would be one more poller of gRPC's, and it, not
-  // the caller, would then read most calls' answers and hand each over. An idle client's
-  // connection is still served (the agent's keepalive pings acked, its GOAWAY seen): gRPC's
-  // client channels poll every 5 s when no call does (its backup poller; strace shows it).
-  session->first_reader_ = std::thread([session = session.get(),
-                                        first = std::move(first)]() mutable {
-    ferry::v1::SessionEvent event;
-    if (session->reader_->Read(&event)) {
-      first.set_value(event.session());
-      return;
-    }
-    absl::Status why = FromGrpcStatus(session->reader_->Finish());
-    session->finished_ = true;
-    first.set_value(why.ok() ? absl::UnavailableError("OpenSession ended without a session id")
-                             : why);
-  });
-  if (opened.wait_for(std::chrono::microseconds(absl::ToInt64Microseconds(timeout))) !=
-      std::future_status::ready) {
+  session->watch_ = std::make_unique<Watch>(session->channel_, client);
+  auto first = session->watch_->First(timeout);
+  if (!first) {
     return absl::UnavailableError(absl::StrCat(
         "ferryd at ", target, " did not open a session within ", absl::FormatDuration(timeout)));
-    // `session` goes: its destructor cancels the call and joins the reader.
+    // `session` goes: its destructor cancels the call and waits for its end.
   }
-  auto id = opened.get();
-  if (!id.ok()) {
-    return absl::Status(id.status().code(), absl::StrCat("OpenSession: ", id.status().message()));
+  if (!first->ok()) {
+    return absl::Status(first->status().code(),
+                        absl::StrCat("OpenSession: ", first->status().message()));
   }
-  session->id_ = *id;
+  session->id_ = (*first)->session();
+  session->incarnation_ = (*first)->incarnation();
+  session->agent_started_ = absl::FromUnixMillis((*first)->started_unix_ms());
   return session;
 }
 
 AgentSession::~AgentSession() {
-  call_.TryCancel();
-  if (first_reader_.joinable()) first_reader_.join();
-  if (!finished_) reader_->Finish().IgnoreError();  // CANCELLED: it ends at once
+  if (watch_) watch_->Close();
+}
+
+bool AgentSession::alive() const { return watch_ != nullptr && !watch_->done(); }
+
+absl::Status AgentSession::ended() const {
+  return watch_ == nullptr ? absl::OkStatus() : watch_->ended();
 }
 
 void AgentSession::Attach(grpc::ClientContext* ctx) const {

@@ -3,13 +3,20 @@
 // makes what the client allocates its own. The agent frees the session's buffers when it
 // ends: when this object is destroyed, or when the process exits or crashes (the call's
 // connection closes). libferry's Client and TensorClient share one session.
+//
+// The session also ends when the agent does (it crashed, was killed or restarted): the
+// OpenSession call ends then, alive() turns false and ended() says why. A new agent on the
+// same socket knows nothing of this session (nor of its buffers, registrations and lists),
+// and its session ids never reuse this one's: calls naming it are refused, and the client
+// opens a new session (Python's Client does that by itself and raises AgentRestarted once).
 
 #include <cstdint>
 #include <memory>
 #include <string>
-#include <thread>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "ferry/v1/agent.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
@@ -30,19 +37,27 @@ class AgentSession {
 
   const std::shared_ptr<grpc::Channel>& channel() const { return channel_; }
   uint64_t id() const { return id_; }
+  // The agent run that opened it (GetInfoResponse.incarnation), and when that run started.
+  uint64_t incarnation() const { return incarnation_; }
+  absl::Time agent_started() const { return agent_started_; }
+  // False once the OpenSession call ended: the agent went away (or this object is going).
+  bool alive() const;
+  // How the call ended (UNAVAILABLE when the agent went away); OK while it is alive.
+  absl::Status ended() const;
   // Names this session on a call (the "ferry-session" metadata).
   void Attach(grpc::ClientContext* ctx) const;
 
  private:
-  explicit AgentSession(std::shared_ptr<grpc::Channel> channel) : channel_(std::move(channel)) {}
+  class Watch;
+  explicit AgentSession(std::shared_ptr<grpc::Channel> channel);
 
   std::shared_ptr<grpc::Channel> channel_;
-  grpc::ClientContext call_;
   uint64_t id_ = 0;
-  std::unique_ptr<grpc::ClientReader<ferry::v1::SessionEvent>> reader_;
-  // Reads the first event (the session's id), then ends.
-  std::thread first_reader_;
-  bool finished_ = false;  // reader_->Finish was called (by first_reader_, before it ended)
+  uint64_t incarnation_ = 0;
+  absl::Time agent_started_ = absl::InfinitePast();
+  // The OpenSession call, on gRPC's callback API: it reads the first event (the session's
+  // id) and then holds no read, yet hears the call end (no thread of ours waits on it).
+  std::unique_ptr<Watch> watch_;
 };
 
 }  // namespace ferry

@@ -19,6 +19,7 @@
 #include "client/ferry_client.h"
 #include "client/socket_line.h"
 #include "ferry/v1/tensor.grpc.pb.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "tests/agent_pair.h"
 #include "tests/socket_clients.h"
@@ -281,6 +282,31 @@ TEST_F(AgentKeptListsTest, ASessionEndingRevokesItsLists) {
   EXPECT_TRUE(Holds(**kept, 5, 0));  // the one move that was allowed
   kept->reset();
   ASSERT_TRUE(pair_.cb->Free(kept_id).ok());
+}
+
+TEST_F(AgentKeptListsTest, AListAskedOfARestartedPeerIsNotFoundSayingItRestarted) {
+  ASSERT_TRUE(Push(0, 0).ok());  // node-a keeps node-b's answer for "kv"
+  // node-b dies and a new run takes its socket and port. Its old client lives on.
+  std::unique_ptr<Client> old = std::move(pair_.cb);
+  const uint64_t old_session = old->session().id();
+  b_blocks_.reset();
+  k_.reset();
+  v_.reset();
+  pair_.b->Kill();
+  ASSERT_TRUE(pair_.StartB().ok());
+  EXPECT_NE(pair_.cb->session().id(), old_session);
+  // Before, the first list asked of the new run said only "no block list named 'kv'".
+  absl::Status gone = Push(0, 0);
+  EXPECT_EQ(gone.code(), absl::StatusCode::kNotFound) << gone;
+  EXPECT_THAT(std::string(gone.message()),
+              ::testing::AllOf(::testing::MatchesRegex(".*node-b restarted [0-9]+ s ago.*"),
+                               ::testing::HasSubstr("no block list named 'kv'")));
+  // The old client's session is not the new run's: it cannot allocate into a session a
+  // new client opened (ids once restarted at 1 in every run), nor see the old one alive.
+  EXPECT_FALSE(old->session().alive());
+  auto stray = old->Alloc(4096);
+  EXPECT_FALSE(stray.ok());
+  EXPECT_THAT(std::string(stray.status().message()), ::testing::HasSubstr("not open"));
 }
 
 }  // namespace

@@ -91,11 +91,18 @@ absl::StatusOr<std::unique_ptr<AgentCore>> AgentCore::Create(const config::Confi
       core->pool_.get(), core->gpus_.get(),
       [rails](const BufferMemory& memory) { return rails->For(memory); });
   core->client_memory_ = std::make_unique<ClientMemory>(core->buffers_.get(), core->gpus_.get());
-  core->sessions_ = std::make_unique<SessionRegistry>(core->buffers_.get());
+  core->sessions_ = std::make_unique<SessionRegistry>(core->buffers_.get(), core->incarnation_,
+                                                      core->started_);
   core->peers_ = std::make_unique<PeerDirectory>(config.node, core->incarnation_,
                                                  config.peer_listen, config.peers, fabrics,
                                                  credentials);
   core->leases_ = std::make_unique<ExportLeases>(config.node, core->peers_.get());
+  // A verbs device opened again after its removal registers every buffer anew: the keys
+  // peers kept are stale (and may name other memory now), so their answers go.
+  for (const auto& f : core->fabrics_) {
+    f->SetKeysChangedHandler(
+        [leases = core->leases_.get()](const std::string& why) { leases->RevokeAll(why); });
+  }
   core->buffers_->OnUnexport([leases = core->leases_.get()](const std::vector<std::string>& names) {
     leases->Revoke(names, "freed or unexported");
   });

@@ -10,6 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "config/config.h"
 #include "server/buffers/buffer_registry.h"
 #include "server/buffers/client_memory.h"
@@ -41,6 +42,8 @@ class AgentCore {
 
   const config::Config& config() const { return config_; }
   uint64_t incarnation() const { return incarnation_; }
+  // When this run of the agent started (with incarnation: GetInfo, sessions, peers' errors).
+  absl::Time started() const { return started_; }
   memory::HostPool& pool() { return *pool_; }
   // In preference order.
   const std::vector<std::unique_ptr<fabric::Fabric>>& fabrics() const { return fabrics_; }
@@ -86,6 +89,7 @@ class AgentCore {
 
   const config::Config config_;
   const uint64_t incarnation_;
+  const absl::Time started_ = absl::Now();
   DrainHooks drain_hooks_;
   topology::Machine machine_;
   std::unique_ptr<PolicyStore> policies_;

@@ -150,9 +150,12 @@ grpc::Status AgentService::GetInfo(grpc::ServerContext*, const ferry::v1::GetInf
     resp->set_transfer_socket(socket->path());
     resp->set_transfer_socket_clients(socket->connections());
     resp->set_transfer_socket_moves(true);  // main.cc gives it TensorService::MovesFor
+    resp->set_transfer_socket_polls(true);  // and TensorService::PollsFor
   }
   resp->set_registered_bytes(core_->buffers().registered_bytes());
   resp->set_block_lists(core_->tensors().blocks().count());
+  resp->set_incarnation(core_->incarnation());
+  resp->set_started_unix_ms(absl::ToUnixMillis(core_->started()));
   return grpc::Status::OK;
 }
 

@@ -12,6 +12,8 @@ class SessionReactor : public grpc::ServerWriteReactor<ferry::v1::SessionEvent> 
  public:
   SessionReactor(SessionRegistry* sessions, uint64_t id) : sessions_(sessions), id_(id) {
     event_.set_session(id);
+    event_.set_incarnation(sessions->incarnation());
+    event_.set_started_unix_ms(absl::ToUnixMillis(sessions->started()));
     StartWrite(&event_);
   }
 

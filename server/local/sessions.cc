@@ -6,6 +6,15 @@
 
 namespace ferry::server {
 
+SessionRegistry::SessionRegistry(BufferRegistry* buffers, uint64_t incarnation,
+                                 absl::Time started)
+    : buffers_(buffers),
+      incarnation_(incarnation),
+      started_(started),
+      // 2^20 ids apart from any other run's with probability 1 - 2^-24 (the incarnation is
+      // random), yet short enough to read in a log: at most 14 digits.
+      next_id_((((incarnation >> 40) & 0xffffff) << 20) + 1) {}
+
 uint64_t SessionRegistry::Open(const std::string& client, uint32_t pid, int64_t uid) {
   absl::MutexLock lock(&mu_);
   uint64_t id = next_id_++;

@@ -15,6 +15,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
 #include "server/buffers/buffer_registry.h"
 
 namespace ferry::server {
@@ -24,7 +25,13 @@ inline constexpr char kSessionMetadata[] = "ferry-session";
 
 class SessionRegistry {
  public:
-  explicit SessionRegistry(BufferRegistry* buffers) : buffers_(buffers) {}
+  // `incarnation`: the agent's (AgentCore::incarnation), `started`: when it started; both
+  // go to clients with their session id. Session ids start at a point drawn from the
+  // incarnation, not at 1: a client of an earlier run of the agent that still names its old
+  // session (its objects outlived the restart) is refused as "not open", where ids counted
+  // from 1 again would let it act on the session a new client just opened.
+  explicit SessionRegistry(BufferRegistry* buffers, uint64_t incarnation = 0,
+                           absl::Time started = absl::Now());
   // Runs the sweeps CloseSoon queued, then stops its thread.
   ~SessionRegistry();
 
@@ -57,11 +64,15 @@ class SessionRegistry {
   // The uid that opened session `id` (-1: not known, or not open).
   int64_t UidOf(uint64_t id) const;
   size_t count() const;
+  uint64_t incarnation() const { return incarnation_; }
+  absl::Time started() const { return started_; }
 
  private:
   BufferRegistry* const buffers_;
+  const uint64_t incarnation_;
+  const absl::Time started_;
   mutable absl::Mutex mu_;
-  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_);
   struct Open_ {
     std::string label;
     int64_t uid = -1;

@@ -10,6 +10,7 @@
 #include "server/agent/agent_core.h"
 #include "server/local/session_call.h"
 #include "server/peers/caller_identity.h"
+#include "server/tensors/restart_note.h"
 #include "server/tensors/tensor_service.h"
 #include "server/api/waiting_call.h"
 
@@ -122,7 +123,10 @@ grpc::Status TensorPeerService::ResolveBlocks(grpc::ServerContext* ctx,
   absl::StatusOr<std::string> from = CallerNode(*ctx, req->from_node());
   if (!from.ok()) return ToGrpcStatus(from.status());
   auto resolved = core_->tensors().mover().Resolve(req->list(), *from, &core_->leases());
-  if (!resolved.ok()) return ToGrpcStatus(resolved.status());
+  if (!resolved.ok()) {
+    return ToGrpcStatus(NoteRecentStart(resolved.status(), core_->config().node,
+                                        core_->started(), core_->incarnation(), absl::Now()));
+  }
   *resp = *std::move(resolved);
   return grpc::Status::OK;
 }
