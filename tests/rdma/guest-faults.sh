@@ -143,17 +143,23 @@ fault_link_down() {
   then_put link_down_3s
 }
 
-# rxe0 deleted while the agent has it open, then added again. Last: the kernel may keep
-# `rdma link delete` waiting (D state) until the device is closed, which only the agent can
-# do (on IBV_EVENT_DEVICE_FATAL); then the agent is SIGKILLed to see whether that frees it.
+# rxe0 deleted mid-put while the agent has it open, then added again. The kernel's removal
+# of rxe (no disassociate_ucontext) waits, in D state, until every context on it is closed,
+# and tells nobody: the agent must notice the uverbs device gone and close rxe0 itself. The
+# put goes on over tcp; after `rdma link add` the agent opens rxe0 again and uses it.
 fault_device_delete() {
-  note "fault: rdma link delete rxe0"
+  note "fault: rdma link delete rxe0 mid-put"
+  start_put
+  wait_for_traffic
+  local t0 pid i took
+  t0=$(date +%s%N)
   rdma link delete rxe0 &
-  local pid=$! i start=$SECONDS
-  for ((i = 0; i < 100; i++)); do
+  pid=$!
+  for ((i = 0; i < 300; i++)); do
     kill -0 $pid 2>/dev/null || break
-    sleep 0.2
+    sleep 0.1
   done
+  took=$((($(date +%s%N) - t0) / 1000000))
   if kill -0 $pid 2>/dev/null; then
     local state
     state=$(awk '{print $3}' /proc/$pid/stat)
@@ -164,17 +170,32 @@ fault_device_delete() {
       kill -0 $pid 2>/dev/null || break
       sleep 0.2
     done
-    result fault rdma_link_delete hang "rdma link delete blocked $((SECONDS - start)) s" \
+    result fault rdma_link_delete hang "rdma link delete blocked ${took} ms" \
       "(state $state) while ferryd held rxe0; after SIGKILL of ferryd it" \
       "$(kill -0 $pid 2>/dev/null && echo "is still blocked" || echo "returned")"
-  else
-    result fault rdma_link_delete returned "in $((SECONDS - start)) s"
-    stop_ferryd
+    return
   fi
-  if ! kill -0 $pid 2>/dev/null; then
-    rdma link add rxe0 type rxe netdev eth0 &&
-      start_ferryd && then_put rdma_link_delete
-  fi
+  result fault rdma_link_delete removal "returned in ${took} ms" \
+    "($( ((took < 2000)) && echo "under 2 s" || echo "OVER 2 s"))"
+  finish_put rdma_link_delete
+  then_put rdma_link_delete_while_gone
+  rdma link add rxe0 type rxe netdev eth0 || {
+    result fault rdma_link_delete re-add "rdma link add failed"
+    return
+  }
+  # The agent looks for it every 0.5 s and says when it is back (ferryd.log).
+  for ((i = 0; i < 100; i++)); do
+    grep -q 'rxe0 is back' "$OUT/ferryd.log" && break
+    sleep 0.2
+  done
+  "$FERRYCTL" nics | tee "$OUT/nics-after-re-add.txt"
+  grep -E 'rxe0 (is back|was removed)|closed \(' "$OUT/ferryd.log" | tail -n 4 |
+    sed 's/^/fault rdma_link_delete log: /' >>"$RESULTS"
+  local sent0
+  sent0=$(rxe_counter sent_pkts)
+  then_put rdma_link_delete_re-added
+  result fault rdma_link_delete re-add "rxe0 sent $(($(rxe_counter sent_pkts) - sent0))" \
+    "packets during the put after re-add"
 }
 
 run_faults() {
