@@ -44,7 +44,7 @@ absl::StatusOr<ferry::v1::MoveBlocksResponse> BlockClient::Move(
     ferry::v1::OpType type, uint64_t list, const std::vector<uint64_t>& local_blocks,
     const std::string& peer, const std::string& remote_list,
     const std::vector<uint64_t>& remote_blocks, const std::string& notification,
-    uint32_t timeout_ms, bool verify, bool wait) {
+    uint32_t timeout_ms, bool verify, bool wait, const std::string& notification_payload) {
   ferry::v1::MoveBlocksRequest req;
   req.set_type(type);
   req.set_list(list);
@@ -53,6 +53,7 @@ absl::StatusOr<ferry::v1::MoveBlocksResponse> BlockClient::Move(
   req.set_remote_list(remote_list);
   req.mutable_remote_blocks()->Add(remote_blocks.begin(), remote_blocks.end());
   req.set_notification(notification);
+  req.set_notification_payload(notification_payload);
   req.set_timeout_ms(timeout_ms);
   req.set_verify(verify);
   req.set_wait(wait);
@@ -72,12 +73,13 @@ absl::StatusOr<ferry::v1::MoveBlocksResponse> BlockClient::Move(
 }
 
 ferry::v1::BlockExtent Extent(uint64_t buffer, uint64_t offset, uint64_t block_bytes,
-                              uint64_t count) {
+                              uint64_t count, uint64_t stride) {
   ferry::v1::BlockExtent e;
   e.set_buffer(buffer);
   e.set_offset(offset);
   e.set_block_bytes(block_bytes);
   e.set_count(count);
+  e.set_stride(stride);
   return e;
 }
 

@@ -41,7 +41,8 @@ class BlockClient {
   // `verify`: compare every pair's CRC32C on both sides before the transfer finishes.
   // `wait`: return once the transfer ended, its result in `result` (one call; its deadline
   // is `timeout_ms`, 60 s when 0, and 10 s more: a transfer still running then comes back
-  // RUNNING, to follow by id).
+  // RUNNING, to follow by id). `notification_payload` (at most 4096 bytes) travels with
+  // the notification (Notification.payload).
   absl::StatusOr<ferry::v1::MoveBlocksResponse> Move(ferry::v1::OpType type, uint64_t list,
                                                      const std::vector<uint64_t>& local_blocks,
                                                      const std::string& peer,
@@ -49,7 +50,8 @@ class BlockClient {
                                                      const std::vector<uint64_t>& remote_blocks,
                                                      const std::string& notification = "",
                                                      uint32_t timeout_ms = 0,
-                                                     bool verify = false, bool wait = false);
+                                                     bool verify = false, bool wait = false,
+                                                     const std::string& notification_payload = "");
 
  private:
   // A call's context, with this session; its deadline `timeout` from now.
@@ -60,8 +62,8 @@ class BlockClient {
   std::unique_ptr<ferry::v1::Tensors::Stub> stub_;
 };
 
-// A BlockExtent in one expression.
+// A BlockExtent in one expression (`stride` 0: back to back).
 ferry::v1::BlockExtent Extent(uint64_t buffer, uint64_t offset, uint64_t block_bytes,
-                              uint64_t count);
+                              uint64_t count, uint64_t stride = 0);
 
 }  // namespace ferry

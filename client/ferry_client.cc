@@ -269,7 +269,7 @@ absl::StatusOr<ferry::v1::TransferResult> Client::Run(const std::vector<OpSpec>&
   // A line that ended unseen (the agent restarted while it was idle) takes no request: the
   // second try has a new one.
   for (int attempt = 0; attempt < 2; ++attempt) {
-    std::shared_ptr<SocketLine> socket = Socket(large);
+    std::shared_ptr<SocketLine> socket = Socket(large ? SocketUse::kBulk : SocketUse::kSmall);
     if (socket == nullptr && large) break;  // not over the shared gRPC line: a call of its own
     TransferLine::Outcome outcome = socket != nullptr
                                         ? socket->Run(ops, timeout, include_ops, wait)
@@ -294,7 +294,7 @@ std::optional<absl::StatusOr<ferry::v1::MoveBlocksResponse>> Client::MoveOnSocke
   }
   const bool large = static_cast<size_t>(request.local_blocks_size()) > kLineOps;
   for (int attempt = 0; attempt < 2; ++attempt) {  // as Run: a line may have ended unseen
-    std::shared_ptr<SocketLine> socket = Socket(large);
+    std::shared_ptr<SocketLine> socket = Socket(large ? SocketUse::kBulk : SocketUse::kSmall);
     if (socket == nullptr) return std::nullopt;
     TransferLine::Outcome outcome = socket->Move(session_->id(), request, wait);
     if (!outcome.sent) continue;
@@ -304,6 +304,25 @@ std::optional<absl::StatusOr<ferry::v1::MoveBlocksResponse>> Client::MoveOnSocke
     response.set_bytes(outcome.result->bytes_total());
     *response.mutable_result() = *std::move(outcome.result);
     return response;
+  }
+  return std::nullopt;
+}
+
+std::optional<absl::StatusOr<ferry::v1::PollNotificationsResponse>> Client::PollOnSocket(
+    const ferry::v1::PollNotificationsRequest& request) {
+  if (TransferSocketPath().empty()) return std::nullopt;
+  {
+    absl::MutexLock lock(&mu_);
+    if (!socket_polls_) return std::nullopt;  // an agent whose socket answers no polls
+  }
+  // The agent answers at once: this is only how long a busy agent may take to read it.
+  constexpr absl::Duration kPollWait = absl::Seconds(10);
+  for (int attempt = 0; attempt < 2; ++attempt) {  // as Run: a line may have ended unseen
+    std::shared_ptr<SocketLine> socket = Socket(SocketUse::kPolls);
+    if (socket == nullptr) return std::nullopt;
+    SocketLine::Polled polled = socket->Poll(request, kPollWait);
+    if (!polled.sent) continue;  // nothing was taken: ask again
+    return std::move(polled.notifications);
   }
   return std::nullopt;
 }
@@ -342,6 +361,7 @@ void Client::set_use_transfer_socket(bool use) {
   if (use) return;
   socket_line_.reset();
   bulk_socket_line_.reset();
+  poll_socket_line_.reset();
 }
 
 std::string Client::TransferSocketPath() {
@@ -361,6 +381,7 @@ std::string Client::TransferSocketPath() {
   absl::MutexLock lock(&mu_);
   transfer_socket_ = info.transfer_socket();
   socket_moves_ = info.transfer_socket_moves();
+  socket_polls_ = info.transfer_socket_polls();
   return *transfer_socket_;
 }
 
@@ -372,11 +393,23 @@ void Client::SocketUnreached() {
   socket_retry_after_ = absl::Now() + kSocketRetry;
 }
 
-std::shared_ptr<SocketLine> Client::Socket(bool bulk) {
+std::shared_ptr<SocketLine>& Client::SocketLocked(SocketUse use) {
+  switch (use) {
+    case SocketUse::kBulk:
+      return bulk_socket_line_;
+    case SocketUse::kPolls:
+      return poll_socket_line_;
+    case SocketUse::kSmall:
+      break;
+  }
+  return socket_line_;
+}
+
+std::shared_ptr<SocketLine> Client::Socket(SocketUse use) {
   {
     absl::MutexLock lock(&mu_);
     if (!use_transfer_socket_) return nullptr;
-    const std::shared_ptr<SocketLine>& line = bulk ? bulk_socket_line_ : socket_line_;
+    const std::shared_ptr<SocketLine>& line = SocketLocked(use);
     if (line != nullptr && !line->ended()) return line;
   }
   const std::string path = TransferSocketPath();
@@ -387,7 +420,7 @@ std::shared_ptr<SocketLine> Client::Socket(bool bulk) {
     return nullptr;
   }
   absl::MutexLock lock(&mu_);
-  std::shared_ptr<SocketLine>& kept = bulk ? bulk_socket_line_ : socket_line_;
+  std::shared_ptr<SocketLine>& kept = SocketLocked(use);
   if (kept == nullptr || kept->ended()) kept = *std::move(line);
   return kept;
 }

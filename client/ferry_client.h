@@ -142,6 +142,13 @@ class Client {
   // gRPC call.
   std::optional<absl::StatusOr<ferry::v1::MoveBlocksResponse>> MoveOnSocket(
       const ferry::v1::MoveBlocksRequest& request, absl::Duration wait);
+  // Tensors.PollNotifications over the transfer socket (one Unix-socket round trip; on a
+  // connection of its own, so that it never waits behind a move being started): the
+  // answer or the agent's refusal. nullopt where the client does not reach the socket, the
+  // agent's socket answers no polls (GetInfo.transfer_socket_polls) or no connection took
+  // the request: the caller then makes the gRPC call (TensorClient::PollNotifications).
+  std::optional<absl::StatusOr<ferry::v1::PollNotificationsResponse>> PollOnSocket(
+      const ferry::v1::PollNotificationsRequest& request);
 
   // Many transfers over one stream, answered as they end (client/transfer_stream.h): for a
   // caller that issues many small ones, without a call per transfer. A connection of its
@@ -207,10 +214,13 @@ class Client {
                                                     absl::Duration timeout, bool include_ops);
   // The client's transfer line; a new one when there is none yet or it ended.
   std::shared_ptr<TransferLine> Line();
-  // Its connection to the agent's transfer socket for small batches (`bulk`: for large
-  // ones), a new one when there is none yet or it ended; null when the agent has none, the
-  // client does not reach it, or it is not to be used (gRPC carries Run then).
-  std::shared_ptr<SocketLine> Socket(bool bulk);
+  // What a connection to the transfer socket carries: small batches, large ones, polls.
+  enum class SocketUse { kSmall, kBulk, kPolls };
+  // Its connection to the agent's transfer socket for `use`, a new one when there is none
+  // yet or it ended; null when the agent has none, the client does not reach it, or it is
+  // not to be used (gRPC carries Run then).
+  std::shared_ptr<SocketLine> Socket(SocketUse use);
+  std::shared_ptr<SocketLine>& SocketLocked(SocketUse use) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The transfer socket's path (GetInfo.transfer_socket, asked once, waiting kSocketRetry
   // at most); "" when the agent offers none, it is off here, or it was not reached (or did
   // not answer GetInfo) within the last kSocketRetry.
@@ -241,8 +251,10 @@ class Client {
   // GetInfo.transfer_socket, asked once ("" when the agent has none); nullopt until then.
   std::optional<std::string> transfer_socket_ ABSL_GUARDED_BY(mu_);
   bool socket_moves_ ABSL_GUARDED_BY(mu_) = false;  // GetInfo.transfer_socket_moves
+  bool socket_polls_ ABSL_GUARDED_BY(mu_) = false;  // GetInfo.transfer_socket_polls
   std::shared_ptr<SocketLine> socket_line_ ABSL_GUARDED_BY(mu_);
   std::shared_ptr<SocketLine> bulk_socket_line_ ABSL_GUARDED_BY(mu_);
+  std::shared_ptr<SocketLine> poll_socket_line_ ABSL_GUARDED_BY(mu_);
   // After a connect to the transfer socket failed, Run uses gRPC until then.
   static constexpr absl::Duration kSocketRetry = absl::Seconds(1);
   absl::Time socket_retry_after_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();

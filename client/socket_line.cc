@@ -131,7 +131,7 @@ SocketLine::Outcome SocketLine::Run(const std::vector<OpSpec>& ops, absl::Durati
   auto* request = google::protobuf::Arena::CreateMessage<ferry::v1::SocketRequest>(&arena);
   FillSubmitRequest(ops, timeout, request->mutable_transfer()->mutable_submit());
   request->mutable_transfer()->set_include_ops(include_ops);
-  return Exchange(*request, wait, "the transfer's timeout and 5 s");
+  return TransferOutcome(Exchange(*request, wait, "the transfer's timeout and 5 s"));
 }
 
 SocketLine::Outcome SocketLine::Move(uint64_t session, const ferry::v1::MoveBlocksRequest& move,
@@ -140,11 +140,25 @@ SocketLine::Outcome SocketLine::Move(uint64_t session, const ferry::v1::MoveBloc
   auto* request = google::protobuf::Arena::CreateMessage<ferry::v1::SocketRequest>(&arena);
   request->mutable_move()->set_session(session);
   *request->mutable_move()->mutable_request() = move;
-  return Exchange(*request, wait, "the move's timeout and 10 s");
+  return TransferOutcome(Exchange(*request, wait, "the move's timeout and 10 s"));
 }
 
-SocketLine::Outcome SocketLine::Exchange(ferry::v1::SocketRequest& request, absl::Duration wait,
-                                         absl::string_view wait_is) {
+SocketLine::Polled SocketLine::Poll(const ferry::v1::PollNotificationsRequest& poll,
+                                    absl::Duration wait) {
+  ferry::v1::SocketRequest request;
+  *request.mutable_poll() = poll;
+  Exchanged exchanged = Exchange(request, wait, "a poll's wait");
+  if (!exchanged.answer.ok()) return {exchanged.answer.status(), exchanged.sent};
+  return {std::move(*exchanged.answer->mutable_poll()), exchanged.sent};
+}
+
+SocketLine::Outcome SocketLine::TransferOutcome(Exchanged exchanged) {
+  if (!exchanged.answer.ok()) return {exchanged.answer.status(), exchanged.sent};
+  return {std::move(*exchanged.answer->mutable_result()), exchanged.sent};
+}
+
+SocketLine::Exchanged SocketLine::Exchange(ferry::v1::SocketRequest& request,
+                                           absl::Duration wait, absl::string_view wait_is) {
   const absl::Time deadline = absl::Now() + wait;
   Answer answer;
   uint64_t tag = 0;
@@ -272,16 +286,16 @@ void SocketLine::DeliverLocked() {
       return;
     }
     if (in.size() < kFrameHeaderBytes + *length) return;
-    ferry::v1::StreamedResults results;
+    ferry::v1::SocketAnswers results;
     const bool parsed =
         results.ParseFromArray(in.data() + kFrameHeaderBytes, static_cast<int>(*length));
     in_begin_ += kFrameHeaderBytes + *length;
     if (!parsed) {
       EndLocked(absl::InternalError("transfer socket: the agent sent a frame that is not a "
-                                    "ferry.v1.StreamedResults"));
+                                    "ferry.v1.SocketAnswers"));
       return;
     }
-    for (ferry::v1::StreamedResult& r : *results.mutable_results()) {
+    for (ferry::v1::SocketAnswer& r : *results.mutable_results()) {
       if (r.tag() == 0) {  // the agent refused the connection, and closes it
         EndLocked(absl::Status(static_cast<absl::StatusCode>(r.code()), r.message()));
         return;
@@ -293,7 +307,7 @@ void SocketLine::DeliverLocked() {
       if (r.code() != 0) {
         *waiter = absl::Status(static_cast<absl::StatusCode>(r.code()), r.message());
       } else {
-        *waiter = std::move(*r.mutable_result());
+        *waiter = std::move(r);
       }
     }
   }

@@ -51,18 +51,34 @@ class SocketLine {
   // session `session` (the client's: the agent checks it is this process's uid's), answered
   // once it ended, as Run is; `move.wait` is not read.
   Outcome Move(uint64_t session, const ferry::v1::MoveBlocksRequest& move, absl::Duration wait);
+  // Any thread: Tensors.PollNotifications (to an agent whose GetInfo says
+  // transfer_socket_polls), answered at once by the agent; `sent` as Outcome's. A poll sent and
+  // not answered within `wait` may have taken notifications that are then lost: ask it with
+  // a `wait` far above a round trip.
+  struct Polled {
+    absl::StatusOr<ferry::v1::PollNotificationsResponse> notifications;
+    bool sent = false;
+  };
+  Polled Poll(const ferry::v1::PollNotificationsRequest& poll, absl::Duration wait);
   // Whether the connection has ended (the agent closed it, or it broke).
   bool ended() const;
 
  private:
-  // A waiting caller's answer, filled in by whoever reads it.
-  using Answer = std::optional<absl::StatusOr<ferry::v1::TransferResult>>;
+  // A waiting caller's answer, filled in by whoever reads it: OK answers whole, a refusal
+  // or the connection's end as a status.
+  using Answer = std::optional<absl::StatusOr<ferry::v1::SocketAnswer>>;
+  struct Exchanged {
+    absl::StatusOr<ferry::v1::SocketAnswer> answer;
+    bool sent = false;
+  };
   explicit SocketLine(UniqueFd fd) : fd_(std::move(fd)) {}
 
   // Sends `request` (its tag set here) and waits for its answer, at most `wait` (what that
   // is, `wait_is`, for the message when none came).
-  Outcome Exchange(ferry::v1::SocketRequest& request, absl::Duration wait,
-                   absl::string_view wait_is);
+  Exchanged Exchange(ferry::v1::SocketRequest& request, absl::Duration wait,
+                     absl::string_view wait_is);
+  // A transfer's or a move's answer as Run returns it.
+  static Outcome TransferOutcome(Exchanged exchanged);
   // Writes `frame` whole by `deadline`; how many bytes went, and why not all.
   absl::Status WriteFrame(const std::string& frame, absl::Time deadline, size_t* written);
   // Reads what comes by `deadline` and hands out the answers in it; false at the deadline.

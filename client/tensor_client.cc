@@ -75,6 +75,7 @@ ferry::v1::WriteBlocksRequest WriteBlocksRequestFor(uint64_t local_buffer, const
                                                     const std::string& remote_buffer,
                                                     const std::vector<BlockSpec>& blocks,
                                                     const std::string& notification,
+                                                    const std::string& notification_payload,
                                                     const CallOptions& options) {
   ferry::v1::WriteBlocksRequest req;
   req.set_local_buffer(local_buffer);
@@ -88,6 +89,7 @@ ferry::v1::WriteBlocksRequest WriteBlocksRequestFor(uint64_t local_buffer, const
     block->set_length(b.length);
   }
   req.set_notification(notification);
+  req.set_notification_payload(notification_payload);
   req.set_timeout_ms(TimeoutMs(options));
   return req;
 }
@@ -99,6 +101,7 @@ ferry::v1::WaitNotificationRequest WaitNotificationRequestFor(const std::string&
   req.set_name(name);
   req.set_from_node(from_node);
   req.set_timeout_ms(TimeoutMs(options));
+  req.set_poll(options.timeout <= absl::ZeroDuration());
   return req;
 }
 
@@ -115,6 +118,18 @@ absl::StatusOr<ReceivedTensor> ToReceivedTensor(const ferry::v1::RecvResponse& r
     out.buffer = *std::move(mapped);
   }
   return out;
+}
+
+// A unary call the agent answers at once (`call(ctx, &response)`): its deadline only bounds
+// an agent that stopped answering.
+template <typename Response, typename Call>
+absl::StatusOr<Response> PromptCall(Call call) {
+  Response resp;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
+  grpc::Status s = call(&ctx, &resp);
+  if (!s.ok()) return FromGrpcStatus(s);
+  return resp;
 }
 
 template <typename T>
@@ -222,9 +237,9 @@ absl::StatusOr<ReceivedTensor> TensorClient::Recv(const std::string& peer, const
 absl::StatusOr<ferry::v1::WriteBlocksResponse> TensorClient::WriteBlocks(
     uint64_t local_buffer, const std::string& peer, const std::string& remote_buffer,
     const std::vector<BlockSpec>& blocks, const std::string& notification,
-    const CallOptions& options) {
-  ferry::v1::WriteBlocksRequest req =
-      WriteBlocksRequestFor(local_buffer, peer, remote_buffer, blocks, notification, options);
+    const CallOptions& options, const std::string& notification_payload) {
+  ferry::v1::WriteBlocksRequest req = WriteBlocksRequestFor(
+      local_buffer, peer, remote_buffer, blocks, notification, notification_payload, options);
   ferry::v1::WriteBlocksResponse resp;
   grpc::ClientContext ctx;
   CallScope scope(options, &ctx);
@@ -243,6 +258,17 @@ absl::StatusOr<ferry::v1::Notification> TensorClient::WaitNotification(const std
   grpc::Status s = stub_->WaitNotification(&ctx, req, &resp);
   if (!s.ok()) return FromGrpcStatus(s);
   return resp;
+}
+
+absl::StatusOr<ferry::v1::PollNotificationsResponse> TensorClient::PollNotifications(
+    const std::string& prefix, uint32_t max_count) {
+  ferry::v1::PollNotificationsRequest req;
+  req.set_prefix(prefix);
+  req.set_max_count(max_count);
+  return PromptCall<ferry::v1::PollNotificationsResponse>(
+      [&](grpc::ClientContext* ctx, ferry::v1::PollNotificationsResponse* resp) {
+        return stub_->PollNotifications(ctx, req, resp);
+      });
 }
 
 void TensorClient::SendAsync(uint64_t buffer, uint64_t offset, const ferry::v1::TensorMeta& meta,
@@ -272,10 +298,12 @@ void TensorClient::WriteBlocksAsync(uint64_t local_buffer, const std::string& pe
                                     const std::string& remote_buffer,
                                     const std::vector<BlockSpec>& blocks,
                                     const std::string& notification, const CallOptions& options,
-                                    CallDone<ferry::v1::WriteBlocksResponse> done) {
+                                    CallDone<ferry::v1::WriteBlocksResponse> done,
+                                    const std::string& notification_payload) {
   StartUnary<ferry::v1::WriteBlocksResponse, ferry::v1::WriteBlocksResponse>(
       calls_,
-      WriteBlocksRequestFor(local_buffer, peer, remote_buffer, blocks, notification, options),
+      WriteBlocksRequestFor(local_buffer, peer, remote_buffer, blocks, notification,
+                            notification_payload, options),
       options, nullptr,
       [this](auto* ctx, auto* req, auto* resp, std::function<void(grpc::Status)> end) {
         stub_->async()->WriteBlocks(ctx, req, resp, std::move(end));
@@ -468,21 +496,17 @@ absl::StatusOr<ferry::v1::CancelResponse> TensorClient::Cancel(const std::string
   ferry::v1::CancelRequest req;
   req.set_peer(peer);
   req.set_tag(tag);
-  ferry::v1::CancelResponse resp;
-  grpc::ClientContext ctx;
-  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
-  grpc::Status s = stub_->Cancel(&ctx, req, &resp);
-  if (!s.ok()) return FromGrpcStatus(s);
-  return resp;
+  return PromptCall<ferry::v1::CancelResponse>(
+      [&](grpc::ClientContext* ctx, ferry::v1::CancelResponse* resp) {
+        return stub_->Cancel(ctx, req, resp);
+      });
 }
 
 absl::StatusOr<ferry::v1::ListPendingResponse> TensorClient::ListPending() {
-  ferry::v1::ListPendingResponse resp;
-  grpc::ClientContext ctx;
-  ctx.set_deadline(absl::ToChronoTime(absl::Now() + absl::Seconds(10)));
-  grpc::Status s = stub_->ListPending(&ctx, {}, &resp);
-  if (!s.ok()) return FromGrpcStatus(s);
-  return resp;
+  return PromptCall<ferry::v1::ListPendingResponse>(
+      [&](grpc::ClientContext* ctx, ferry::v1::ListPendingResponse* resp) {
+        return stub_->ListPending(ctx, {}, resp);
+      });
 }
 
 }  // namespace ferry

@@ -137,13 +137,15 @@ class TensorClient {
   absl::StatusOr<ReceivedTensor> Recv(const std::string& peer, const std::string& tag,
                                       const RecvOptions& recv = {},
                                       const CallOptions& options = {});
-  // Writes the blocks, then notifies the peer with `notification` (empty: no notification).
+  // Writes the blocks, then notifies the peer with `notification` (empty: no notification),
+  // carrying `notification_payload` (at most 4096 bytes).
   absl::StatusOr<ferry::v1::WriteBlocksResponse> WriteBlocks(
       uint64_t local_buffer, const std::string& peer, const std::string& remote_buffer,
       const std::vector<BlockSpec>& blocks, const std::string& notification,
-      const CallOptions& options = {});
+      const CallOptions& options = {}, const std::string& notification_payload = "");
   // Takes notification `name` (from `from_node` if not empty). A notification of a batch
-  // that failed comes back as that error.
+  // that failed comes back as that error. options.timeout zero (or less): a poll, answered
+  // at once with the notification or DEADLINE_EXCEEDED.
   absl::StatusOr<ferry::v1::Notification> WaitNotification(const std::string& name,
                                                            const std::string& from_node = "",
                                                            const CallOptions& options = {});
@@ -152,6 +154,11 @@ class TensorClient {
   std::unique_ptr<NotificationStream> OpenNotifications(const std::string& prefix,
                                                         absl::Duration timeout,
                                                         uint32_t max_count = 0);
+  // Takes every pending notification whose name starts with `prefix` (at most `max_count`;
+  // 0: as many as one answer holds, `more` set when others wait), at once, over gRPC. A
+  // Client's PollOnSocket is the same in one Unix-socket round trip.
+  absl::StatusOr<ferry::v1::PollNotificationsResponse> PollNotifications(
+      const std::string& prefix = "", uint32_t max_count = 0);
   absl::StatusOr<ferry::v1::CancelResponse> Cancel(const std::string& peer, const std::string& tag);
   absl::StatusOr<ferry::v1::ListPendingResponse> ListPending();
 
@@ -167,7 +174,8 @@ class TensorClient {
   void WriteBlocksAsync(uint64_t local_buffer, const std::string& peer,
                         const std::string& remote_buffer, const std::vector<BlockSpec>& blocks,
                         const std::string& notification, const CallOptions& options,
-                        CallDone<ferry::v1::WriteBlocksResponse> done);
+                        CallDone<ferry::v1::WriteBlocksResponse> done,
+                        const std::string& notification_payload = "");
   void WaitNotificationAsync(const std::string& name, const std::string& from_node,
                              const CallOptions& options,
                              CallDone<ferry::v1::Notification> done);

@@ -203,7 +203,8 @@ absl::Status StartLocalApi(const config::Config& config, AgentCore& core,
       TransferSocketPath(config.local_socket), config.local_socket_mode, *group,
       agent_service.starters(), [&agent_service, &tensor_service](const LocalCaller& caller) {
         return TransferSocket::Calls{agent_service.CallsFor(caller),
-                                     tensor_service.MovesFor(caller)};
+                                     tensor_service.MovesFor(caller),
+                                     tensor_service.PollsFor(caller)};
       });
   if (!transfer_socket.ok()) return absl::UnavailableError(transfer_socket.status().ToString());
   serving.transfer_socket = *std::move(transfer_socket);

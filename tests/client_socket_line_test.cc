@@ -283,7 +283,7 @@ TEST(ClientSocketLineTest, MalformedInputIsRefusedByNameAndTheConnectionCloses) 
   EXPECT_THAT(answers[0].message(), HasSubstr("ops[0].length"));
   EXPECT_EQ(answers[1].tag(), 43u);
   EXPECT_EQ(answers[1].code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
-  EXPECT_THAT(answers[1].message(), HasSubstr("a transfer or a move, not both"));
+  EXPECT_THAT(answers[1].message(), HasSubstr("a transfer, a move or a poll, only one"));
   EXPECT_EQ(answers[2].tag(), 42u);
   EXPECT_EQ(answers[2].code(), 0) << answers[2].message();
   fd = UniqueFd();

@@ -333,6 +333,62 @@ TEST_F(TensorIntegrationTest, NotificationArrivesOnlyAfterTheLastBlock) {
   EXPECT_TRUE(b_->client->Free((*kv_dst)->id()).ok());
 }
 
+// Issue 46: a poll takes every pending notification at once (over gRPC and over the
+// transfer socket alike), each with the payload its WriteBlocks gave; a wait with timeout 0
+// polls; a payload over 4096 bytes is refused naming the field, and nothing is written.
+TEST_F(TensorIntegrationTest, PollsTakeEveryPendingNotificationWithItsPayloadAtOnce) {
+  auto src = a_->client->Alloc(4096);
+  auto dst = b_->client->Alloc(4096, "kv-poll");
+  ASSERT_TRUE(src.ok() && dst.ok());
+  const absl::Time start = absl::Now();
+  auto empty = b_->tensors->PollNotifications("poll/");
+  ASSERT_TRUE(empty.ok()) << empty.status();
+  EXPECT_EQ(empty->notifications_size(), 0);
+  auto none = b_->tensors->WaitNotification("poll/0", "", Timeout(absl::ZeroDuration()));
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kDeadlineExceeded) << none.status();
+  EXPECT_THAT(none.status().message(), HasSubstr("a poll does not wait"));
+  EXPECT_LT(absl::Now() - start, absl::Seconds(2));  // a timeout of 0 was 60 s
+
+  for (int i = 0; i < 4; ++i) {
+    auto w = a_->tensors->WriteBlocks((*src)->id(), "node-b", "kv-poll", {{0, 0, 4096}},
+                                      absl::StrCat("poll/", i), {}, std::string(i * 1000, 'a' + i));
+    ASSERT_TRUE(w.ok()) << w.status();
+  }
+  auto zero = b_->tensors->WaitNotification("poll/0", "", Timeout(absl::ZeroDuration()));
+  ASSERT_TRUE(zero.ok()) << zero.status();
+  EXPECT_EQ(zero->payload(), "");
+  auto on_socket = b_->client->PollOnSocket([] {
+    v1::PollNotificationsRequest r;
+    r.set_prefix("poll/");
+    r.set_max_count(2);
+    return r;
+  }());
+  ASSERT_TRUE(on_socket.has_value()) << "the agent's transfer socket answers no polls";
+  ASSERT_TRUE(on_socket->ok()) << on_socket->status();
+  ASSERT_EQ((*on_socket)->notifications_size(), 2);
+  EXPECT_TRUE((*on_socket)->more());
+  EXPECT_EQ((*on_socket)->notifications(0).name(), "poll/1");
+  EXPECT_EQ((*on_socket)->notifications(0).payload(), std::string(1000, 'b'));
+  EXPECT_EQ((*on_socket)->notifications(1).payload(), std::string(2000, 'c'));
+  EXPECT_EQ((*on_socket)->notifications(1).from_node(), "node-a");
+  EXPECT_EQ((*on_socket)->notifications(1).buffer(), "kv-poll");
+  auto rest = b_->tensors->PollNotifications("poll/");
+  ASSERT_TRUE(rest.ok()) << rest.status();
+  ASSERT_EQ(rest->notifications_size(), 1);
+  EXPECT_EQ(rest->notifications(0).payload(), std::string(3000, 'd'));
+  EXPECT_FALSE(rest->more());
+
+  auto big = a_->tensors->WriteBlocks((*src)->id(), "node-b", "kv-poll", {{0, 0, 4096}},
+                                      "poll/big", {}, std::string(4097, 'x'));
+  EXPECT_EQ(big.status().code(), absl::StatusCode::kInvalidArgument) << big.status();
+  EXPECT_THAT(big.status().message(), HasSubstr("notification_payload: 4097 bytes"));
+  auto after = b_->tensors->PollNotifications("poll/");
+  ASSERT_TRUE(after.ok());
+  EXPECT_EQ(after->notifications_size(), 0);
+  EXPECT_TRUE(a_->client->Free((*src)->id()).ok());
+  EXPECT_TRUE(b_->client->Free((*dst)->id()).ok());
+}
+
 TEST_F(TensorIntegrationTest, CancelledSendIsWithdrawnFromThePeer) {
   auto src = a_->client->Alloc(4096);
   ASSERT_TRUE(src.ok());

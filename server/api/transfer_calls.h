@@ -1,8 +1,8 @@
 #pragma once
 // How the transfer calls that answer without a waiting thread (Agent.Transfer and
 // Agent.TransferStream, both callback methods, and the transfer socket) reach the engine for
-// each request, and the transfer socket's block moves reach the block mover: one object per
-// caller, with named methods.
+// each request, and the transfer socket's block moves and notification polls reach the block
+// mover and the notification board: one object per caller, with named methods.
 
 #include <cstddef>
 #include <cstdint>
@@ -59,6 +59,17 @@ class MoveCalls {
                                          AnswerFn answer) const = 0;
   // The peer Start may block on (it would ask it for its list or rails), as above.
   virtual std::optional<std::string> MayBlockOn(const ferry::v1::SessionMove& move) const = 0;
+};
+
+// One caller's notification polls on the transfer socket (SocketRequest.poll): as
+// Tensors.PollNotifications, for the caller's uid (TensorService::PollsFor). Never blocks, so
+// it answers on the socket's thread.
+class PollCalls {
+ public:
+  virtual ~PollCalls() = default;
+  // Takes the caller's pending notifications `request` matches, at once.
+  virtual ferry::v1::PollNotificationsResponse Poll(
+      const ferry::v1::PollNotificationsRequest& request) const = 0;
 };
 
 }  // namespace ferry::server

@@ -26,7 +26,7 @@ namespace ferry::server {
 namespace {
 
 using Request = ferry::v1::SocketRequest;
-using Answer = ferry::v1::StreamedResult;
+using Answer = ferry::v1::SocketAnswer;
 
 constexpr size_t kHelloBytes = kTransferSocketHelloBytes;
 // Bytes taken from one connection per turn, at most.
@@ -53,7 +53,7 @@ Answer Refusal(uint64_t tag, const absl::Status& why) {
 // reads it in place of kTransferSocketAccepted and uses gRPC instead.
 void RefuseAtAccept(const UniqueFd& conn, const std::string& why) {
   spdlog::warn("{}; one more refused", why);
-  ferry::v1::StreamedResults results;
+  ferry::v1::SocketAnswers results;
   *results.add_results() =
       Refusal(0, absl::ResourceExhaustedError(absl::StrCat(why, "; use the gRPC API")));
   std::string frame;
@@ -141,7 +141,7 @@ class TransferSocket::Connection : public std::enable_shared_from_this<Connectio
 
   // Any thread: `answer` to the client, and the request it answers is over (if `counted`).
   void Send(Answer answer, bool counted) {
-    ferry::v1::StreamedResults results;
+    ferry::v1::SocketAnswers results;
     results.mutable_results()->Add(std::move(answer));
     const size_t size = results.ByteSizeLong();
     absl::MutexLock lock(&mu_);
@@ -303,7 +303,9 @@ class TransferSocket::Connection : public std::enable_shared_from_this<Connectio
   std::optional<std::string> StarterLane(const Request& request) const {
     std::optional<std::string> peer;
     bool large = false;
-    if (request.has_move()) {
+    if (request.has_poll()) {
+      return std::nullopt;  // it never blocks: answered at once, here
+    } else if (request.has_move()) {
       large = request.move().request().local_blocks_size() > kInlineOps;
       if (calls_.moves) peer = calls_.moves->MayBlockOn(request.move());
     } else {
@@ -324,9 +326,18 @@ class TransferSocket::Connection : public std::enable_shared_from_this<Connectio
       self->Send(std::move(answer), /*counted=*/true);
     };
     absl::StatusOr<uint64_t> started;
-    if (request.has_move() && request.has_transfer()) {
+    if (request.has_move() + request.has_transfer() + request.has_poll() > 1) {
       started = absl::InvalidArgumentError(
-          "move: a request on the transfer socket is a transfer or a move, not both");
+          "move: a request on the transfer socket is a transfer, a move or a poll, only one");
+    } else if (request.has_poll() && !calls_.polls) {
+      started = absl::UnimplementedError("poll: this transfer socket answers no polls");
+    } else if (request.has_poll()) {
+      Answer polled;
+      polled.set_tag(tag);
+      *polled.mutable_poll() = calls_.polls->Poll(request.poll());
+      Send(std::move(polled), /*counted=*/true);
+      arena_.Reset();
+      return;
     } else if (request.has_move() && !calls_.moves) {
       started = absl::UnimplementedError("move: this transfer socket moves no blocks");
     } else if (request.has_move()) {

@@ -9,15 +9,16 @@
 //
 // The wire (base/frame.h), after the client's 8 bytes of hello ("ferryxf1" or "ferryxf2"):
 // frames of a 4-byte little-endian length and that many bytes of a SocketRequest
-// (transfer_socket.proto: a StreamedTransfer, or a block move in a session), at most
-// kMaxFrameBytes; the agent answers in frames of StreamedResults, as TransferStream does
-// (the client's tags echoed, in the order the transfers end, a refusal as a result with its
-// code and message). A client that ends its writing (shutdown(SHUT_WR)) is answered every
-// request it sent, and then the agent closes the connection; one that closes it gets no
-// more answers, and what it sent that had not started is dropped. A wrong hello, a frame
-// too long or bytes that are not a SocketRequest are answered with one result of tag 0,
-// INVALID_ARGUMENT and a message saying which, and the connection closes. Who the caller is
-// comes from the kernel (SO_PEERCRED), as on the local socket.
+// (transfer_socket.proto: a StreamedTransfer, a block move in a session, or a notification
+// poll), at most kMaxFrameBytes; the agent answers in frames of SocketAnswers (StreamedResults
+// to a client that only transfers), as TransferStream does (the client's tags echoed, in the
+// order the transfers end, a refusal as a result with its code and message; a poll is
+// answered as soon as it is read, on the socket's thread: it only takes from the board). A client
+// that ends its writing (shutdown(SHUT_WR)) is answered every request it sent, and then the agent
+// closes the connection; one that closes it gets no more answers, and what it sent that had not
+// started is dropped. A wrong hello, a frame too long or bytes that are not a SocketRequest are
+// answered with one result of tag 0, INVALID_ARGUMENT and a message saying which, and the
+// connection closes. Who the caller is comes from the kernel (SO_PEERCRED), as on the local socket.
 //
 // A client that says the second hello, "ferryxf2" (kTransferSocketHelloAcked: libferry's),
 // is answered "ferryok1" before anything else, so that it knows at connect time that it may
@@ -70,11 +71,13 @@ class TransferSocket {
   // Requests of more ops start on a starter: planning a KV batch of thousands of ops takes
   // the thread a millisecond, which other connections' one-op transfers would wait out.
   static constexpr int kInlineOps = 64;
-  // What a caller's requests may do: its transfers (AgentService::CallsFor) and its block
-  // moves (TensorService::MovesFor; without them a move is refused UNIMPLEMENTED).
+  // What a caller's requests may do: its transfers (AgentService::CallsFor), its block
+  // moves (TensorService::MovesFor) and its notification polls (TensorService::PollsFor;
+  // without one of those, such a request is refused UNIMPLEMENTED).
   struct Calls {
     std::shared_ptr<const TransferCalls> transfers;
     std::shared_ptr<const MoveCalls> moves;  // may be null
+    std::shared_ptr<const PollCalls> polls;  // may be null
   };
   using CallsFor = std::function<Calls(const LocalCaller& caller)>;
 

@@ -1,12 +1,27 @@
 #include "server/tensors/notification_board.h"
 
 #include <algorithm>
+#include <vector>
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "spdlog/spdlog.h"
 
 namespace ferry::server {
+
+absl::Status CheckNotificationPayload(const std::string& payload, const std::string& notification,
+                                      const std::string& field) {
+  if (payload.size() > NotificationBoard::kMaxPayloadBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": ", payload.size(),
+                                                   " bytes is more than ",
+                                                   NotificationBoard::kMaxPayloadBytes));
+  }
+  if (!payload.empty() && notification.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": a payload travels with a notification; name one"));
+  }
+  return absl::OkStatus();
+}
 
 void NotificationBoard::Post(ferry::v1::Notification n, int64_t owner) {
   absl::MutexLock lock(&mu_);
@@ -94,7 +109,8 @@ absl::StatusOr<ferry::v1::Notification> NotificationBoard::Take(const std::strin
       return absl::DeadlineExceededError(
           absl::StrCat("no notification '", name, "'",
                        from_node.empty() ? "" : absl::StrCat(" from ", from_node),
-                       " arrived before the deadline"));
+                       deadline == absl::InfinitePast() ? " is here (a poll does not wait)"
+                                                        : " arrived before the deadline"));
     }
     posted_.WaitWithDeadline(&mu_, std::min(deadline, now + absl::Milliseconds(100)));
   }
@@ -115,6 +131,28 @@ std::optional<ferry::v1::Notification> NotificationBoard::TakePrefix(const std::
     if (absl::Now() >= until) return std::nullopt;
     posted_.WaitWithDeadline(&mu_, until);
   }
+}
+
+ferry::v1::PollNotificationsResponse NotificationBoard::Poll(const std::string& prefix,
+                                                            uint32_t max_count, int64_t taker) {
+  ferry::v1::PollNotificationsResponse out;
+  std::vector<uint64_t> taken;
+  size_t bytes = 0;
+  absl::MutexLock lock(&mu_);
+  for (const auto& [seq, e] : by_sequence_) {
+    if (!MayTake(e, taker) || !absl::StartsWith(e.note.name(), prefix)) continue;
+    const size_t size = e.note.ByteSizeLong();
+    if ((max_count > 0 && taken.size() >= max_count) ||
+        (!taken.empty() && bytes + size > kMaxPollBytes)) {
+      out.set_more(true);
+      break;
+    }
+    bytes += size;
+    *out.add_notifications() = e.note;
+    taken.push_back(seq);
+  }
+  for (uint64_t seq : taken) EraseLocked(seq);
+  return out;
 }
 
 size_t NotificationBoard::size() const {

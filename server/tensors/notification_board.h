@@ -20,6 +20,11 @@
 
 namespace ferry::server {
 
+// INVALID_ARGUMENT naming `field` for a payload over NotificationBoard::kMaxPayloadBytes,
+// or one without a notification to carry it (`notification` empty).
+absl::Status CheckNotificationPayload(const std::string& payload, const std::string& notification,
+                                      const std::string& field);
+
 class NotificationBoard {
  public:
   // Who a notification is for: the uid owning the list or buffer its batch landed in
@@ -27,6 +32,12 @@ class NotificationBoard {
   // A taker gets its own uid's and kAnyone's; a taker of kAnyone (a caller over local_tcp,
   // authenticated by TLS) gets every one.
   static constexpr int64_t kAnyone = -1;
+  // What a notification may carry beside its name (MoveBlocks' notification_payload): enough
+  // for a connector's request id and block ids, small enough that a full board stays small.
+  static constexpr size_t kMaxPayloadBytes = 4096;
+  // What one Poll answers at most (more wait for the next): far under gRPC's 4 MiB default
+  // message limit and the transfer socket's frame limit.
+  static constexpr size_t kMaxPollBytes = 1 << 20;
 
   // At most `capacity` untaken notifications per receiver, a receiver being a uid and the
   // node the notifications came from; beyond it that receiver's oldest is dropped (and
@@ -37,7 +48,8 @@ class NotificationBoard {
   // Assigns the sequence number and wakes waiters.
   void Post(ferry::v1::Notification n, int64_t owner = kAnyone);
   // Takes the oldest notification named `name` (and from `from_node`, if not empty) that
-  // `taker` may have. DEADLINE_EXCEEDED at `deadline`, CANCELLED when `cancelled()`. A
+  // `taker` may have. DEADLINE_EXCEEDED at `deadline` (absl::InfinitePast(): a poll, which
+  // looks once), CANCELLED when `cancelled()`. A
   // notification that reports a failed batch is returned as is; the caller turns it into
   // an error.
   absl::StatusOr<ferry::v1::Notification> Take(const std::string& name,
@@ -48,6 +60,11 @@ class NotificationBoard {
   // waiting until `until`.
   std::optional<ferry::v1::Notification> TakePrefix(const std::string& prefix, int64_t taker,
                                                     absl::Time until);
+  // Takes, without waiting, every notification whose name starts with `prefix` that `taker`
+  // may have, oldest first: at most `max_count` (0: no limit) and about kMaxPollBytes (at
+  // least one); `more` says others were left. Each is taken once, by this or another taker.
+  ferry::v1::PollNotificationsResponse Poll(const std::string& prefix, uint32_t max_count,
+                                            int64_t taker);
 
   size_t size() const;
   // Untaken notifications `taker` may have.

@@ -138,8 +138,11 @@ grpc::Status TensorService::WaitNotification(grpc::ServerContext* ctx,
   if (req->name().empty()) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "name: must be set");
   }
-  auto n = core_->tensors().board().Take(req->name(), req->from_node(), CallerUid(*ctx),
-                                         CallDeadline(ctx, req->timeout_ms()), ClientGone(ctx));
+  // A poll looks once: a deadline already passed answers after one look at the board.
+  const absl::Time deadline =
+      req->poll() ? absl::InfinitePast() : CallDeadline(ctx, req->timeout_ms());
+  auto n = core_->tensors().board().Take(req->name(), req->from_node(), CallerUid(*ctx), deadline,
+                                         ClientGone(ctx));
   if (!n.ok()) return ToGrpcStatus(n.status());
   if (n->code() != 0) {
     // The batch behind this notification failed: the waiter gets that as its status.
@@ -172,6 +175,13 @@ grpc::Status TensorService::StreamNotifications(
     }
     if (req->max_count() > 0 && ++sent >= req->max_count()) break;
   }
+  return grpc::Status::OK;
+}
+
+grpc::Status TensorService::PollNotifications(grpc::ServerContext* ctx,
+                                              const ferry::v1::PollNotificationsRequest* req,
+                                              ferry::v1::PollNotificationsResponse* resp) {
+  *resp = core_->tensors().board().Poll(req->prefix(), req->max_count(), CallerUid(*ctx));
   return grpc::Status::OK;
 }
 
@@ -243,6 +253,10 @@ grpc::Status TensorPeerService::Notify(grpc::ServerContext* ctx, const ferry::v1
                                        ferry::v1::NotifyResponse*) {
   if (req->name().empty()) {
     return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "name: must be set");
+  }
+  if (absl::Status payload = CheckNotificationPayload(req->payload(), req->name(), "payload");
+      !payload.ok()) {
+    return ToGrpcStatus(payload);
   }
   // A consumer waits for a batch from a named node: only that node can say it arrived.
   absl::StatusOr<std::string> from = CallerNode(*ctx, req->from_node());

@@ -29,6 +29,9 @@ class TensorService final
   grpc::Status StreamNotifications(grpc::ServerContext*,
                                    const ferry::v1::StreamNotificationsRequest*,
                                    grpc::ServerWriter<ferry::v1::Notification>*) override;
+  grpc::Status PollNotifications(grpc::ServerContext*,
+                                 const ferry::v1::PollNotificationsRequest*,
+                                 ferry::v1::PollNotificationsResponse*) override;
   grpc::Status Cancel(grpc::ServerContext*, const ferry::v1::CancelRequest*,
                       ferry::v1::CancelResponse*) override;
   // block_calls.cc: prepared block lists.
@@ -45,6 +48,9 @@ class TensorService final
   // socket_moves.cc: what `caller`'s block moves on the transfer socket do (MoveBlocks with
   // `wait`, in the session each names: the caller's own, or it is privileged).
   std::shared_ptr<const MoveCalls> MovesFor(const LocalCaller& caller);
+  // socket_polls.cc: `caller`'s notification polls on the transfer socket (its uid's
+  // notifications, as PollNotifications takes them).
+  std::shared_ptr<const PollCalls> PollsFor(const LocalCaller& caller);
 
  private:
   class CallerMoves;  // MovesFor's calls

@@ -311,6 +311,8 @@ absl::StatusOr<ferry::v1::WriteBlocksResponse> TensorState::WriteBlocks(
     return absl::InvalidArgumentError(absl::StrCat("notification: ", req.notification().size(),
                                                    " characters is more than ", kMaxNameLength));
   }
+  RETURN_IF_ERROR(CheckNotificationPayload(req.notification_payload(), req.notification(),
+                                           "notification_payload"));
   if (req.blocks_size() == 0) return absl::InvalidArgumentError("blocks: the batch is empty");
   ASSIGN_OR_RETURN(std::unique_ptr<ferry::v1::TensorPeer::Stub> peer_stub, Stub(req.peer()));
   ferry::v1::TensorPeer::Stub* const stub = peer_stub.get();
@@ -346,6 +348,7 @@ absl::StatusOr<ferry::v1::WriteBlocksResponse> TensorState::WriteBlocks(
     n.set_blocks(static_cast<uint32_t>(req.blocks_size()));
     n.set_code(static_cast<int>(written.code()));
     n.set_message(std::string(written.message()));
+    n.set_payload(req.notification_payload());
     absl::Status notified = NotifyPeer(stub, n);
     if (written.ok() && !notified.ok()) {
       return absl::Status(notified.code(),
