@@ -160,6 +160,25 @@ absl::StatusOr<Notification> Client::WaitNotification(const std::string& name,
                       note->sequence()};
 }
 
+absl::StatusOr<std::vector<Notification>> Client::PollNotifications(const std::string& prefix,
+                                                                    uint32_t max_count) {
+  std::vector<Notification> out;
+  while (true) {
+    const uint32_t want = max_count == 0 ? 0 : max_count - static_cast<uint32_t>(out.size());
+    ferry::v1::PollNotificationsRequest req;
+    req.set_prefix(prefix);
+    req.set_max_count(want);
+    auto on_socket = session_->client->PollOnSocket(req);
+    auto polled = on_socket.has_value() ? *std::move(on_socket)
+                                        : session_->tensors->PollNotifications(prefix, want);
+    if (!polled.ok()) return polled.status();
+    for (const ferry::v1::Notification& n : polled->notifications()) {
+      out.push_back(Notification{n.name(), n.from_node(), n.bytes(), n.blocks(), n.sequence()});
+    }
+    if (!polled->more() || (max_count != 0 && out.size() >= max_count)) return out;
+  }
+}
+
 absl::StatusOr<PolicyState> Client::GetPolicy() {
   return Converted<PolicyState>(session_->client->GetPolicy());
 }

@@ -92,6 +92,23 @@ int main(int argc, char** argv) {
   std::printf("wrote %llu bytes in %u blocks, notified '%s' from %s\n",
               static_cast<unsigned long long>(*written), note->blocks, note->name.c_str(),
               note->from_node.c_str());
+  // Or drained without waiting, as a serving engine does each step: every pending one at
+  // once (WriteBlocks returns once its notification was delivered), then none.
+  if (auto again = (*client)->WriteBlocks((*back)->id(), node, "put-get-example", blocks,
+                                          "put-get/polled");
+      !again.ok()) {
+    return Fail("write blocks", again.status());
+  }
+  auto polled = (*client)->PollNotifications("put-get/");
+  if (!polled.ok()) return Fail("poll", polled.status());
+  auto empty = (*client)->PollNotifications("put-get/");
+  if (!empty.ok()) return Fail("poll", empty.status());
+  if (polled->size() != 1 || (*polled)[0].name != "put-get/polled" || !empty->empty()) {
+    std::fprintf(stderr, "put_get: a poll took %zu notifications, the next %zu\n",
+                 polled->size(), empty->size());
+    return 1;
+  }
+  std::printf("polled '%s', then none\n", (*polled)[0].name.c_str());
 
   auto buffers = (*client)->ListBuffers();
   if (!buffers.ok()) return Fail("list", buffers.status());

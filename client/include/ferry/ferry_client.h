@@ -131,6 +131,13 @@ class Client {
   absl::StatusOr<Notification> WaitNotification(const std::string& name,
                                                 const std::string& from_node = "",
                                                 absl::Duration timeout = absl::Seconds(60));
+  // Takes every pending notification whose name starts with `prefix` (at most `max_count`;
+  // 0: all), oldest first, without waiting: none when none is there. One round trip on the
+  // agent's transfer socket where the client reaches it. A notification of a batch that
+  // failed is not told apart here: WaitNotification says so. (A notification's payload is
+  // not in Notification yet: adding it changes the struct's layout, for libferry 0.2.)
+  absl::StatusOr<std::vector<Notification>> PollNotifications(const std::string& prefix = "",
+                                                              uint32_t max_count = 0);
 
   // The GDR / staging policy, and run-time settings (key, value) over the config file's
   // (`clear_overrides`: drop the earlier ones first; none: back to the file's policy).
