@@ -30,3 +30,8 @@ ferry_rdma_test(fabric_conformance_rdma_test fabric_conformance_test.cc
 # Rails on the model: four devices a node, one op striped over them, a link lost mid-transfer
 # (StripedOp, FairQueue and RailLedger from the engine).
 ferry_test(verbs_rails_test LABELS unit LIBS ferry_verbs_model ferry_server)
+# test-rdma's KV block-list driver (tests/rdma/kv_blocks.cc): two agents in two guests move
+# scattered blocks between block lists, READ and WRITE; the guests have no Python.
+add_executable(rdma_kv_blocks ${CMAKE_CURRENT_SOURCE_DIR}/rdma/kv_blocks.cc)
+target_link_libraries(rdma_kv_blocks PRIVATE ferry_tensor_client ferry_client absl::str_format
+                      absl::strings absl::time)
