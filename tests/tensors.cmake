@@ -2,6 +2,10 @@
 # the examples, all against real agents.
 ferry_test(tensor_integration_test LABELS integration LIBS ferry_launch ferry_tensor_client)
 ferry_test(tensor_client_lifetime_test LABELS integration LIBS ferry_launch ferry_tensor_client)
+# Block lists over entries and strided runs (issue 46): head slices, pairs of unequal
+# lengths, a peer that does not answer ResolveBlocks within the move's timeout.
+ferry_test(block_entries_test LABELS integration LIBS ferry_launch ferry_tensor_client)
+add_dependencies(block_entries_test ferryd)
 
 if(TARGET ferry_python)
   # The Python side finds the package in the build tree and the agent through $FERRYD.

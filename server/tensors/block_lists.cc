@@ -23,7 +23,7 @@ BlockList::BlockList(uint64_t id, uint64_t session, std::string name,
 ListBlock BlockList::At(uint64_t index) const {
   auto [r, j] = index_.Find(index);
   const ferry::v1::BlockExtent& e = extents_[r];
-  return {e.buffer(), e.offset() + j * e.block_bytes(), e.block_bytes()};
+  return {e.buffer(), e.offset() + j * StrideOf(e), e.block_bytes()};
 }
 
 absl::StatusOr<std::shared_ptr<const BlockList>> BlockLists::Prepare(
@@ -41,12 +41,21 @@ absl::StatusOr<std::shared_ptr<const BlockList>> BlockLists::Prepare(
     if (e.block_bytes() == 0)
       return absl::InvalidArgumentError(at + ".block_bytes: must be positive");
     if (e.count() == 0) return absl::InvalidArgumentError(at + ".count: must be positive");
+    // Blocks of one extent never overlap: a stride shorter than a block is no layout a KV
+    // cache has (its head slices are strided by whole blocks), more likely two arguments
+    // swapped; and a READ landing in such blocks would leave them holding a mix.
+    if (e.stride() != 0 && e.stride() < e.block_bytes() && e.count() > 1) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          at, ".stride: ", e.stride(), " is less than block_bytes ", e.block_bytes(),
+          " (blocks of one extent may not overlap; 0 means back to back)"));
+    }
     const uint64_t size = buffer->size();
-    if (e.offset() > size || e.count() > (size - e.offset()) / e.block_bytes()) {
-      return absl::OutOfRangeError(absl::StrCat(at, ".count: ", e.count(), " blocks of ",
-                                                e.block_bytes(), " bytes from offset ", e.offset(),
-                                                " do not fit in buffer ", e.buffer(), " (", size,
-                                                " bytes)"));
+    if (!ExtentFits(e, size)) {
+      return absl::OutOfRangeError(absl::StrCat(
+          at, ".count: ", e.count(), " blocks of ", e.block_bytes(), " bytes ",
+          StrideOf(e) == e.block_bytes() ? "" : absl::StrCat("every ", StrideOf(e), " bytes "),
+          "from offset ", e.offset(), " do not fit in buffer ", e.buffer(), " (", size,
+          " bytes)"));
     }
     total += e.count();
     if (total > kMaxListBlocks) {

@@ -28,6 +28,22 @@ struct ListBlock {
   uint64_t length = 0;
 };
 
+// The distance from one block of extent `e` (BlockExtent or RemoteExtent) to the next.
+template <typename Extent>
+uint64_t StrideOf(const Extent& e) {
+  return e.stride() == 0 ? e.block_bytes() : e.stride();
+}
+
+// Whether every block of extent `e` (block_bytes > 0, count > 0) lies in [0, size): its last
+// one, at offset + (count - 1) * stride, ends by `size`; overflow-safe for any input (a
+// peer's answer is one).
+template <typename Extent>
+bool ExtentFits(const Extent& e, uint64_t size) {
+  if (e.offset() > size || e.block_bytes() > size - e.offset()) return false;
+  const uint64_t room = size - e.offset() - e.block_bytes();  // for the blocks after the first
+  return e.count() - 1 <= room / StrideOf(e);
+}
+
 // Numbers blocks extent by extent (anything with count()): block j of extent r is index
 // (blocks of the extents before r) + j.
 class ExtentIndex {
@@ -79,7 +95,9 @@ class BlockLists {
 
   // A list for `session` over `extents`, each checked now: a live buffer (NOT_FOUND naming
   // "extents[r].buffer"), the extent's blocks inside it (OUT_OF_RANGE naming
-  // "extents[r].count"), no empty extent, at most kMaxListBlocks in all (INVALID_ARGUMENT
+  // "extents[r].count"), no empty extent, a stride of at least block_bytes when count > 1
+  // (INVALID_ARGUMENT naming "extents[r].stride": one extent's blocks never overlap; blocks
+  // of different extents may), at most kMaxListBlocks in all (INVALID_ARGUMENT
   // naming the field); a named list's buffers must be named, as peers reach them by name;
   // ALREADY_EXISTS for a name another list exports.
   absl::StatusOr<std::shared_ptr<const BlockList>> Prepare(

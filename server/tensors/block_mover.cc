@@ -12,6 +12,7 @@
 #include "base/status_macros.h"
 #include "ferry/v1/tensor.grpc.pb.h"
 #include "server/tensors/block_checksum.h"
+#include "server/tensors/notification_board.h"
 #include "server/tensors/peer_call.h"
 
 namespace ferry::server {
@@ -71,16 +72,18 @@ absl::StatusOr<ferry::v1::ResolveBlocksResponse> BlockMover::AskPeer(const std::
   req.set_list(list);
   req.set_from_node(peers_->self());
   ferry::v1::ResolveBlocksResponse resp;
+  const absl::Duration budget = deadline - absl::Now();
   auto ctx = PeerContext(deadline);
   grpc::Status s = stub->ResolveBlocks(ctx.get(), req, &resp);
-  if (!s.ok()) return PeerCallError(s, absl::StrCat("remote_list: ", node, " answered"));
+  if (!s.ok()) return PeerCallError(s, "remote_list", node, "ResolveBlocks", budget);
   // The peer's answer is checked like any network input: it sizes the lookups below.
   uint64_t blocks = 0;
   for (int r = 0; r < resp.extents_size(); ++r) {
     const ferry::v1::RemoteExtent& e = resp.extents(r);
-    // Each block's offset must be computable: offset + count * block_bytes fits in 64 bits.
+    // Each block's offset must be computable: its last block ends within 64 bits; and one
+    // extent's blocks do not overlap, as BlockLists::Prepare makes them.
     if (e.block_bytes() == 0 || e.count() == 0 || e.count() > kMaxRemoteBlocks - blocks ||
-        e.count() > (UINT64_MAX - e.offset()) / e.block_bytes()) {
+        (e.count() > 1 && StrideOf(e) < e.block_bytes()) || !ExtentFits(e, UINT64_MAX)) {
       return absl::DataLossError(absl::StrCat("remote_list: ", node, "'s answer for ", Echo(list),
                                               " has a malformed extent ", r));
     }
@@ -141,6 +144,8 @@ absl::StatusOr<ferry::v1::MoveBlocksResponse> BlockMover::Move(
     return absl::InvalidArgumentError(absl::StrCat("notification: ", req.notification().size(),
                                                    " characters is more than ", kMaxNameLength));
   }
+  RETURN_IF_ERROR(CheckNotificationPayload(req.notification_payload(), req.notification(),
+                                           "notification_payload"));
   const int n = req.local_blocks_size();
   if (n == 0) return absl::InvalidArgumentError("local_blocks: no blocks to move");
   if (req.remote_blocks_size() != n) {
@@ -160,9 +165,19 @@ absl::StatusOr<ferry::v1::MoveBlocksResponse> BlockMover::Move(
   } else {
     RETURN_IF_ERROR(NoBlockLandedTwice(req.remote_blocks(), "remote_blocks", "WRITE"));
   }
+  // The peer is asked within the move's own time (as the caller counts it from now), at
+  // most kResolveTimeout, and before the call's deadline: a hung peer costs the caller
+  // what it said it would wait, not more.
+  const absl::Time started = absl::Now();
+  absl::Time resolve_by = std::min(deadline, started + kResolveTimeout);
+  if (timeout_ms != 0) resolve_by = std::min(resolve_by, started + absl::Milliseconds(timeout_ms));
   ASSIGN_OR_RETURN(std::shared_ptr<const RemoteList> remote_list,
-                   RemoteListOf(req.peer(), req.remote_list(),
-                                std::min(deadline, absl::Now() + kResolveTimeout)));
+                   RemoteListOf(req.peer(), req.remote_list(), resolve_by));
+  // The transfer has what is left of timeout_ms (at least 1 ms: 0 would mean the default).
+  if (timeout_ms != 0) {
+    const int64_t spent = absl::ToInt64Milliseconds(absl::Now() - started);
+    timeout_ms = static_cast<uint32_t>(std::max<int64_t>(1, int64_t{timeout_ms} - spent));
+  }
   auto moved = MoveOn(req, *list, remote_list, owner_uid, timeout_ms, std::move(then));
   // Refused on a kept answer (a block out of its range, a buffer it names gone when the
   // engine resolved it): the answer may be what is wrong, so the next move asks again.
@@ -188,6 +203,7 @@ absl::StatusOr<ferry::v1::MoveBlocksResponse> BlockMover::MoveOn(
   std::shared_ptr<VerifyPlan> plan;
   absl::flat_hash_map<uint64_t, std::shared_ptr<const Buffer>> held;  // by id, for the plan
   std::vector<int> extent_targets(remote.extents_size(), -1);  // into submit.targets
+  absl::flat_hash_map<absl::string_view, int> buffer_targets;   // the same, by buffer name
   if (req.verify()) {
     plan = std::make_shared<VerifyPlan>();
     plan->peer = req.peer();
@@ -207,25 +223,32 @@ absl::StatusOr<ferry::v1::MoveBlocksResponse> BlockMover::MoveOn(
     const ListBlock local = list.At(req.local_blocks(i));
     const auto [extent, j] = remote_index.Find(r);
     const ferry::v1::RemoteExtent& e = remote.extents(static_cast<int>(extent));
+    // A pair moves whole blocks: of unequal lengths, one side would be cut short or left
+    // partly old, with the move succeeding.
     if (e.block_bytes() != local.length) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "remote_blocks[", i, "]: block ", r, " of ", req.peer(), "'s list is ", e.block_bytes(),
-          " bytes, local block ", req.local_blocks(i), " is ", local.length));
+          "local_blocks[", i, "], remote_blocks[", i, "]: local block ", req.local_blocks(i),
+          " is ", local.length, " bytes, block ", r, " of ", req.peer(), "'s list ",
+          Echo(req.remote_list()), " is ", e.block_bytes(), " (a pair moves equal lengths)"));
     }
     ferry::v1::Op* op = submit.add_ops();
     op->set_type(req.type());
     op->set_local_buffer(local.buffer);
     op->set_local_offset(local.offset);
-    // Each extent's buffer is named once, as a target: not one name per block to copy.
+    // Each buffer is named once, as a target: not one name per block to copy, nor one per
+    // extent (a list of single entries has an extent per block, most in one buffer).
     int& target = extent_targets[extent];
     if (target < 0) {
-      target = submit.targets_size();
-      ferry::v1::Target* t = submit.add_targets();
-      t->set_peer(req.peer());
-      t->set_remote_buffer(e.buffer());
+      auto [at, fresh] = buffer_targets.try_emplace(e.buffer(), submit.targets_size());
+      if (fresh) {
+        ferry::v1::Target* t = submit.add_targets();
+        t->set_peer(req.peer());
+        t->set_remote_buffer(e.buffer());
+      }
+      target = at->second;
     }
     op->set_target(static_cast<uint32_t>(target));
-    op->set_remote_offset(e.offset() + j * e.block_bytes());
+    op->set_remote_offset(e.offset() + j * StrideOf(e));
     op->set_length(local.length);
     bytes += local.length;
     if (plan) {
@@ -244,7 +267,8 @@ absl::StatusOr<ferry::v1::MoveBlocksResponse> BlockMover::MoveOn(
   std::shared_ptr<const RemoteList> kept = remote.revocable() ? remote_list : nullptr;
   if (!req.notification().empty() || kept != nullptr || then) {
     hook = [notifier = notifier_, node = req.peer(), name = req.notification(),
-            list = req.remote_list(), blocks = static_cast<uint32_t>(n), kept = std::move(kept),
+            payload = req.notification_payload(), list = req.remote_list(),
+            blocks = static_cast<uint32_t>(n), kept = std::move(kept),
             cache = &peers_->kept_answers(), then = std::move(then)](const Transfer& transfer) {
       ferry::v1::TransferResult result = transfer.Result();
       if (kept != nullptr && result.state() != ferry::v1::SUCCEEDED) cache->ForgetList(kept);
@@ -256,6 +280,7 @@ absl::StatusOr<ferry::v1::MoveBlocksResponse> BlockMover::MoveOn(
         note.set_blocks(blocks);
         note.set_code(result.state() == ferry::v1::SUCCEEDED ? 0 : result.code());
         note.set_message(result.message());
+        note.set_payload(payload);
         notifier->Send(node, std::move(note));
       }
       if (then) then(result);  // the result computed once, for both
@@ -311,6 +336,7 @@ absl::StatusOr<ferry::v1::ResolveBlocksResponse> BlockMover::Resolve(
     out->set_offset(e.offset());
     out->set_block_bytes(e.block_bytes());
     out->set_count(e.count());
+    out->set_stride(e.stride());
   }
   if (revocable) {
     auto again = lists_->Exported(name);

@@ -41,7 +41,9 @@ class BlockMover {
   }
 
   // Validates the whole request (MoveBlocks in tensor.proto says how it is refused), asks
-  // the peer where its blocks are (by `deadline`) and submits the transfer; returns at once.
+  // the peer where its blocks are (by `deadline` and within `timeout_ms`, which the transfer
+  // then has what is left of; DEADLINE_EXCEEDED "remote_list: <peer> did not answer
+  // ResolveBlocks within <t>" else) and submits the transfer; returns at once.
   // `then`, if given, runs with the transfer's result when it finished, after the move's own
   // hook (the notification queued), as the engine's finished hooks do: it must not block.
   // `owner_uid`: the session's uid, who may then Wait on, Cancel and list the transfer.

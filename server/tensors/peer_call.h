@@ -7,6 +7,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
 
@@ -36,6 +37,25 @@ inline std::unique_ptr<grpc::ClientContext> PeerContext(absl::Time deadline) {
 inline absl::Status PeerCallError(const grpc::Status& s, const std::string& what) {
   return absl::Status(static_cast<absl::StatusCode>(s.error_code()),
                       absl::StrCat(what, ": ", s.error_message()));
+}
+
+// "3 s", "0.25 s": how long a caller gave a peer, as a person reads it.
+inline std::string SecondsText(absl::Duration d) {
+  return absl::StrFormat("%.3g s", absl::ToDoubleSeconds(d));
+}
+
+// A failed call `call` to peer `node` for request field `field`, made with `budget` to answer
+// in. Ended at its deadline, the peer said nothing (gRPC's "Deadline Exceeded" is our own
+// clock): DEADLINE_EXCEEDED "<field>: <node> did not answer <call> within <budget>", so the
+// caller learns which node hangs. Else as PeerCallError: "<field>: <node> answered: ...".
+inline absl::Status PeerCallError(const grpc::Status& s, const std::string& field,
+                                  const std::string& node, const std::string& call,
+                                  absl::Duration budget) {
+  if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+    return absl::DeadlineExceededError(
+        absl::StrCat(field, ": ", node, " did not answer ", call, " within ", SecondsText(budget)));
+  }
+  return PeerCallError(s, absl::StrCat(field, ": ", node, " answered"));
 }
 
 }  // namespace ferry::server

@@ -1,0 +1,169 @@
+// Issue 46, block lists over arbitrary entries and strided runs, with two real agents: a
+// decode rank at TP 4 reads its head slice of every block of a prefill rank at TP 2 (the
+// prefill's cache in layout (blocks, heads, tokens, dim): heads [h0, h1) of block b at
+// b * block_bytes + h0 * head_bytes, a strided run), entries of different lengths pair up
+// one to one, pairs of unequal lengths are refused naming both sides, and a peer that does
+// not answer ResolveBlocks costs a move its own timeout (not 10 s) and is named.
+
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "absl/time/clock.h"
+#include "client/block_client.h"
+#include "client/ferry_client.h"
+#include "gtest/gtest.h"
+#include "tests/agent_pair.h"
+#include "tests/stop_process.h"
+
+namespace ferry {
+namespace {
+
+constexpr uint64_t kHeads = 4;              // the prefill rank's KV heads
+constexpr uint64_t kHeadBytes = 4 << 10;    // one head's tokens x dim x dtype in a block
+constexpr uint64_t kBlock = kHeads * kHeadBytes;
+constexpr uint64_t kBlocks = 8;
+
+class BlockEntriesTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    ASSERT_TRUE(pair_.Start().ok());
+    a_blocks_ = std::make_unique<BlockClient>(pair_.ca->shared_session());
+    b_blocks_ = std::make_unique<BlockClient>(pair_.cb->shared_session());
+    auto dst = pair_.ca->Alloc(kBlocks * kBlock);
+    auto cache = pair_.cb->Alloc(kBlocks * kBlock, "cache");
+    ASSERT_TRUE(dst.ok() && cache.ok());
+    dst_ = std::move(*dst);
+    cache_ = std::move(*cache);
+    Fill(*cache_, 7);
+    std::memset(dst_->data(), 0, dst_->size());
+  }
+  // node-a moves `local` of list `list` with node-b's `remote` of "kv"; the transfer's status
+  // (or the move's refusal).
+  absl::Status MoveAndWait(ferry::v1::OpType type, uint64_t list,
+                           const std::vector<uint64_t>& local,
+                           const std::vector<uint64_t>& remote, bool verify = false) {
+    auto moved = a_blocks_->Move(type, list, local, "node-b", "kv", remote, "", 0, verify);
+    if (!moved.ok()) return moved.status();
+    auto r = pair_.ca->Wait(moved->transfer_id(), absl::Seconds(30));
+    return r.ok() ? TransferStatus(*r) : r.status();
+  }
+  const char* CacheAt(uint64_t block, uint64_t head) const {
+    return cache_->data() + block * kBlock + head * kHeadBytes;
+  }
+
+  Pair pair_;  // first: what is below goes before it checks the accounting
+  std::unique_ptr<BlockClient> a_blocks_, b_blocks_;
+  std::unique_ptr<Buffer> dst_, cache_;
+};
+
+TEST_F(BlockEntriesTest, ADecodeRankReadsItsHeadSliceOfEveryBlockThroughAStridedList) {
+  // Prefill exports each TP-4 rank's slice as a run: rank q's blocks are q * kBlocks + b.
+  std::vector<ferry::v1::BlockExtent> runs;
+  constexpr uint64_t kSlice = 2 * kHeadBytes;  // a TP-4 rank's heads of a TP-2 rank's 4
+  for (uint64_t q = 0; q < 2; ++q) {
+    runs.push_back(Extent(cache_->id(), q * kSlice, kSlice, kBlocks, kBlock));
+  }
+  auto exported = b_blocks_->Prepare(runs, "kv");
+  ASSERT_TRUE(exported.ok()) << exported.status();
+  EXPECT_EQ(exported->blocks(), 2 * kBlocks);
+  // Decode's own cache holds its 2 heads a block, back to back.
+  auto local = a_blocks_->Prepare({Extent(dst_->id(), 0, kSlice, kBlocks)});
+  ASSERT_TRUE(local.ok()) << local.status();
+  std::vector<uint64_t> mine, theirs;
+  for (uint64_t b = 0; b < kBlocks; ++b) {
+    mine.push_back(b);
+    theirs.push_back(kBlocks + b);  // rank 1: heads [2, 4)
+  }
+  ASSERT_TRUE(MoveAndWait(ferry::v1::READ, local->list(), mine, theirs, /*verify=*/true).ok());
+  for (uint64_t b = 0; b < kBlocks; ++b) {
+    EXPECT_EQ(std::memcmp(dst_->data() + b * kSlice, CacheAt(b, 2), kSlice), 0) << "block " << b;
+  }
+}
+
+TEST_F(BlockEntriesTest, EntriesOfDifferentLengthsPairUpOneToOne) {
+  // Three entries anywhere in each buffer, 100, 4096 and 7 bytes long.
+  const std::vector<std::pair<uint64_t, uint64_t>> theirs = {{5, 100}, {9000, 4096}, {40001, 7}};
+  const std::vector<std::pair<uint64_t, uint64_t>> ours = {{3, 100}, {777, 4096}, {20000, 7}};
+  std::vector<ferry::v1::BlockExtent> remote, local;
+  for (auto [offset, length] : theirs) remote.push_back(Extent(cache_->id(), offset, length, 1));
+  for (auto [offset, length] : ours) local.push_back(Extent(dst_->id(), offset, length, 1));
+  ASSERT_TRUE(b_blocks_->Prepare(remote, "kv").ok());
+  auto list = a_blocks_->Prepare(local);
+  ASSERT_TRUE(list.ok()) << list.status();
+  EXPECT_EQ(list->blocks(), 3u);
+  ASSERT_TRUE(MoveAndWait(ferry::v1::READ, list->list(), {0, 1, 2}, {0, 1, 2}, true).ok());
+  for (size_t i = 0; i < ours.size(); ++i) {
+    EXPECT_EQ(std::memcmp(dst_->data() + ours[i].first, cache_->data() + theirs[i].first,
+                          ours[i].second),
+              0)
+        << "entry " << i;
+  }
+  // Untouched around them: nothing moved but the entries.
+  EXPECT_EQ(dst_->data()[2], 0);
+  EXPECT_EQ(dst_->data()[103], 0);
+}
+
+TEST_F(BlockEntriesTest, APairOfUnequalLengthsIsRefusedNamingBothSides) {
+  ASSERT_TRUE(
+      b_blocks_->Prepare({Extent(cache_->id(), 0, 100, 1), Extent(cache_->id(), 100, 64, 1)}, "kv")
+          .ok());
+  auto list = a_blocks_->Prepare({Extent(dst_->id(), 0, 100, 2)});
+  ASSERT_TRUE(list.ok()) << list.status();
+  const std::string before(cache_->data(), 200);
+  absl::Status s = MoveAndWait(ferry::v1::WRITE, list->list(), {0, 1}, {0, 1});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_NE(s.message().find("local_blocks[1], remote_blocks[1]: local block 1 is 100 bytes, "
+                             "block 1 of node-b's list 'kv' is 64"),
+            std::string::npos)
+      << s;
+  // Refused whole: not even the equal pair 0 moved.
+  EXPECT_EQ(std::memcmp(cache_->data(), before.data(), before.size()), 0);
+}
+
+TEST_F(BlockEntriesTest, PrepareChecksStridesAndTheLastStridedBlock) {
+  // Overlapping blocks within one run: refused, naming the stride.
+  auto overlap = a_blocks_->Prepare({Extent(dst_->id(), 0, 4096, 2, 1024)});
+  EXPECT_EQ(overlap.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(overlap.status().message().find("extents[0].stride: 1024 is less than block_bytes"),
+            std::string::npos)
+      << overlap.status();
+  // A run's last block past the buffer's end (the first 7 fit): OUT_OF_RANGE naming count.
+  auto past = a_blocks_->Prepare({Extent(dst_->id(), 0, kBlock, kBlocks, kBlock + 1)});
+  EXPECT_EQ(past.status().code(), absl::StatusCode::kOutOfRange) << past.status();
+  EXPECT_NE(past.status().message().find("extents[0].count"), std::string::npos);
+  // The stride of a one-block extent is never used; exactly to the end fits; different
+  // extents may overlap.
+  auto fits = a_blocks_->Prepare({Extent(dst_->id(), 8, 64, 1, 1),
+                                  Extent(dst_->id(), kBlock - 64, 64, kBlocks, kBlock),
+                                  Extent(dst_->id(), 0, 4 * kBlock, 2, 4 * kBlock)});
+  ASSERT_TRUE(fits.ok()) << fits.status();
+  EXPECT_EQ(fits->blocks(), 1 + kBlocks + 2);
+}
+
+TEST_F(BlockEntriesTest, AMoveToAPeerThatDoesNotAnswerEndsWithinItsTimeoutNamingThePeer) {
+  ASSERT_TRUE(b_blocks_->Prepare({Extent(cache_->id(), 0, kBlock, kBlocks)}, "kv").ok());
+  auto list = a_blocks_->Prepare({Extent(dst_->id(), 0, kBlock, kBlocks)});
+  ASSERT_TRUE(list.ok()) << list.status();
+  StopProcess(pair_.b->pid());  // node-b hangs; node-a has not asked it for "kv" yet
+  const absl::Time start = absl::Now();
+  auto moved = a_blocks_->Move(ferry::v1::READ, list->list(), {0}, "node-b", "kv", {0}, "",
+                               /*timeout_ms=*/3000);
+  const absl::Duration took = absl::Now() - start;
+  kill(pair_.b->pid(), SIGCONT);
+  ASSERT_FALSE(moved.ok());
+  // Before: 10 s, and "remote_list: node-b answered: Deadline Exceeded".
+  EXPECT_EQ(moved.status().code(), absl::StatusCode::kDeadlineExceeded) << moved.status();
+  EXPECT_NE(moved.status().message().find("node-b did not answer ResolveBlocks within 3 s"),
+            std::string::npos)
+      << moved.status();
+  EXPECT_GE(took, absl::Seconds(3));
+  EXPECT_LT(took, absl::Seconds(5)) << "the move waited past its timeout";
+  std::printf("a move to a stopped peer ended after %s: %s\n", absl::FormatDuration(took).c_str(),
+              moved.status().ToString().c_str());
+  // node-b answers again: the next move goes through.
+  EXPECT_TRUE(MoveAndWait(ferry::v1::READ, list->list(), {1}, {1}).ok());
+}
+
+}  // namespace
+}  // namespace ferry
