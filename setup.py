@@ -59,7 +59,7 @@ class CMakeBuild(build_ext):
 WORK.mkdir(parents=True, exist_ok=True)
 setup(
     version=VERSION,
-    packages=["ferry"],
+    packages=["ferry", "ferry.vllm"],
     package_dir={"ferry": "python/ferry"},
     ext_modules=[Extension("ferry._ferry", sources=[])],
     cmdclass={"build_ext": CMakeBuild},

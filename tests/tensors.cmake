@@ -27,3 +27,6 @@ if(TARGET ferry_python)
                        example_disagg_prefill_decode example_disagg_prefill_decode_sim_gpu PROPERTIES
                        LABELS integration TIMEOUT 300 ENVIRONMENT "${FERRY_PY_ENV}")
 endif()
+
+# The vLLM connector's harness (tests/vllm).
+include(${CMAKE_CURRENT_LIST_DIR}/vllm.cmake)
