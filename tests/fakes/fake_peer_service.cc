@@ -1,5 +1,7 @@
 #include "tests/fakes/fake_peer_service.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 
 namespace ferry::fake {
@@ -16,9 +18,11 @@ grpc::Status FakePeerService::Hello(grpc::ServerContext*, const ferry::v1::Hello
   resp->set_node(node_);
   resp->set_protocol_version(protocol_version_);
   resp->set_incarnation(incarnation_);
-  auto* ep = resp->add_endpoints();
-  ep->set_provider(fabric_->provider());
-  ep->set_address(fabric_->address());
+  for (fabric::Fabric* f : fabrics_) {
+    auto* ep = resp->add_endpoints();
+    ep->set_provider(f->provider());
+    ep->set_address(f->address());
+  }
   return grpc::Status::OK;
 }
 
@@ -26,10 +30,12 @@ grpc::Status FakePeerService::Connect(grpc::ServerContext*,
                                       const ferry::v1::ConnectRequest* req,
                                       ferry::v1::ConnectResponse* resp) {
   connects_.fetch_add(1);
-  if (req->provider() != fabric_->provider()) {
+  auto it = std::find_if(fabrics_.begin(), fabrics_.end(),
+                         [&](fabric::Fabric* f) { return f->provider() == req->provider(); });
+  if (it == fabrics_.end()) {
     return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "provider: not run here");
   }
-  auto reply = fabric_->AcceptConnect(req->request(), {req->node(), req->incarnation()});
+  auto reply = (*it)->AcceptConnect(req->request(), {req->node(), req->incarnation()});
   if (!reply.ok()) {
     return grpc::Status(static_cast<grpc::StatusCode>(reply.status().code()),
                         std::string(reply.status().message()));

@@ -1,12 +1,14 @@
 #pragma once
 // A peer agent's Peer service for unit tests, reduced to what PeerDirectory (and through it
-// the engine) relies on: Hello naming one fabric, Connect answered by that fabric's own
-// AcceptConnect, and canned ResolveBuffer answers that the test changes while it runs.
+// the engine) relies on: Hello naming its fabrics (one per provider, in preference order),
+// Connect answered by that provider's fabric's own AcceptConnect, and canned ResolveBuffer
+// answers that the test changes while it runs.
 
 #include <atomic>
 #include <cstdint>
 #include <map>
 #include <string>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
@@ -19,7 +21,9 @@ namespace ferry::fake {
 class FakePeerService final : public ferry::v1::Peer::Service {
  public:
   FakePeerService(std::string node, fabric::Fabric* fabric, uint64_t incarnation)
-      : node_(std::move(node)), fabric_(fabric), incarnation_(incarnation) {}
+      : FakePeerService(std::move(node), std::vector<fabric::Fabric*>{fabric}, incarnation) {}
+  FakePeerService(std::string node, std::vector<fabric::Fabric*> fabrics, uint64_t incarnation)
+      : node_(std::move(node)), fabrics_(std::move(fabrics)), incarnation_(incarnation) {}
 
   void set_incarnation(uint64_t v) {
     absl::MutexLock lock(&mu_);
@@ -54,7 +58,7 @@ class FakePeerService final : public ferry::v1::Peer::Service {
 
   grpc::Status Hello(grpc::ServerContext*, const ferry::v1::HelloRequest* req,
                      ferry::v1::HelloResponse* resp) override;
-  // Answers with the fabric's own AcceptConnect, so the endpoint it makes is real.
+  // Answers with the provider's fabric's own AcceptConnect, so the endpoint it makes is real.
   grpc::Status Connect(grpc::ServerContext*, const ferry::v1::ConnectRequest* req,
                        ferry::v1::ConnectResponse* resp) override;
   // The canned answer for the name; PERMISSION_DENIED for "secret", NOT_FOUND naming it else.
@@ -63,7 +67,7 @@ class FakePeerService final : public ferry::v1::Peer::Service {
 
  private:
   const std::string node_;
-  fabric::Fabric* const fabric_;
+  const std::vector<fabric::Fabric*> fabrics_;
   std::atomic<int> hellos_{0};
   std::atomic<int> connects_{0};
   std::atomic<int> resolves_{0};
