@@ -3,7 +3,8 @@
 // prefill's cache in layout (blocks, heads, tokens, dim): heads [h0, h1) of block b at
 // b * block_bytes + h0 * head_bytes, a strided run), entries of different lengths pair up
 // one to one, pairs of unequal lengths are refused naming both sides, and a peer that does
-// not answer ResolveBlocks costs a move its own timeout (not 10 s) and is named.
+// not answer costs each call its own timeout and is named: ResolveBlocks (was 10 s), a
+// send's Match (was 7 s, and a bare "Deadline Exceeded"), a move on a kept answer.
 
 #include <cstring>
 #include <string>
@@ -12,6 +13,7 @@
 #include "absl/time/clock.h"
 #include "client/block_client.h"
 #include "client/ferry_client.h"
+#include "client/tensor_client.h"
 #include "gtest/gtest.h"
 #include "tests/agent_pair.h"
 #include "tests/stop_process.h"
@@ -163,6 +165,47 @@ TEST_F(BlockEntriesTest, AMoveToAPeerThatDoesNotAnswerEndsWithinItsTimeoutNaming
               moved.status().ToString().c_str());
   // node-b answers again: the next move goes through.
   EXPECT_TRUE(MoveAndWait(ferry::v1::READ, list->list(), {1}, {1}).ok());
+}
+
+TEST_F(BlockEntriesTest, ASendAndAMoveOnAKeptAnswerToAPeerThatDoesNotAnswerNameIt) {
+  ASSERT_TRUE(b_blocks_->Prepare({Extent(cache_->id(), 0, kBlock, kBlocks)}, "kv").ok());
+  auto list = a_blocks_->Prepare({Extent(dst_->id(), 0, kBlock, kBlocks)});
+  ASSERT_TRUE(list.ok()) << list.status();
+  ASSERT_TRUE(MoveAndWait(ferry::v1::READ, list->list(), {0}, {0}).ok());  // kept from here
+  TensorClient tensors(pair_.ca->shared_session());
+  StopProcess(pair_.b->pid());
+  absl::Time start = absl::Now();
+  auto sent = tensors.Send(dst_->id(), 0, MakeMeta(ferry::v1::DTYPE_UINT8, {4096}, "t"),
+                           "node-b", {.timeout = absl::Seconds(2)});
+  const absl::Duration send_took = absl::Now() - start;
+  start = absl::Now();
+  absl::Status moved = [&]() -> absl::Status {
+    auto m = a_blocks_->Move(ferry::v1::READ, list->list(), {1}, "node-b", "kv", {1}, "", 2000);
+    if (!m.ok()) return m.status();
+    auto r = pair_.ca->Wait(m->transfer_id(), absl::Seconds(30));
+    return r.ok() ? TransferStatus(*r) : r.status();
+  }();
+  const absl::Duration move_took = absl::Now() - start;
+  kill(pair_.b->pid(), SIGCONT);
+  // Before: 7 s, and the client's own "Deadline Exceeded" (the agent asked for 5.5 s, then
+  // waited 5 s more to withdraw the offer from the silent peer).
+  EXPECT_EQ(sent.status().code(), absl::StatusCode::kDeadlineExceeded) << sent.status();
+  EXPECT_NE(sent.status().message().find("send of 't' to node-b: node-b did not answer Match "
+                                         "within"),
+            std::string::npos)
+      << sent.status();
+  EXPECT_LT(send_took, absl::Seconds(3)) << sent.status();
+  // The transfer ends at its deadline ("transfer 7 to node-b did not finish before its
+  // deadline"), or before, when the rails' Hello (older than 2 s by now) went unanswered
+  // ("peer node-b did not answer Hello"): either way it names node-b.
+  EXPECT_TRUE(moved.code() == absl::StatusCode::kDeadlineExceeded ||
+              moved.code() == absl::StatusCode::kUnavailable)
+      << moved;
+  EXPECT_NE(moved.message().find("node-b did not"), std::string::npos) << moved;
+  EXPECT_LT(move_took, absl::Seconds(3)) << moved;
+  std::printf("send: %s after %s; move: %s after %s\n", sent.status().ToString().c_str(),
+              absl::FormatDuration(send_took).c_str(), moved.ToString().c_str(),
+              absl::FormatDuration(move_took).c_str());
 }
 
 }  // namespace

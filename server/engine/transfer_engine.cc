@@ -357,8 +357,10 @@ void TransferEngine::ReapExpired() {
     if (expired.empty()) continue;
     mu_.Unlock();
     for (auto& t : expired) {
+      // The peers it waited on, so that the caller learns which node is slow or hung.
       t->SettleAll(absl::DeadlineExceededError(
-          absl::StrCat("transfer ", t->id(), " did not finish before its deadline")));
+          absl::StrCat("transfer ", t->id(), " to ", absl::StrJoin(t->peers(), ", "),
+                       " did not finish before its deadline")));
       OnFinished(t->id());
     }
     mu_.Lock();

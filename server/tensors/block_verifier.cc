@@ -96,6 +96,7 @@ absl::StatusOr<std::vector<uint32_t>> BlockVerifier::AskPeer(const VerifyPlan& p
   req.mutable_blocks()->Reserve(static_cast<int>(last - first));
   for (size_t k = first; k < last; ++k) req.add_blocks(plan.remote_ids[pairs[k]]);
   ferry::v1::ChecksumBlocksResponse resp;
+  const absl::Duration budget = deadline - absl::Now();
   auto ctx = PeerContext(deadline);
   {
     absl::MutexLock lock(&state_->mu);
@@ -107,7 +108,7 @@ absl::StatusOr<std::vector<uint32_t>> BlockVerifier::AskPeer(const VerifyPlan& p
     absl::MutexLock lock(&state_->mu);
     state_->calls.erase(ctx.get());
   }
-  if (!s.ok()) return PeerCallError(s, absl::StrCat("verify: ", plan.peer, " answered"));
+  if (!s.ok()) return PeerCallError(s, "verify", plan.peer, "ChecksumBlocks", budget);
   // Network input: exactly one checksum per block asked for.
   if (resp.crc32c_size() != req.blocks_size()) {
     return absl::DataLossError(absl::StrCat("verify: ", plan.peer, " sent ", resp.crc32c_size(),

@@ -186,8 +186,18 @@ absl::StatusOr<ferry::v1::SendResponse> TensorState::Send(const ferry::v1::SendR
     absl::Duration wait = std::min(kMatchPoll, deadline - absl::Now());
     m.set_wait_ms(static_cast<uint32_t>(std::max<int64_t>(absl::ToInt64Milliseconds(wait), 1)));
     m.set_deadline_unix_ms(absl::ToUnixMillis(deadline));
-    auto ctx = PeerContext(absl::Now() + wait + kCleanupTimeout);
+    // The answer may come a little after `wait` (the peer waits that long first), but not
+    // past the send's own deadline by more than kMatchPoll: a peer that says nothing costs
+    // the caller its timeout, not kCleanupTimeout more.
+    const absl::Time asked = absl::Now();
+    const absl::Time answer_by = std::min(asked + wait + kCleanupTimeout, deadline + kMatchPoll);
+    auto ctx = PeerContext(answer_by);
     grpc::Status s = stub->Match(ctx.get(), m, &match);
+    if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+      // Not a word from the peer (the deadline is our clock's). No CancelSend: it would wait
+      // on the same silent peer, and the offer ends there by itself at deadline_unix_ms.
+      return PeerCallError(s, what, req.peer(), "Match", answer_by - asked);
+    }
     if (!s.ok() && absl::Now() >= deadline) {
       // The peer dropped the offer because it expired: that is the deadline, not a cancel.
       absl::Status why = absl::DeadlineExceededError(
