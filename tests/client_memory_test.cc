@@ -239,7 +239,8 @@ TEST_F(ClientMemoryTest, ReadBlocksPullsScatteredBlocksAndNotifiesThePeer) {
     }
   }
   auto moved = b_.blocks->Move(ferry::v1::READ, local->list(), local_ids, "node-a", "kv",
-                               remote_ids, "req-1 pulled");
+                               remote_ids, "req-1 pulled", 0, false, false,
+                               std::string("req-1\0blocks 3,7,12", 18));
   ASSERT_TRUE(moved.ok()) << moved.status();
   EXPECT_EQ(moved->bytes(), local_ids.size() * kBlock);
   ferry::v1::TransferResult done = AwaitByPoll(*b_.client, moved->transfer_id());
@@ -259,6 +260,7 @@ TEST_F(ClientMemoryTest, ReadBlocksPullsScatteredBlocksAndNotifiesThePeer) {
   ASSERT_TRUE(note.ok()) << note.status();
   EXPECT_EQ(note->blocks(), local_ids.size());
   EXPECT_EQ(note->bytes(), local_ids.size() * kBlock);
+  EXPECT_EQ(note->payload(), std::string("req-1\0blocks 3,7,12", 18));  // bytes, as given
 
   // WRITE the other way: decode's block 0 of tensor 0 into prefill's block 15.
   auto pushed = b_.blocks->Move(ferry::v1::WRITE, local->list(), {0}, "node-a", "kv", {15});
@@ -297,6 +299,12 @@ TEST_F(ClientMemoryTest, BadBlockRequestsAreRefusedNamingTheField) {
          absl::StatusCode::kInvalidArgument, "local_blocks[0]");
   expect(b_.blocks->Move(ferry::v1::READ, lb, {0, 1}, "node-a", "pl", {0, 8}),
          absl::StatusCode::kInvalidArgument, "remote_blocks[1]");
+  // A notification's payload: at most 4096 bytes, over gRPC and the transfer socket alike.
+  for (bool wait : {false, true}) {
+    expect(b_.blocks->Move(ferry::v1::READ, lb, {0}, "node-a", "pl", {0}, "big", 0, false, wait,
+                           std::string(4097, 'x')),
+           absl::StatusCode::kInvalidArgument, "notification_payload: 4097 bytes");
+  }
   // Blocks of 16 KiB here against 32 KiB there.
   expect(b_.blocks->Move(ferry::v1::READ, halves->list(), {0}, "node-a", "pl", {0}),
          absl::StatusCode::kInvalidArgument, "bytes");
