@@ -164,14 +164,19 @@ void BindMemory(py::class_<Session, std::shared_ptr<Session>>& session) {
       .def("prepare_blocks",
            [](Session& s, py::array_t<uint64_t, py::array::c_style | py::array::forcecast> extents,
               const std::string& name) {
-             if (extents.ndim() != 2 || extents.shape(1) != 4) {
+             // The fifth column, when there is one, is the stride (0: back to back).
+             if (extents.ndim() != 2 || (extents.shape(1) != 4 && extents.shape(1) != 5)) {
                throw StatusError(absl::InvalidArgumentError(
-                   "extents: must be N x 4 (buffer, offset, block_bytes, count)"));
+                   "extents: must be N x 4 (buffer, offset, block_bytes, count) or N x 5 "
+                   "(..., stride)"));
              }
              std::vector<v1::BlockExtent> list;
+             list.reserve(extents.shape(0));
+             const bool strided = extents.shape(1) == 5;
              auto v = extents.unchecked<2>();
              for (py::ssize_t i = 0; i < extents.shape(0); ++i) {
-               list.push_back(Extent(v(i, 0), v(i, 1), v(i, 2), v(i, 3)));
+               list.push_back(
+                   Extent(v(i, 0), v(i, 1), v(i, 2), v(i, 3), strided ? v(i, 4) : uint64_t{0}));
              }
              absl::StatusOr<v1::PrepareBlocksResponse> r;
              {
@@ -198,17 +203,19 @@ void BindMemory(py::class_<Session, std::shared_ptr<Session>>& session) {
               py::array_t<uint64_t, py::array::c_style | py::array::forcecast> local_ids,
               const std::string& peer, const std::string& remote_list,
               py::array_t<uint64_t, py::array::c_style | py::array::forcecast> remote_ids,
-              const std::string& notify, uint32_t timeout_ms, bool verify, bool wait) {
+              const std::string& notify, uint32_t timeout_ms, bool verify, bool wait,
+              const py::bytes& notify_payload) {
              if (type != "read" && type != "write") {
                throw StatusError(absl::InvalidArgumentError("type: must be 'read' or 'write'"));
              }
              std::vector<uint64_t> local = Indices(local_ids, "local_ids");
              std::vector<uint64_t> remote = Indices(remote_ids, "remote_ids");
+             const std::string payload = notify_payload;
              absl::StatusOr<v1::MoveBlocksResponse> r;
              {
                py::gil_scoped_release release;
                r = s.blocks->Move(type == "read" ? v1::READ : v1::WRITE, list, local, peer,
-                                  remote_list, remote, notify, timeout_ms, verify, wait);
+                                  remote_list, remote, notify, timeout_ms, verify, wait, payload);
              }
              auto resp = Take(std::move(r));
              py::object result = py::none();
@@ -217,7 +224,8 @@ void BindMemory(py::class_<Session, std::shared_ptr<Session>>& session) {
            },
            py::arg("type"), py::arg("list"), py::arg("local_ids"), py::arg("peer"),
            py::arg("remote_list"), py::arg("remote_ids"), py::arg("notify") = "",
-           py::arg("timeout_ms") = 0, py::arg("verify") = false, py::arg("wait") = false)
+           py::arg("timeout_ms") = 0, py::arg("verify") = false, py::arg("wait") = false,
+           py::arg("notify_payload") = py::bytes())
       // wait_s None: as it stands now (poll); else waits up to that many seconds.
       .def("transfer_result",
            [](Session& s, uint64_t id, std::optional<double> wait_s, bool failed) {
