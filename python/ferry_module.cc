@@ -69,7 +69,8 @@ class PyBuffer {
   PyBuffer(std::shared_ptr<Session> session, std::unique_ptr<Buffer> buffer, bool owned)
       : session_(std::move(session)), buffer_(std::move(buffer)), owned_(owned) {}
   ~PyBuffer() {
-    if (owned_ && !freed_) {
+    // A session that ended (the agent went away) took its buffers with it.
+    if (owned_ && !freed_ && session_->client->session().alive()) {
       // Best effort: the agent may already be gone at interpreter exit.
       py::gil_scoped_release release;
       session_->client->Free(buffer_->id()).IgnoreError();
@@ -92,6 +93,11 @@ class PyBuffer {
   void set_owned(bool owned) { owned_ = owned; }
   void Free() {
     if (freed_) return;
+    if (!session_->client->session().alive()) {
+      throw StatusError(absl::FailedPreconditionError(absl::StrCat(
+          "buffer ", id(), ": its session ended (", session_->client->session().ended().message(),
+          "): the agent went away or restarted, and freed it")));
+    }
     absl::Status s;
     {
       py::gil_scoped_release release;
@@ -101,6 +107,8 @@ class PyBuffer {
     Check(s);
   }
   char* data() const { return buffer_->data(); }
+  // The session it was allocated or received in (Python tells an old agent run's buffers).
+  const std::shared_ptr<Session>& session() const { return session_; }
 
  private:
   std::shared_ptr<Session> session_;
@@ -205,7 +213,12 @@ py::dict NotificationDict(const v1::Notification& n) {
   d["from_node"] = n.from_node();
   d["bytes"] = n.bytes();
   d["blocks"] = n.blocks();
+  d["code"] = n.code();
+  d["message"] = n.message();
   d["sequence"] = n.sequence();
+  d["list"] = n.list();
+  d["buffer"] = n.buffer();
+  d["payload"] = py::bytes(n.payload());
   return d;
 }
 
@@ -490,6 +503,7 @@ PYBIND11_MODULE(_ferry, m) {
       .def_property_readonly("address", &PyBuffer::address)
       .def_property_readonly("backend", &PyBuffer::backend)
       .def_property("owned", &PyBuffer::owned, &PyBuffer::set_owned)
+      .def_property_readonly("session", &PyBuffer::session)
       .def("free", &PyBuffer::Free)
       .def(
           "dlpack",
@@ -524,6 +538,19 @@ PYBIND11_MODULE(_ferry, m) {
   session
       .def(py::init(&Connect), py::arg("target"), py::arg("timeout") = 5.0)
       .def_readonly("target", &Session::target)
+      // The session's id, the agent run that opened it (GetInfo's incarnation) and when that
+      // run started (Unix ms); `alive`: false once the session's call ended (the agent went).
+      .def_property_readonly("id", [](Session& s) { return s.client->session().id(); })
+      .def_property_readonly("incarnation",
+                             [](Session& s) { return s.client->session().incarnation(); })
+      .def_property_readonly("started_unix_ms",
+                             [](Session& s) {
+                               return absl::ToUnixMillis(s.client->session().agent_started());
+                             })
+      .def_property_readonly("alive", [](Session& s) { return s.client->session().alive(); })
+      .def_property_readonly("ended", [](Session& s) {
+        return std::string(s.client->session().ended().message());
+      })
       .def("alloc", [](std::shared_ptr<Session> s, uint64_t size, const std::string& name,
                        const std::vector<std::string>& allowed_peers, const std::string& device) {
              absl::StatusOr<std::unique_ptr<Buffer>> b;
@@ -561,6 +588,8 @@ PYBIND11_MODULE(_ferry, m) {
         d["block_lists"] = i.block_lists();
         d["threads"] = i.threads();
         d["transfer_socket_clients"] = i.transfer_socket_clients();
+        d["incarnation"] = i.incarnation();
+        d["started_unix_ms"] = i.started_unix_ms();
         return d;
       })
       // The four calls below return a Call at once (see the comment at the top).
@@ -606,7 +635,8 @@ PYBIND11_MODULE(_ferry, m) {
               const std::string& remote,
               py::array_t<uint64_t, py::array::c_style | py::array::forcecast> blocks,
               const std::string& notification, std::optional<double> timeout,
-              std::shared_ptr<Completions> completions, uint64_t key) {
+              std::shared_ptr<Completions> completions, uint64_t key,
+              const py::bytes& notification_payload) {
              if (blocks.ndim() != 2 || blocks.shape(1) != 3) {
                throw StatusError(absl::InvalidArgumentError(
                    "blocks: must be N x 3 (local_offset, remote_offset, length)"));
@@ -619,19 +649,22 @@ PYBIND11_MODULE(_ferry, m) {
              auto state = std::make_shared<CallState>(std::move(completions), key);
              s->tensors->WriteBlocksAsync(local_buffer, peer, remote, specs, notification,
                                           Options(timeout, state->canceller()),
-                                          EndState(state, &WriteBlocksResult));
+                                          EndState(state, &WriteBlocksResult),
+                                          notification_payload);
              return PyCall(s, state);
            },
            py::arg("local_buffer"), py::arg("peer"), py::arg("remote_buffer"), py::arg("blocks"),
            py::arg("notification"), py::arg("timeout"), py::arg("completions") = nullptr,
-           py::arg("key") = 0)
+           py::arg("key") = 0, py::arg("notification_payload") = py::bytes())
       .def("wait_notification",
            [](std::shared_ptr<Session> s, const std::string& name, const std::string& from_node,
               std::optional<double> timeout, std::shared_ptr<Completions> completions,
               uint64_t key) {
              auto state = std::make_shared<CallState>(std::move(completions), key);
-             s->tensors->WaitNotificationAsync(name, from_node,
-                                               Options(timeout, state->canceller()),
+             CallOptions options = Options(timeout, state->canceller());
+             // Zero or less: a poll (answered at once), not Options' default of 60 s.
+             if (timeout && *timeout <= 0) options.timeout = absl::ZeroDuration();
+             s->tensors->WaitNotificationAsync(name, from_node, options,
                                                EndState(state, &NotificationResult));
              return PyCall(s, state);
            },
@@ -644,6 +677,26 @@ PYBIND11_MODULE(_ferry, m) {
            },
            py::arg("prefix"), py::arg("timeout"), py::arg("max_count") = 0,
            py::keep_alive<0, 1>())  // the stream keeps its session
+      // Every pending notification matching, at once: (list of dicts, more). Over the
+      // transfer socket where the agent's answers polls there, else a gRPC call.
+      .def("poll_notifications",
+           [](Session& s, const std::string& prefix, uint32_t max_count) {
+             v1::PollNotificationsRequest req;
+             req.set_prefix(prefix);
+             req.set_max_count(max_count);
+             absl::StatusOr<v1::PollNotificationsResponse> r;
+             {
+               py::gil_scoped_release release;
+               auto polled = s.client->PollOnSocket(req);
+               r = polled.has_value() ? *std::move(polled)
+                                      : s.tensors->PollNotifications(prefix, max_count);
+             }
+             auto resp = Take(std::move(r));
+             py::list out;
+             for (const v1::Notification& n : resp.notifications()) out.append(NotificationDict(n));
+             return py::make_tuple(out, resp.more());
+           },
+           py::arg("prefix") = "", py::arg("max_count") = 0)
       .def("cancel", [](Session& s, const std::string& peer, const std::string& tag) {
         absl::StatusOr<v1::CancelResponse> r;
         {

@@ -24,14 +24,17 @@ import atexit
 import collections
 import concurrent.futures
 import itertools
+import os as _os
 import threading
 import weakref
 
 from . import _ferry
 from . import launch
+from . import session as _session
 from .blocks import BlockList, Handle, Registration, check_ids
-from .errors import (Aborted, AlreadyExists, Cancelled, DataLoss, DeadlineExceeded, Error,
-                     FailedPrecondition, Internal, InvalidArgument, NotFound, OutOfRange,
+from .errors import (AgentRestarted, Aborted, AlreadyExists, Cancelled, DataLoss,
+                     DeadlineExceeded, Error, FailedPrecondition, Internal, InvalidArgument,
+                     NotFound, OutOfRange,
                      PermissionDenied, ResourceExhausted, Unauthenticated, Unavailable,
                      Unimplemented, Unknown, from_status)
 
@@ -42,7 +45,7 @@ __all__ = ["Client", "Buffer", "Future", "Notification", "Registration", "BlockL
            "empty", "DTYPES", "Error", "Cancelled", "Unknown",
            "InvalidArgument", "DeadlineExceeded", "NotFound", "AlreadyExists",
            "PermissionDenied", "ResourceExhausted", "FailedPrecondition", "Aborted",
-           "OutOfRange", "Unimplemented", "Internal", "Unavailable", "DataLoss",
+           "OutOfRange", "Unimplemented", "Internal", "Unavailable", "AgentRestarted", "DataLoss",
            "Unauthenticated", "launch", "default_socket", "__version__"]
 
 DTYPES = ("float32", "float16", "bfloat16", "int8", "uint8", "int32", "int64",
@@ -51,7 +54,25 @@ DTYPES = ("float32", "float16", "bfloat16", "int8", "uint8", "int32", "int64",
 # numpy has no bfloat16 / float8: their bytes are viewed as unsigned integers of the same size.
 _NUMPY_VIEW = {"bfloat16": "uint16", "float8_e4m3fn": "uint8", "float8_e5m2": "uint8"}
 
-Notification = collections.namedtuple("Notification", "name from_node bytes blocks sequence")
+# A notification: `payload` is what the sender gave with it (notify_payload; b"" when none),
+# `code` and `message` how its batch went (0: it landed), `list` / `buffer` what it landed in.
+Notification = collections.namedtuple(
+    "Notification", "name from_node bytes blocks sequence code message list buffer payload",
+    defaults=(0, "", "", "", b""))
+# What a notification may carry (notify_payload), as the agent allows.
+MAX_NOTIFY_PAYLOAD = 4096
+
+
+def _payload(notify_payload, notify):
+    """notify_payload as bytes, checked here as the agent would (InvalidArgument naming it)."""
+    payload = bytes(notify_payload or b"")
+    if len(payload) > MAX_NOTIFY_PAYLOAD:
+        raise InvalidArgument(f"notify_payload: {len(payload)} bytes is more than "
+                              f"{MAX_NOTIFY_PAYLOAD}")
+    if payload and not notify:
+        raise InvalidArgument("notify_payload: a payload travels with a notification; name one "
+                              "(notify=...)")
+    return payload
 
 # One op of Client.run: "write" moves [local_offset, +length) of `local` (a Buffer, a
 # Registration or a buffer id) to the peer's buffer `remote_buffer` at remote_offset; "read"
@@ -326,6 +347,10 @@ def _same(result):
     return result
 
 
+# Names of the registrations that CUDA tensors outside agent memory land in (recv's out=).
+_landings = itertools.count(1)
+
+
 def default_socket():
     """The socket ferry.Client() connects to: $FERRY_SOCKET when set, else
     /tmp/ferryd-<host name>.sock. The same rule as ferryctl and libferry."""
@@ -341,11 +366,32 @@ class Client:
         when its config names neither node nor socket). Raises ferry.Unavailable at once when
         the socket does not exist, naming it, or after `timeout` seconds with no answer."""
         target = target or default_socket()
-        self._s = _ferry.Session(target, timeout)
+        # The session, a new one each time the agent restarted (ferry/session.py).
+        self._link = _session.Reconnect(target, timeout)
         self._lock = threading.Lock()
         self._buffers = weakref.WeakValueDictionary()  # id -> _ferry.Buffer: a tensor's home
         self._completer = _Completer()
         weakref.finalize(self, self._completer.orphan)
+
+    @property
+    def _s(self):
+        """The current session (ferry.session.Session over a _ferry.Session)."""
+        return self._link.current
+
+    def _check_mine(self, obj, what):
+        """FailedPrecondition if `obj` (a Registration, BlockList, Buffer or _ferry.Buffer)
+        belongs to a session of an earlier run of the agent: its ids name nothing there, or
+        another client's memory."""
+        if isinstance(obj, (Buffer, _ferry.Buffer)):
+            raw = obj.raw if isinstance(obj, Buffer) else obj
+            if raw.session is not self._s.raw:
+                raise FailedPrecondition(f"{what}: buffer {raw.id} belonged to an earlier "
+                                         f"session of ferryd at {self._link.target}, which "
+                                         f"restarted; allocate it again")
+            return
+        session = getattr(obj, "_s", None) or getattr(obj, "_session", None)
+        if isinstance(session, _session.Session) and session is not self._s:
+            session.check(what)
 
     def close(self):
         """Waits for the outstanding futures, then stops completing new ones."""
@@ -391,6 +437,7 @@ class Client:
         # The compiled object, not the wrapper: numpy / torch views keep only it alive.
         with self._lock:
             self._buffers[buf.id] = buf.raw
+        self._s.track("buffers", buf.raw)
 
     def _describe(self, x, dtype=None):
         """(dtype name, shape, strides in elements or [], address, device) of a tensor."""
@@ -426,7 +473,10 @@ class Client:
         are looked up among the buffers the CPU reaches; `any_device`: CUDA ones too."""
         with self._lock:
             buffers = list(self._buffers.values())
+        current = self._s.raw
         for b in buffers:
+            if b.session is not current:  # an earlier agent run's: its id names nothing now
+                continue
             cpu = b.device == "host" or b.backend == "sim"
             if ((cpu or any_device) and b.address <= address
                     and address + span <= b.address + b.size):
@@ -448,9 +498,10 @@ class Client:
     def _start_send(self, tensor, peer, tag, timeout=60.0, dtype=None, _ended=()):
         name, shape, strides, address, device = self._describe(tensor, dtype)
         span = _ferry.span_bytes(name, shape, strides)
-        home = self._locate(address, span) if device == "host" else None
+        home = self._home(tensor, address, span, device)
         if home is None:
-            # Not in agent memory: one copy into a temporary buffer, then a zero-copy send.
+            # Host memory not in agent memory: one copy into a temporary buffer, then a
+            # zero-copy send.
             staging = self.alloc(max(span, 1))
             if _is_torch(tensor):
                 staging.torch(name, shape).copy_(tensor)
@@ -458,11 +509,31 @@ class Client:
                 np = _np()
                 np.copyto(staging.numpy(name, shape), np.asarray(tensor).view(
                     _NUMPY_VIEW.get(name, name)) if dtype else np.asarray(tensor))
-            home, strides, device = (staging.raw, 0), [], "host"
-        buf, offset = home
-        call = self._s.send(buf.id, offset, name, shape, strides, device, peer, tag,
+            home, strides = (staging.raw.id, 0, staging.raw.device, staging.raw), []
+        ident, offset, device, keep = home
+        # meta.device is where the bytes are: the buffer's device (a simulated GPU's buffer
+        # is host memory to numpy, yet cuda:N to the agent).
+        call = self._s.send(ident, offset, name, shape, strides, device, peer, tag,
                             _seconds(timeout), *_ended)
-        return call, _same, (tensor, buf)
+        return call, _same, (tensor, keep)
+
+    def _home(self, t, address, span, device, name="", peers=()):
+        """(buffer id, offset, device, what to keep until the call ended) of the agent memory
+        holding tensor `t`, or None for host memory outside it. A CUDA tensor outside agent
+        memory is registered by CUDA IPC (named `name` for a receive, reachable by `peers`)
+        for the call, which then moves it in place (no host copy); the registration ends
+        once the call ended (when what it keeps goes)."""
+        home = self._locate(address, max(span, 1), any_device=device != "host")
+        if home is not None:
+            buf, offset = home
+            return buf.id, offset, buf.device, buf
+        if device == "host":
+            return None
+        reg = self._register_cuda(t, span, name, list(peers))
+        reg._session = self._s
+        if reg.owned:
+            _session.end_with(reg, self._s.raw)
+        return reg.id, reg.offset, reg.device, reg
 
     def recv(self, peer, tag, out=None, dtype=None, shape=None, timeout=60.0, like="numpy"):
         """Receives tensor `tag` from `peer`. With `out` (a tensor in a *named* agent buffer,
@@ -477,15 +548,20 @@ class Client:
         if out is not None:
             name, out_shape, strides, address, device = self._describe(out)
             span = _ferry.span_bytes(name, out_shape, strides)
-            home = self._locate(address, span) if device == "host" else None
-            if home is None or strides:
+            home = None
+            if not strides:
+                # A CUDA tensor outside agent memory lands in place: registered under a name
+                # only `peer` may write, for this receive.
+                home = self._home(out, address, span, device,
+                                  name=f"recv/{_os.getpid()}/{next(_landings)}", peers=[peer])
+            if home is None:
                 raise FailedPrecondition("out: must be a contiguous tensor in a named ferry "
-                                         "buffer (Client.alloc(size, name=...))")
-            buf, offset = home
-            call = self._s.recv(peer, tag, buf.id, offset, dtype_name(dtype) if dtype else name,
+                                         "buffer (Client.alloc(size, name=...)) or on a GPU")
+            ident, offset, _, keep = home
+            call = self._s.recv(peer, tag, ident, offset, dtype_name(dtype) if dtype else name,
                                 list(shape) if shape is not None else out_shape,
                                 _seconds(timeout), *_ended)
-            return call, lambda _: out, (out, buf)
+            return call, lambda _: out, (out, keep)
         call = self._s.recv(peer, tag, 0, 0, dtype_name(dtype) if dtype else "",
                             list(shape) if shape is not None else None, _seconds(timeout),
                             *_ended)
@@ -531,6 +607,10 @@ class Client:
         naming the op and field (`ops[3].remote_offset: ...`). Returns a TransferResult
         (`ops`: every op's OpResult with include_ops=True); with `check` (the default) a
         transfer that failed raises its first failing op's error instead."""
+        ops = list(ops)
+        for i, op in enumerate(ops):
+            if len(op) == 7 and isinstance(op[1], (Registration, Buffer, _ferry.Buffer)):
+                self._check_mine(op[1], f"ops[{i}].local")
         raw = [self._op(i, op) for i, op in enumerate(ops)]
         r = self._s.run(raw, float(timeout), bool(include_ops))
         result = TransferResult(
@@ -610,8 +690,18 @@ class Client:
         shared memory (multiprocessing.shared_memory, a memfd or /dev/shm mapping), a torch
         CPU tensor after share_memory_(), a CUDA torch tensor (by CUDA IPC handle), or a
         ferry buffer / a view of one (nothing to register; it keeps its own name). `name`
-        exports the memory to peers (as Client.alloc's name). Private memory (a plain numpy array, malloc) raises
-        FailedPrecondition saying how to share it. Returns a Registration."""
+        exports the memory to peers (as Client.alloc's name). Private memory (a plain numpy
+        array, malloc) raises FailedPrecondition saying how to share it. Returns a
+        Registration, which belongs to this run of the agent (AgentRestarted ends it)."""
+        if isinstance(t, (Buffer, _ferry.Buffer)):
+            self._check_mine(t, "t")
+        reg = self._register(t, name, allowed_peers)
+        reg._session = self._s
+        if reg.owned:
+            self._s.track("registrations", reg)
+        return reg
+
+    def _register(self, t, name=None, allowed_peers=()):
         name = name or ""
         peers = [str(p) for p in allowed_peers]
         if isinstance(t, (Buffer, _ferry.Buffer)):
@@ -658,6 +748,7 @@ class Client:
     def deregister(self, reg):
         """Ends a registration (transfers in flight keep the memory until they finish)."""
         if reg.owned:
+            self._check_mine(reg, f"registration {reg.id}")
             self._s.deregister(reg.id)
             reg.owned = False
 
@@ -669,42 +760,120 @@ class Client:
         block_bytes = int(block_bytes)
         if block_bytes <= 0:
             raise InvalidArgument("block_bytes: must be positive")
-        regs, made = [], []
-        try:
-            for r, item in enumerate(regs_or_tensors):
-                if isinstance(item, Registration):
-                    regs.append(item)
-                    continue
-                reg = self.register(item, name=f"{name}.{r}" if name else None)
-                regs.append(reg)
-                if reg.owned:
-                    made.append(reg)
+
+        def extents(regs, which):
             if not regs:
                 raise InvalidArgument("regs_or_tensors: no memory to cut into blocks")
-            extents = []
-            for r, g in enumerate(regs):
+            rows = []
+            for r, g in enumerate(regs[k] for k in which):
                 if g.length < block_bytes:
                     raise InvalidArgument(f"regs_or_tensors[{r}]: {g.length} bytes is less than "
                                           f"one block of {block_bytes}")
-                extents.append((g.id, g.offset, block_bytes, g.length // block_bytes))
+                rows.append((g.id, g.offset, block_bytes, g.length // block_bytes, 0))
+            return rows
+
+        return self._prepare(list(regs_or_tensors), extents, name, per_item=True)
+
+    def prepare_entries(self, entries, name=None):
+        """A block list of arbitrary entries: `entries` is a sequence of
+        (registration_or_tensor, offset, length), and block i is [offset, +length) of entry
+        i's memory; entries may differ in length (a move pairs blocks of equal lengths only).
+        Tensors are registered here, once each however many entries name them ("<name>.<r>"
+        for the r-th when the list is named). `name` exports the list. Returns a BlockList."""
+        entries = list(entries)
+        for i, e in enumerate(entries):
+            if not isinstance(e, (tuple, list)) or len(e) != 3:
+                raise InvalidArgument(f"entries[{i}]: must be (registration_or_tensor, offset, "
+                                      f"length)")
+
+        def extents(regs, which):
+            if not entries:
+                raise InvalidArgument("entries: no blocks")
+            rows = []
+            for i, (_, offset, length) in enumerate(entries):
+                g = regs[which[i]]
+                offset, length = int(offset), int(length)
+                _check_range(f"entries[{i}]", g, offset, length, 1, length)
+                rows.append((g.id, g.offset + offset, length, 1, 0))
+            return rows
+
+        return self._prepare([e[0] for e in entries], extents, name)
+
+    def prepare_strided(self, runs, name=None):
+        """A block list of strided runs: `runs` is a sequence of (registration_or_tensor, base,
+        stride, count, length), each `count` blocks of `length` bytes at base + k * stride
+        of its memory (stride >= length: a run's blocks never overlap), numbered run by run.
+        E.g. the head slice [h0, h1) of every block of a (blocks, heads, tokens, dim) KV
+        cache: base h0 * head_bytes, stride block_bytes, length (h1 - h0) * head_bytes.
+        Tensors are registered here as by prepare_entries. Returns a BlockList."""
+        runs = list(runs)
+        for i, run in enumerate(runs):
+            if not isinstance(run, (tuple, list)) or len(run) != 5:
+                raise InvalidArgument(f"runs[{i}]: must be (registration_or_tensor, base, stride, "
+                                      f"count, length)")
+
+        def extents(regs, which):
+            if not runs:
+                raise InvalidArgument("runs: no blocks")
+            rows = []
+            for i, (_, base, stride, count, length) in enumerate(runs):
+                g = regs[which[i]]
+                base, stride, count, length = int(base), int(stride), int(count), int(length)
+                if count <= 0:
+                    raise InvalidArgument(f"runs[{i}].count: must be positive")
+                if count > 1 and stride < length:
+                    raise InvalidArgument(f"runs[{i}].stride: {stride} is less than length "
+                                          f"{length} (a run's blocks may not overlap)")
+                _check_range(f"runs[{i}]", g, base, length, count, stride)
+                rows.append((g.id, g.offset + base, length, count, stride if count > 1 else 0))
+            return rows
+
+        return self._prepare([r[0] for r in runs], extents, name)
+
+    def _prepare(self, items, extents, name, per_item=False):
+        """Registers `items` (a tensor named twice once), builds the rows (buffer, offset,
+        block_bytes, count, stride) by extents(regs, which) (which[i]: items[i]'s index in
+        regs) and prepares the list; what it registered goes with it on failure. `per_item`:
+        a row per item, whose common count is the list's blocks_per_tensor."""
+        regs, which, made, seen = [], [], [], {}
+        try:
+            for item in items:
+                if isinstance(item, Registration):
+                    key = ("reg", id(item))
+                else:
+                    key = ("tensor", id(item))
+                if key not in seen:
+                    if isinstance(item, Registration):
+                        self._check_mine(item, f"registration {item.id}")
+                        reg = item
+                    else:
+                        reg = self.register(item, name=f"{name}.{len(regs)}" if name else None)
+                        if reg.owned:
+                            made.append(reg)
+                    seen[key] = len(regs)
+                    regs.append(reg)
+                which.append(seen[key])
+            rows = extents(regs, which)
             np = _np()
-            list_id, blocks = self._s.prepare_blocks(np.array(extents, dtype=np.uint64),
+            list_id, blocks = self._s.prepare_blocks(np.array(rows, dtype=np.uint64).reshape(-1, 5),
                                                      name or "")
         except BaseException:
             for reg in made:  # what this call registered goes with it
                 self.deregister(reg)
             raise
-        counts = {e[3] for e in extents}
+        counts = {row[3] for row in rows}
         bl = BlockList(self._s, list_id, blocks, name or "", regs,
-                       counts.pop() if len(counts) == 1 else None)
+                       counts.pop() if per_item and len(counts) == 1 else None)
+        self._s.track("lists", bl)
         bl._made = made
         return bl
 
     def read_blocks(self, peer, remote_list_name, remote_ids, bl, local_ids, notify="",
-                    timeout=60.0, verify=False, wait=False):
+                    timeout=60.0, verify=False, wait=False, notify_payload=b""):
         """Pulls blocks remote_ids[i] of the peer's list `remote_list_name` into blocks
         local_ids[i] of `bl`, all in one transfer; `notify` (if set) is delivered to the
-        peer's agent once every block settled. `timeout`: seconds for the transfer (None or
+        peer's agent once every block settled, with `notify_payload` (bytes, at most 4096:
+        Notification.payload there). `timeout`: seconds for the transfer (None or
         <= 0: the agent's default). `verify`: once the bytes moved, both agents checksum
         every block (CRC32C) and a pair whose blocks differ fails (DataLoss, by index).
         Returns a Handle at once; with `wait`, once the transfer ended, in one call to the
@@ -712,18 +881,20 @@ class Client:
         or raises the transfer's error). That call is not interrupted by Ctrl-C: it ends
         with the transfer, or just before `timeout` + 10 s with the handle still running."""
         return self._move_blocks("read", bl, local_ids, peer, remote_list_name, remote_ids,
-                                 notify, timeout, verify, wait)
+                                 notify, timeout, verify, wait, notify_payload)
 
     def _move_blocks(self, kind, bl, local_ids, peer, remote_list_name, remote_ids, notify="",
-                     timeout=60.0, verify=False, wait=False):
+                     timeout=60.0, verify=False, wait=False, notify_payload=b""):
+        self._check_mine(bl, "bl")
         local = check_ids(local_ids, "local_ids")
         remote = check_ids(remote_ids, "remote_ids")
+        payload = _payload(notify_payload, notify)
         # None or <= 0: the agent's default timeout (a transfer always has one).
         timeout_ms = 0 if timeout is None or timeout <= 0 else max(int(timeout * 1000), 1)
         try:
             tid, nbytes, ended = self._s.move_blocks(kind, bl.id, local, peer, remote_list_name,
                                                      remote, notify or "", timeout_ms,
-                                                     bool(verify), bool(wait))
+                                                     bool(verify), bool(wait), payload)
         except Error as e:
             # The agent names the request's fields; say them as this call's arguments.
             message = (str(e.args[0]).replace("local_blocks", "local_ids")
@@ -733,18 +904,21 @@ class Client:
         return Handle(self._s, tid, nbytes, keep=bl, result=ended)
 
     def _start_write_blocks(self, buffer, peer, remote_buffer, blocks, notify="", timeout=60.0,
-                            _ended=()):
+                            notify_payload=b"", _ended=()):
         buffer_id = buffer if isinstance(buffer, int) else buffer.id
+        payload = _payload(notify_payload, notify)
         np = _np()
         arr = np.asarray(blocks, dtype=np.uint64)
         if arr.ndim == 1 and arr.size == 0:
             arr = arr.reshape(0, 3)
         call = self._s.write_blocks(buffer_id, peer, remote_buffer, arr, notify,
-                                    _seconds(timeout), *_ended)
+                                    _seconds(timeout), *_ended, notification_payload=payload)
         return call, _same, buffer
 
     def wait_notification(self, name, from_node="", timeout=60.0):
-        """Takes notification `name` (waiting up to `timeout`). A batch that failed raises."""
+        """Takes notification `name` (waiting up to `timeout` seconds; 0 or less: a poll,
+        answered at once: the notification, or DeadlineExceeded when it is not there; None:
+        no limit). A batch that failed raises."""
         return self._wait(self._start_wait_notification(name, from_node, timeout))
 
     def _start_wait_notification(self, name, from_node="", timeout=60.0, _ended=()):
@@ -756,9 +930,27 @@ class Client:
         call, finish, _keep = started  # `_keep` lives in this frame until the call ended
         return finish(call.result())
 
+    def poll_notifications(self, prefix="", max_count=0):
+        """Takes every pending notification whose name starts with `prefix` (at most
+        `max_count`; 0: all), oldest first, and returns them as a list at once: [] when none
+        is there. Never waits: a connector's drain each engine step (one round trip over the
+        agent's transfer socket where the client reaches it). Notifications of batches that
+        failed come as they are (`code`, `message`), not raised."""
+        out = []
+        while True:
+            want = max_count - len(out) if max_count else 0
+            got, more = self._s.poll_notifications(prefix, want)
+            out.extend(Notification(**n) for n in got)
+            if not more or (max_count and len(out) >= max_count):
+                return out
+
     def notifications(self, prefix="", timeout=None, max_count=0):
         """Yields notifications whose name starts with `prefix` until `timeout` seconds
-        (None: until the generator is closed) or `max_count` of them."""
+        (None: until the generator is closed; 0 or less: those pending now, then it ends, as
+        poll_notifications) or `max_count` of them."""
+        if timeout is not None and timeout <= 0:
+            yield from self.poll_notifications(prefix, max_count)
+            return
         stream = self._s.open_notifications(prefix, float(timeout or 0), int(max_count))
         try:
             while True:
@@ -802,6 +994,18 @@ class Client:
 
     def wait_notification_async(self, name, **kwargs):
         return self._async(self._start_wait_notification, name, **kwargs)
+
+
+def _check_range(field, reg, offset, length, count, stride):
+    """InvalidArgument naming `field` unless `count` blocks of `length` bytes at offset +
+    k * stride lie in `reg` (its own length: a registration may be part of a buffer)."""
+    if offset < 0 or length <= 0 or stride < 0:
+        raise InvalidArgument(f"{field}: offset, length and stride must be non-negative, the "
+                              f"length positive")
+    end = offset + (count - 1) * stride + length
+    if end > reg.length:
+        raise InvalidArgument(f"{field}: its blocks end at byte {end}, past the {reg.length} "
+                              f"bytes of {reg!r}")
 
 
 _default = None

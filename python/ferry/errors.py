@@ -92,6 +92,19 @@ class Unavailable(Error):
     code = 14
 
 
+class AgentRestarted(Unavailable):
+    """The client's agent restarted (or died and came back) since its last call: everything
+    the old session held is gone there. Raised once, by the first call after it; the Client
+    has reconnected on a new session by then, so the next calls work. `lost`: what the old
+    session held, {"registrations": [name or id], "lists": [name or id], "buffers": [id]};
+    register and prepare again what you still need (the old Registration, BlockList, Buffer
+    and Handle objects refuse further use)."""
+
+    def __init__(self, message, code=None, lost=None):
+        super().__init__(message, code)
+        self.lost = lost or {"registrations": [], "lists": [], "buffers": []}
+
+
 class DataLoss(Error):
     """Bytes that arrived differ from what was sent (a verify=True check failed)."""
     code = 15

@@ -184,6 +184,33 @@ elif [ "$status_build" = ok ]; then
     echo "simulated GPUs"))"
 fi
 
+# CUDA torch tensors through the Python package (tests/gpu/python_cuda.py): a CUDA tensor
+# outside agent memory sent from its CUDA IPC registration, received into a CUDA tensor. It
+# needs the ferry_python target (pybind11) and torch with CUDA; it says why when it skips.
+status_python=not-run
+if [ "$status_build" = ok ] && [ "$mode" = build ] && [ "$backend" = cuda ]; then
+  echo "== python: CUDA torch tensors through send / recv / register"
+  py=/usr/bin/python3
+  [ -x "$py" ] || py=python3
+  if timeout "$(left 200)" cmake --build "$build" -j"$jobs" --target ferry_python \
+       >> "$out/build.log" 2>&1; then
+    PYTHONPATH=$build/python FERRYD=$build/server/ferryd timeout "$(left 120)" \
+      "$py" tests/gpu/python_cuda.py 2>&1 | tee "$out/python-cuda.txt"
+    rc=${PIPESTATUS[0]}
+    case $rc in
+      0) status_python=ok ;;
+      77) status_python="skipped ($(sed -n 's/.*skipped (\(.*\))$/\1/p' "$out/python-cuda.txt"))" ;;
+      *) status_python="FAILED (rc $rc)" ;;
+    esac
+  else
+    status_python="skipped (no ferry_python target built here: pybind11-dev? build.log)"
+  fi
+elif [ "$status_build" = ok ]; then
+  status_python="skipped ($([ "$backend" = cuda ] && echo "pack mode carries no Python module" ||
+    echo "simulated GPUs: make test runs tests/python/test_gpu_tensors.py"))"
+fi
+echo "python: $status_python"
+
 echo
 echo "== summary ($(($(date +%s) - start)) s; results in $out)"
 echo "build: $status_build ($mode)"
@@ -202,6 +229,8 @@ echo "bench: $status_bench"
 echo "same node: $status_same"
 [ -f "$out/same-node.txt" ] && grep -E "^same node" "$out/same-node.txt"
 echo "agent run: $status_agent"
+echo "python CUDA tensors: $status_python"
 [ -f "$out/agent-run/agent-run.txt" ] && sed 's/^agent run: /  /' "$out/agent-run/agent-run.txt"
 [ "$status_build" = ok ] && [ "$status_tests" = passed ] && [ "$status_bench" = ok ] &&
-  { [ "$status_agent" = ok ] || [ "$status_agent" = skipped ]; }
+  { [ "$status_agent" = ok ] || [ "$status_agent" = skipped ]; } &&
+  [ "${status_python%% *}" != FAILED ]
