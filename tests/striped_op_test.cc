@@ -164,7 +164,7 @@ TEST(RailLedgerTest, AFailurePausesOnlyThatRailToThatPeerAndBackOffGrowsOnFailed
   ledger.Failed(Tcp("mlx5_1"), "node-b", gone, false, t0 + absl::Seconds(7));
   EXPECT_TRUE(ledger.Usable(Tcp("mlx5_1"), "node-b", t0 + absl::Seconds(11)));
   // A slice that goes through makes it healthy, and the next failure pauses 1 s again.
-  ledger.Carried(Tcp("mlx5_1"), "node-b", 4096);
+  ledger.Carried(Tcp("mlx5_1"), "node-b", 4096, t0 + absl::Seconds(11));
   EXPECT_EQ(ledger.Snapshot(t0 + absl::Seconds(11))[0].state, "ok");
   ledger.Failed(Tcp("mlx5_1"), "node-b", gone, true, t0 + absl::Seconds(12));
   EXPECT_TRUE(ledger.Usable(Tcp("mlx5_1"), "node-b", t0 + absl::Seconds(13)));
@@ -225,8 +225,9 @@ TEST(RailLedgerTest, ARunOfFailuresKeepsItsRootCauseAndWarnsOnceWithWhereTheSlic
   EXPECT_EQ(warnings[0],
             "warning rail verbs:rxe0 to node-b paused 1s: transport retry counter exceeded; its "
             "slices go to tcp->tcp");
-  // Carrying again ends the run: said once, and the next failure is a new root cause.
-  ledger.Carried(rxe, "node-b", 4096);
+  // Carrying again after the pause ends the run: said once, and the next failure is a new
+  // root cause.
+  ledger.Carried(rxe, "node-b", 4096, t0 + absl::Seconds(7));
   EXPECT_THAT(log.Lines().back(),
               HasSubstr("carries again after 8 error(s) (the first: transport retry counter"));
   ledger.Failed(rxe, "node-b", absl::UnavailableError("port down"), false,
@@ -243,6 +244,30 @@ TEST(RailLedgerTest, ARunOfFailuresKeepsItsRootCauseAndWarnsOnceWithWhereTheSlic
   EXPECT_EQ(log.Lines().back(),
             "warning rail verbs:rxe0 to node-b (port down); its slices go to tcp->tcp");
   EXPECT_THAT(log.Lines(), SizeIs(6));
+}
+
+TEST(RailLedgerTest, ASliceThatWasOnItsWayWhenTheRailBrokeEndsNoRun) {
+  // make test-rdma's rdma link delete: a completion already on its way succeeded 14 ms after
+  // the removal failed the first slice, the rail "carried again", and the next slice's
+  // failure warned a second time about the same removal.
+  LogLines log;
+  RailLedger ledger(absl::Seconds(1), absl::Seconds(8));
+  const fabric::RailId rxe{"verbs", "rxe0"};
+  const absl::Time t0 = absl::Now();
+  const absl::Status removed = absl::UnavailableError("verbs: rxe0 was removed");
+  ledger.Failed(rxe, "node-b", removed, true, t0, "tcp->tcp");
+  ledger.Carried(rxe, "node-b", 4096, t0 + absl::Milliseconds(14));
+  ledger.Failed(rxe, "node-b", removed, true, t0 + absl::Milliseconds(41), "tcp->tcp");
+  std::vector<RailPeerCounters> snap = ledger.Snapshot(t0 + absl::Milliseconds(41));
+  ASSERT_THAT(snap, SizeIs(1));
+  EXPECT_EQ(snap[0].state, "paused");
+  EXPECT_EQ(snap[0].bytes, 4096u) << "the slice's bytes count all the same";
+  ASSERT_THAT(log.Lines(), SizeIs(1));
+  EXPECT_THAT(log.Lines()[0], HasSubstr("warning rail verbs:rxe0 to node-b paused 1s"));
+  // After the pause, a slice that goes through is the rail carrying again.
+  ledger.Carried(rxe, "node-b", 4096, t0 + absl::Seconds(1));
+  EXPECT_EQ(ledger.Snapshot(t0 + absl::Seconds(1))[0].state, "ok");
+  EXPECT_THAT(log.Lines().back(), HasSubstr("carries again after 2 error(s)"));
 }
 
 TEST(RailLedgerTest, ARailThatCouldNotConnectNamesWhereItsSlicesWent) {

@@ -24,14 +24,15 @@ bool RailLedger::Usable(const fabric::RailId& rail, const std::string& peer,
   return it == entries_.end() || it->second.counters.paused_until <= now;
 }
 
-void RailLedger::Carried(const fabric::RailId& rail, const std::string& peer, uint64_t bytes) {
+void RailLedger::Carried(const fabric::RailId& rail, const std::string& peer, uint64_t bytes,
+                         absl::Time now) {
   std::string back;
   {
     absl::MutexLock lock(&mu_);
     Entry& e = EntryFor(rail, peer);
     e.counters.bytes += bytes;
     ++e.counters.ops;
-    if (e.counters.state != "ok") {
+    if (e.counters.state != "ok" && now >= e.counters.paused_until) {
       back = absl::StrCat("rail ", rail.ToString(), " to ", peer, " carries again after ",
                           e.errors_in_run, " error(s) (the first: ", e.counters.root_cause, ")");
       e.counters.state = "ok";

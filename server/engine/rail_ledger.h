@@ -51,7 +51,12 @@ class RailLedger {
   // False while `rail` is paused for `peer` (a probe is allowed once the pause is over).
   bool Usable(const fabric::RailId& rail, const std::string& peer, absl::Time now) const;
   // A slice of `bytes` went through: counted, and a paused or probing rail is healthy again.
-  void Carried(const fabric::RailId& rail, const std::string& peer, uint64_t bytes);
+  // A slice that succeeds while the rail is paused (`now` before the pause's end: one that
+  // was on its way when the rail broke, as when a device is removed) is counted but ends no
+  // run: it says nothing about the rail now, and ending the run there made the next
+  // failure of the same cause warn again (make test-rdma's rdma link delete).
+  void Carried(const fabric::RailId& rail, const std::string& peer, uint64_t bytes,
+               absl::Time now = absl::Now());
   // A slice failed on `rail` with a transport error (or its connection could not be made):
   // counted and the rail paused. `retried` when another route took the slice over, and
   // `fallback` names that route when known. The first failure of a run is logged as a
