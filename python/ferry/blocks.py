@@ -6,11 +6,14 @@
     x = c.read_blocks("node-a", "kv", remote_ids, bl, local_ids, notify="req-7 pulled")
     x.wait(10)                                 # or x.done(), x.status(), x.cancel()
     x.failed()                                 # [(pair index, code, message), ...]
+    heads = c.prepare_strided([(k0, base, stride, count, length)], name="kv.h2-4")
+    parts = c.prepare_entries([(k0, offset, length), (v0, offset2, length2)])
 
-Blocks are numbered tensor by tensor: block j of the r-th tensor (or registration) is
-index r * blocks_per_tensor + j. One call moves any set of (local index -> remote index)
-pairs, across all layers, as one transfer; the notification reaches the peer's agent once
-every block settled. A handle is a transfer id: thousands may be outstanding, and no thread
+prepare_blocks numbers blocks tensor by tensor: block j of the r-th tensor (or
+registration) is index r * blocks_per_tensor + j; prepare_strided run by run (block k of a
+run at base + k * stride), prepare_entries one block per entry, of any length. One call
+moves any set of (local index -> remote index) pairs of equal lengths, across all layers,
+as one transfer; the notification reaches the peer's agent once every block settled. A handle is a transfer id: thousands may be outstanding, and no thread
 waits for any of them.
 """
 
@@ -45,8 +48,9 @@ class Registration:
 
 
 class BlockList:
-    """A prepared list of blocks (Client.prepare_blocks): `blocks` of them, numbered tensor by
-    tensor, `blocks_per_tensor` each when they are alike; exported as `name` when named."""
+    """A prepared list of blocks (Client.prepare_blocks, prepare_entries, prepare_strided):
+    `blocks` of them; from prepare_blocks numbered tensor by tensor, `blocks_per_tensor` each
+    when they are alike (else None); exported as `name` when named."""
 
     def __init__(self, session, list_id, blocks, name, registrations, blocks_per_tensor):
         self._s = session
