@@ -97,8 +97,12 @@ class Reconnect:
         `error`); raises AgentRestarted once the client runs on a new session, or
         Unavailable when no agent came back within the client's timeout."""
         with self._lock:
-            if session is not self.current:  # another thread reconnected first
-                raise FailedPrecondition(f"this object: {session._stale}")
+            if session is not self.current:
+                # Another thread's call found the restart first and raised AgentRestarted;
+                # this one ran on the old session meanwhile. Trying again works.
+                raise Unavailable(f"ferryd at {self.target} restarted while this call ran on "
+                                  f"its old session (another call raised AgentRestarted); the "
+                                  f"client runs on a new session now")
             old = session.raw
             if error is not None and old.alive:
                 # The agent may still be the one that opened the session (a refusal, or an

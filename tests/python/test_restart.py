@@ -121,3 +121,35 @@ def test_an_agent_that_does_not_come_back_is_unavailable_then_restarted(pair):
                 assert time.monotonic() < deadline
                 time.sleep(0.1)
         assert c.alloc(BLOCK).size == BLOCK
+
+
+def test_threads_calling_across_a_restart_see_agent_restarted_once(pair):
+    import threading
+    r = pair["node-r"]
+    with ferry.Client(r.socket, timeout=20) as c:
+        c.alloc(BLOCK)
+        restart(r)
+        seen, errors = [], []
+        go = threading.Barrier(4)
+
+        def caller():
+            go.wait()
+            for _ in range(200):
+                try:
+                    c.alloc(BLOCK)
+                    return
+                except ferry.AgentRestarted as e:
+                    seen.append(e)
+                except ferry.Unavailable:
+                    time.sleep(0.01)  # raced the reconnect: try again
+                except Exception as e:  # noqa: B902 - any other failure fails the test
+                    errors.append(e)
+                    return
+            errors.append("no call succeeded after the restart")
+
+        threads = [threading.Thread(target=caller) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        assert errors == [] and len(seen) == 1
