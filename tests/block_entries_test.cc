@@ -173,7 +173,13 @@ TEST_F(BlockEntriesTest, ASendAndAMoveOnAKeptAnswerToAPeerThatDoesNotAnswerNameI
   ASSERT_TRUE(list.ok()) << list.status();
   ASSERT_TRUE(MoveAndWait(ferry::v1::READ, list->list(), {0}, {0}).ok());  // kept from here
   TensorClient tensors(pair_.ca->shared_session());
+  auto unasked = pair_.cb->Alloc(4096, "unasked");  // node-a has not resolved it
+  ASSERT_TRUE(unasked.ok()) << unasked.status();
   StopProcess(pair_.b->pid());
+  absl::Time run_start = absl::Now();
+  auto ran = pair_.ca->Run({{ferry::v1::WRITE, dst_->id(), 0, "node-b", "unasked", 0, 4096}},
+                           absl::Seconds(2));
+  const absl::Duration run_took = absl::Now() - run_start;
   absl::Time start = absl::Now();
   auto sent = tensors.Send(dst_->id(), 0, MakeMeta(ferry::v1::DTYPE_UINT8, {4096}, "t"),
                            "node-b", {.timeout = absl::Seconds(2)});
@@ -203,6 +209,13 @@ TEST_F(BlockEntriesTest, ASendAndAMoveOnAKeptAnswerToAPeerThatDoesNotAnswerNameI
       << moved;
   EXPECT_NE(moved.message().find("node-b did not"), std::string::npos) << moved;
   EXPECT_LT(move_took, absl::Seconds(3)) << moved;
+  // A transfer to a buffer it must first resolve: "... asking node-b for buffer 'unasked':
+  // node-b did not answer ResolveBuffer within 2 s" (was "...: Deadline Exceeded").
+  const absl::Status run = ran.ok() ? TransferStatus(*ran) : ran.status();
+  EXPECT_NE(run.message().find("node-b did not answer ResolveBuffer within"), std::string::npos)
+      << run;
+  EXPECT_LT(run_took, absl::Seconds(3)) << run;
+  unasked->reset();
   std::printf("send: %s after %s; move: %s after %s\n", sent.status().ToString().c_str(),
               absl::FormatDuration(send_took).c_str(), moved.ToString().c_str(),
               absl::FormatDuration(move_took).c_str());

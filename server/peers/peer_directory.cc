@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "base/grpc_status.h"
 #include "base/echo.h"
@@ -89,12 +90,21 @@ absl::StatusOr<RemoteBuffer> PeerDirectory::Resolve(const std::string& node,
   req.set_name(name);
   req.set_from_node(self_);
   ferry::v1::ResolveBufferResponse resp;
+  const absl::Duration budget = deadline - absl::Now();
   grpc::Status s = stub->ResolveBuffer(&ctx, req, &resp);
   if (!s.ok()) {
     if (s.error_code() == grpc::StatusCode::NOT_FOUND) {
       return absl::NotFoundError(absl::StrCat("no buffer named ", Echo(name), " on ", node));
     }
-    return PeerError(s, absl::StrCat("asking ", node, " for buffer ", Echo(name)));
+    const std::string what = absl::StrCat("asking ", node, " for buffer ", Echo(name));
+    if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
+      // Our own clock ended the call: the peer said nothing (gRPC's "Deadline Exceeded"
+      // would read as the peer's answer). UNAVAILABLE, as PeerError makes any silence.
+      return absl::UnavailableError(
+          absl::StrFormat("%s: %s did not answer ResolveBuffer within %.3g s", what, node,
+                          absl::ToDoubleSeconds(budget)));
+    }
+    return PeerError(s, what);
   }
   RemoteBuffer out;
   out.node = node;
