@@ -100,6 +100,27 @@ TEST(NotificationBoardPollTest, OneAnswerStaysUnderItsByteBound) {
   EXPECT_GE(polls, 3);
 }
 
+// A peer that floods one uid with full payloads holds at most payload_capacity bytes of them
+// on the board (65536 notifications x 4 KiB would be 256 MiB): the oldest go first, another
+// receiver's stay, and the bytes of taken ones are given back.
+TEST(NotificationBoardPollTest, PayloadBytesPerReceiverAreBounded) {
+  NotificationBoard board(/*capacity=*/65536, /*payload_capacity=*/3 * 4096);
+  const std::string full(4096, 'p');
+  board.Post(Note("other", full), 2000);
+  for (int i = 0; i < 5; ++i) board.Post(Note(absl::StrCat("n", i), full), 1000);
+  EXPECT_THAT(Names(board.Poll("", 0, 1000)), ElementsAre("n2", "n3", "n4"));
+  EXPECT_THAT(Names(board.Poll("", 0, 2000)), ElementsAre("other"));
+  // Taken, their bytes no longer count: three full ones fit again.
+  for (int i = 5; i < 8; ++i) board.Post(Note(absl::StrCat("n", i), full), 1000);
+  EXPECT_THAT(Names(board.Poll("", 0, 1000)), ElementsAre("n5", "n6", "n7"));
+  // One larger than the whole bound (a board made that small) goes alone, leaving it empty.
+  NotificationBoard tiny(/*capacity=*/8, /*payload_capacity=*/10);
+  tiny.Post(Note("big", std::string(11, 'b')), 1000);
+  EXPECT_EQ(tiny.size(), 0u);
+  tiny.Post(Note("small", "ok"), 1000);
+  EXPECT_THAT(Names(tiny.Poll("", 0, 1000)), ElementsAre("small"));
+}
+
 TEST(NotificationPayloadTest, AtMost4096BytesAndOnlyWithANotification) {
   EXPECT_TRUE(CheckNotificationPayload("", "", "notification_payload").ok());
   EXPECT_TRUE(

@@ -32,6 +32,7 @@ void NotificationBoard::Post(ferry::v1::Notification n, int64_t owner) {
   Queue& queue = by_receiver_[receiver];
   queue.sequences.push_back(seq);
   ++queue.live;
+  queue.payload_bytes += n.payload().size();
   by_sequence_.emplace(seq, Entry{std::move(n), owner});
   TrimLocked(receiver);
   posted_.SignalAll();
@@ -41,14 +42,20 @@ void NotificationBoard::TrimLocked(const Receiver& receiver) {
   auto it = by_receiver_.find(receiver);
   if (it == by_receiver_.end()) return;
   Queue& queue = it->second;
-  while (queue.live > capacity_ && !queue.sequences.empty()) {
+  while ((queue.live > capacity_ || queue.payload_bytes > payload_capacity_) &&
+         !queue.sequences.empty()) {
     const uint64_t oldest = queue.sequences.front();
     queue.sequences.pop_front();
     auto entry = by_sequence_.find(oldest);
     if (entry == by_sequence_.end()) continue;  // taken already
-    spdlog::warn("notification board: {} untaken notifications from {} for uid {}: dropping '{}'",
-                 capacity_, receiver.second, receiver.first, entry->second.note.name());
+    spdlog::warn(
+        "notification board: {} untaken notifications ({} payload bytes) from {} for uid {}: "
+        "dropping '{}'",
+        queue.live, queue.payload_bytes, receiver.second, receiver.first,
+        entry->second.note.name());
+    const bool last = queue.live == 1;
     EraseLocked(oldest);
+    if (last) return;  // EraseLocked dropped the queue with its last live one
   }
   // Taken ones leave their numbers behind: dropped once they outnumber the live ones.
   if (queue.sequences.size() > 2 * queue.live + 64) {
@@ -71,8 +78,9 @@ void NotificationBoard::EraseLocked(uint64_t sequence) {
     if (seqs.empty()) by_name_.erase(names);
   }
   auto receiver = by_receiver_.find(Receiver{it->second.owner, note.from_node()});
-  if (receiver != by_receiver_.end() && --receiver->second.live == 0) {
-    by_receiver_.erase(receiver);
+  if (receiver != by_receiver_.end()) {
+    receiver->second.payload_bytes -= note.payload().size();
+    if (--receiver->second.live == 0) by_receiver_.erase(receiver);
   }
   by_sequence_.erase(it);
 }

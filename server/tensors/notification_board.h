@@ -40,10 +40,12 @@ class NotificationBoard {
   static constexpr size_t kMaxPollBytes = 1 << 20;
 
   // At most `capacity` untaken notifications per receiver, a receiver being a uid and the
-  // node the notifications came from; beyond it that receiver's oldest is dropped (and
-  // logged), so a client that never waits cannot grow the agent without bound, and a
-  // flood from one node to one uid never drops another receiver's.
-  explicit NotificationBoard(size_t capacity = 65536) : capacity_(capacity) {}
+  // node the notifications came from, and at most `payload_capacity` bytes of their
+  // payloads (65536 full 4 KiB payloads would be 256 MiB); beyond either that receiver's
+  // oldest is dropped (and logged), so a client that never waits cannot grow the agent
+  // without bound, and a flood from one node to one uid never drops another receiver's.
+  explicit NotificationBoard(size_t capacity = 65536, size_t payload_capacity = 16 << 20)
+      : capacity_(capacity), payload_capacity_(payload_capacity) {}
 
   // Assigns the sequence number and wakes waiters.
   void Post(ferry::v1::Notification n, int64_t owner = kAnyone);
@@ -84,10 +86,12 @@ class NotificationBoard {
                                                     const std::string& from_node, int64_t taker)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EraseLocked(uint64_t sequence) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Drops `receiver`'s oldest notifications while it holds more than capacity_.
+  // Drops `receiver`'s oldest notifications while it holds more than capacity_ of them or
+  // more than payload_capacity_ bytes of payloads.
   void TrimLocked(const Receiver& receiver) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   const size_t capacity_;
+  const size_t payload_capacity_;
   mutable absl::Mutex mu_;
   absl::CondVar posted_;
   uint64_t next_sequence_ ABSL_GUARDED_BY(mu_) = 1;
@@ -99,6 +103,7 @@ class NotificationBoard {
   struct Queue {
     std::deque<uint64_t> sequences;
     size_t live = 0;
+    size_t payload_bytes = 0;  // of the live ones
   };
   absl::flat_hash_map<Receiver, Queue> by_receiver_ ABSL_GUARDED_BY(mu_);
 };
