@@ -873,8 +873,10 @@ class Client:
         """Pulls blocks remote_ids[i] of the peer's list `remote_list_name` into blocks
         local_ids[i] of `bl`, all in one transfer; `notify` (if set) is delivered to the
         peer's agent once every block settled, with `notify_payload` (bytes, at most 4096:
-        Notification.payload there). `timeout`: seconds for the transfer (None or
-        <= 0: the agent's default). `verify`: once the bytes moved, both agents checksum
+        Notification.payload there). `timeout`: seconds for the transfer, the peer's answer
+        for its list included (None or <= 0: the agent's default; a peer that does not answer
+        in time raises DeadlineExceeded naming it, "node-b did not answer ResolveBlocks
+        within 3 s"). `verify`: once the bytes moved, both agents checksum
         every block (CRC32C) and a pair whose blocks differ fails (DataLoss, by index).
         Returns a Handle at once; with `wait`, once the transfer ended, in one call to the
         agent (the quickest way to move a few blocks; Handle.wait() then returns at once,
