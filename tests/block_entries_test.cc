@@ -81,6 +81,17 @@ TEST_F(BlockEntriesTest, ADecodeRankReadsItsHeadSliceOfEveryBlockThroughAStrided
   for (uint64_t b = 0; b < kBlocks; ++b) {
     EXPECT_EQ(std::memcmp(dst_->data() + b * kSlice, CacheAt(b, 2), kSlice), 0) << "block " << b;
   }
+  // Again on node-b's kept answer (no ResolveBlocks): rank 0's heads [0, 2), reversed.
+  const uint64_t asked = PeerOf(*pair_.cb, "node-a").lists_granted();
+  std::vector<uint64_t> rank0(theirs.rbegin(), theirs.rend());
+  for (uint64_t& r : rank0) r -= kBlocks;
+  ASSERT_TRUE(MoveAndWait(ferry::v1::READ, local->list(), mine, rank0).ok());
+  EXPECT_EQ(PeerOf(*pair_.cb, "node-a").lists_granted(), asked) << "node-a asked again";
+  EXPECT_GE(PeerOf(*pair_.ca, "node-b").kept_lists(), 1u);
+  for (uint64_t b = 0; b < kBlocks; ++b) {
+    EXPECT_EQ(std::memcmp(dst_->data() + b * kSlice, CacheAt(kBlocks - 1 - b, 0), kSlice), 0)
+        << "block " << b;
+  }
 }
 
 TEST_F(BlockEntriesTest, EntriesOfDifferentLengthsPairUpOneToOne) {
