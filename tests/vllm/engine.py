@@ -21,9 +21,11 @@ order vLLM's scheduler and model runner do, at the commit ferry/vllm/__init__.py
     KVOutputAggregator reports a request finished once every worker did.
 
 Each engine is a scheduler process with N worker processes (fork), each worker a ferry
-client of its engine's agent with its own paged KV cache (torch CPU tensors after
-share_memory_(), HND: (2, blocks, heads, block_size, head_size) per layer, handed to the
-connector as vLLM's permuted (2, blocks, block_size, heads, head_size) view). A layer's
+client of its engine's agent with its own paged KV cache (HND: (2, blocks, heads,
+block_size, head_size) per layer, handed to the connector as vLLM's permuted (2, blocks,
+block_size, heads, head_size) view), on `device`: "host" (torch CPU tensors after
+share_memory_()), "sim" (buffers of the agent's simulated GPU cuda:<rank % gpus>, from
+ferry.vllm.client(socket).empty) or "cuda" (torch CUDA tensors on cuda:<rank % gpus>). A layer's
 value at a token is a function of the token, its position, the layer, K/V, the global head
 and the dim, so any rank can check any block it holds."""
 
@@ -69,16 +71,33 @@ def values(tokens, start, end, heads):
 
 # --- the worker process ----------------------------------------------------------------------
 
+def cache(engine_id, rank, layer, heads, socket, device, gpus):
+    """One layer's zeroed KV cache, (2, NUM_BLOCKS, heads, BLOCK_SIZE, HEAD_SIZE) float16."""
+    shape = (2, NUM_BLOCKS, heads, BLOCK_SIZE, HEAD_SIZE)
+    if device == "host":
+        return torch.zeros(shape, dtype=torch.float16).share_memory_()
+    if device == "sim":  # the agent's memory: its buffer's name is what peers address
+        import ferry.vllm
+        t = ferry.vllm.client(socket).empty(shape, "float16", like="torch",
+                                            device=f"cuda:{rank % gpus}",
+                                            name=f"kv.{engine_id}.r{rank}.L{layer}")
+        t.zero_()
+        return t
+    return torch.zeros(shape, dtype=torch.float16, device=f"cuda:{rank % gpus}")
+
+
 class Worker:
     def __init__(self, engine_id, tp, rank, socket, extra):
         from ferry.vllm import FerryConnector, KVConnectorRole
+        extra = dict(extra)
+        device, gpus = extra.pop("device", "host"), extra.pop("gpus", 1)
         self.rank, self.heads = rank, list(range(rank * HEADS // tp, (rank + 1) * HEADS // tp))
         cfg = vllm_config(engine_id, tp, rank, socket, **extra)
         self.caches = {}
         for layer in range(LAYERS):
-            raw = torch.zeros(2, NUM_BLOCKS, len(self.heads), BLOCK_SIZE, HEAD_SIZE,
-                              dtype=torch.float16).share_memory_()
+            raw = cache(engine_id, rank, layer, len(self.heads), socket, device, gpus)
             self.caches[f"model.layers.{layer}.self_attn"] = raw
+        self.device = next(iter(self.caches.values())).device
         self.connector = FerryConnector(cfg, KVConnectorRole.WORKER)
         self.connector.register_kv_caches({n: t.permute(0, 1, 3, 2, 4)
                                            for n, t in self.caches.items()})
@@ -91,16 +110,19 @@ class Worker:
         if end <= start:
             return
         v = values(tokens, start, end, self.heads).permute(0, 3, 1, 2, 4)  # L, T, 2, H, D
-        pos = torch.arange(start, end)
-        blocks = torch.tensor(block_ids)[pos // BLOCK_SIZE]
+        v = v.to(self.device)
+        pos = torch.arange(start, end, device=self.device)
+        blocks = torch.tensor(block_ids, device=self.device)[pos // BLOCK_SIZE]
         for layer, raw in enumerate(self.caches.values()):
             raw[:, blocks, :, pos % BLOCK_SIZE, :] = v[layer]
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)  # the agent reads it from another process
 
     def _check(self, tokens, block_ids):
         n = len(tokens)
-        want = values(tokens, 0, n, self.heads).permute(0, 3, 1, 2, 4)
-        pos = torch.arange(n)
-        blocks = torch.tensor(block_ids)[pos // BLOCK_SIZE]
+        want = values(tokens, 0, n, self.heads).permute(0, 3, 1, 2, 4).to(self.device)
+        pos = torch.arange(n, device=self.device)
+        blocks = torch.tensor(block_ids, device=self.device)[pos // BLOCK_SIZE]
         bad = 0
         for layer, raw in enumerate(self.caches.values()):
             got = raw[:, blocks, :, pos % BLOCK_SIZE, :]
@@ -134,7 +156,7 @@ class Worker:
 
     def state(self):
         w = self.connector.connector_worker
-        return dict(idle=w.idle(), stats=dict(w.stats))
+        return dict(idle=w.idle(), stats=dict(w.stats), devices=[r.device for r in w._regs])
 
     def shutdown(self):
         self.connector.shutdown()
@@ -275,6 +297,11 @@ class Engine:
             self.failed_blocks -= set(r.block_ids)
             r.num_computed_tokens = min(r.num_computed_tokens, failed[0] * BLOCK_SIZE)
             self.log["recomputed_after_load_error"] += 1
+            if r.num_computed_tokens == 0:
+                # Nothing valid: vLLM frees the request's blocks (kv_cache_manager.free) and
+                # schedules it as a new one, which may hit the prefix cache again.
+                self.pool.release(r.block_ids)
+                r.block_ids = []
         else:
             r.num_computed_tokens = n - 1
         r.status = STATUS.WAITING
@@ -464,7 +491,7 @@ class Probe:
             while True:
                 info = c.info()
                 if (info["registered_bytes"] == 0 and info["block_lists"] == 0
-                        and info["host_pool_used_bytes"] == 0):
+                        and info["host_pool_used_bytes"] == 0 and info["buffer_count"] == 0):
                     break
                 if time.monotonic() > end:
                     return f"{info['node']} still holds: {info}"
@@ -472,14 +499,16 @@ class Probe:
             c.close()
         return None
 
-    def ring(self, socket, peer, bell_list, names):
-        """Notifications `names` at `peer` with a one-block read of its bell list."""
+    def ring(self, socket, peer, bell_list, notifications):
+        """Notifications (name, payload) at `peer`, each with a one-block read of its bell
+        list."""
         import ferry
         c = ferry.Client(socket)
         bell = torch.zeros(64, dtype=torch.uint8).share_memory_()
         mine = c.prepare_blocks([bell], 64)
-        for name in names:
-            c.read_blocks(peer, bell_list, [0], mine, [0], notify=name).wait(5)
+        for name, payload in notifications:
+            c.read_blocks(peer, bell_list, [0], mine, [0], notify=name,
+                          notify_payload=payload).wait(5)
         mine.release()
         c.close()
 

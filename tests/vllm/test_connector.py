@@ -2,7 +2,10 @@
 vLLM's call order), each engine with its own ferryd, talking tcp over loopback. Every
 case checks every pulled value on every decode rank; each configuration ends with no block
 in use on either engine, nothing leased or in flight in any connector, and both agents
-back to zero registrations, lists and pool bytes."""
+back to zero registrations, lists and pool bytes. The KV caches are torch CPU tensors in
+shared memory, or buffers of the agents' simulated GPUs (test_sim_gpu_caches), or CUDA
+tensors (test_cuda_caches: tests/gpu/run.sh, where there is a GPU)."""
+import json
 import signal
 import subprocess
 import time
@@ -18,18 +21,30 @@ from engine import Remote
 LEASE = 2.0
 
 
+SIM_GPUS = 4  # each worker's cache on simulated GPU rank % 4
+
+
 @pytest.fixture(scope="module")
 def nodes():
     with ferry.launch.agents(["prefill-node", "decode-node"], host_pool="64MiB") as agents:
         yield agents
 
 
+@pytest.fixture(scope="module")
+def sim_nodes():
+    sim = f"gpu:\n  backend: sim\n  count: {SIM_GPUS}\n  pool_size: 8MiB\n"
+    with ferry.launch.agents(["sim-prefill", "sim-decode"], host_pool="64MiB",
+                             extra=sim) as agents:
+        yield agents
+
+
 class Pair:
-    def __init__(self, nodes, P, D, tag, **extra):
+    def __init__(self, nodes, P, D, tag, prefill_node="prefill-node",
+                 decode_node="decode-node", **extra):
         self.nodes = nodes
-        self.prefill = Remote(eng.Engine, f"P{tag}", P, nodes["prefill-node"].socket,
-                              dict(lease_s=LEASE, pull_timeout_s=5))
-        self.decode = Remote(eng.Engine, f"D{tag}", D, nodes["decode-node"].socket,
+        self.prefill = Remote(eng.Engine, f"P{tag}", P, nodes[prefill_node].socket,
+                              dict(lease_s=LEASE, pull_timeout_s=5, **extra))
+        self.decode = Remote(eng.Engine, f"D{tag}", D, nodes[decode_node].socket,
                              dict(lease_s=LEASE, heartbeat_s=0.3, pull_timeout_s=5, **extra))
 
     def prefill_request(self, rid, tokens):
@@ -122,12 +137,21 @@ def test_tp_mapping_covers_every_head_once():
     assert tp_mapping.check_sizes(3, 2, 8, False) is not None
 
 
-def test_notification_names_round_trip():
+def test_notifications_round_trip():
     prefix = metadata.notify_prefix("vllm.P.1.r0", 3)
     assert prefix == "ferry.vllm/P.1/p3/"
-    assert metadata.parse(prefix, metadata.done_name(prefix, "a/b", 2, 4)) == ("a/b", 2, 4)
-    assert metadata.parse(prefix, metadata.heartbeat_name(prefix, "x")) == ("x", None, 0)
-    assert metadata.parse(prefix, prefix + "garbage") is None
+    assert metadata.parse(prefix, *metadata.done(prefix, "a/b", 2, 4)) == [("a/b", 2, 4)]
+    (name, payload), = metadata.heartbeats(prefix, ["x", "y/z"])
+    assert metadata.parse(prefix, name, payload) == [("x", None, 0), ("y/z", None, 0)]
+    # Many requests: as few heartbeats as fit the agent's 4 KiB payload, none bigger.
+    rids = [f"cmpl-{i:08d}-{'x' * 40}" for i in range(300)]
+    beats = metadata.heartbeats(prefix, rids)
+    assert 1 < len(beats) <= 6 and all(len(p) <= 4096 for _, p in beats)
+    assert [r for n, p in beats for r, _, _ in metadata.parse(prefix, n, p)] == rids
+    for name, payload in [(prefix + "garbage", b""), (prefix + "done", b"{not json"),
+                          (prefix + "done", b'{"req": "a", "rank": -1, "of": 1}'),
+                          (prefix + "hb", b'{"reqs": [1]}'), ("elsewhere/done", b"{}")]:
+        assert metadata.parse(prefix, name, payload) is None, (name, payload)
 
 
 @pytest.mark.parametrize("P,D", [(1, 1), (2, 4), (4, 2)])
@@ -194,9 +218,10 @@ def test_leases_notifications_and_compat(nodes):
         # Duplicate and unknown notifications, from a third client of decode's agent.
         prefix = metadata.notify_prefix("vllm.PL.r0", 0)
         probe("ring", nodes["decode-node"].socket, "prefill-node", "vllm.PL.r0.bell",
-              [metadata.done_name(prefix, "held", 0, 1),      # a duplicate
-               metadata.done_name(prefix, "nobody", 0, 1),    # an unknown request
-               prefix + "garbage"])
+              [metadata.done(prefix, "held", 0, 1),            # a duplicate
+               metadata.done(prefix, "nobody", 0, 1),          # an unknown request
+               (prefix + "garbage", b""),                       # not ours
+               (prefix + "done", json.dumps({"req": 7}).encode())])  # ours, but malformed
         # Compatibility hash mismatch: decode recomputes, prefill still frees at once.
         def tamper(params):
             params = dict(params, compat_hash="0" * 32)
@@ -228,7 +253,10 @@ def _restart(agent):
         time.sleep(0.05)
 
 
-def test_prefill_agent_killed_mid_pull_then_restarted(nodes):
+def test_prefill_agent_killed_mid_pull(nodes):
+    """SIGKILL of prefill's agent once prefill offered a request: decode's pull fails, its
+    blocks are reported and recomputed (every value checks), nothing hangs; prefill's
+    connector waits out its agent, and once it is back it serves the next request."""
     pair = Pair(nodes, 1, 1, "K")
     try:
         pair.run("before", tokens(8, 20))
@@ -241,14 +269,89 @@ def test_prefill_agent_killed_mid_pull_then_restarted(nodes):
         state, _ = pair.run("killed", tokens(9, 21), between=kill)
         assert state == "FINISHED_LENGTH_CAPPED" and time.monotonic() - started < 15
         d = pair.decode.call("state")
-        assert d["log"]["load_error_blocks"] > 0 and d["log"]["recomputed_after_load_error"] == 1
-        assert d["log"]["bad_values"] == 0
-        # An agent restarted between requests: the prefill connector registers again.
+        assert d["log"]["load_error_blocks"] == 6, d["log"]  # 21 tokens: 6 blocks, all
+        assert d["log"]["recomputed_after_load_error"] == 1 and d["log"]["bad_values"] == 0
+        assert d["in_use"] == 0, d  # the failed request's blocks went back to the pool
         _restart(agent)
         pair.run("after", tokens(10, 22))
         p, d = pair.drain(LEASE * 3)
-        assert d["log"]["bad_values"] == 0
-        assert sum(w["stats"]["restarts"] for w in p["workers"]) >= 1
+        assert d["log"]["bad_values"] == 0 and d["log"]["checked"] == 3
+        ps = p["workers"][0]["stats"]
+        assert ps["restarts"] == 1, ps
+        # "killed": decode's word died with the agent, the lease freed the blocks.
+        assert ps["freed_by_notify"] == 2 and ps["freed_by_lease"] == 1, ps
     finally:
         pair.close()
     agents_empty(nodes)
+
+
+def test_agent_restarted_between_requests(nodes):
+    """Both agents restart between two requests (TP 2 -> 2): each connector hears
+    AgentRestarted once, registers and exports again, and the next pull moves every value."""
+    pair = Pair(nodes, 2, 2, "R")
+    try:
+        pair.run("first", tokens(11, 19))
+        pair.drain()
+        _restart(nodes["prefill-node"])
+        _restart(nodes["decode-node"])
+        state, _ = pair.run("second", tokens(12, 23))
+        assert state == "FINISHED_LENGTH_CAPPED"
+        p, d = pair.drain()
+        assert d["log"].get("load_error_blocks", 0) == 0 and d["log"]["bad_values"] == 0
+        assert d["log"]["checked"] == 4  # two requests, two ranks
+        assert [w["stats"]["restarts"] for w in p["workers"] + d["workers"]] == [1] * 4
+        assert sum(w["stats"]["freed_by_notify"] for w in p["workers"]) == 4
+    finally:
+        pair.close()
+    agents_empty(nodes)
+
+
+@pytest.mark.parametrize("P,D", [(1, 1), (2, 4)])
+def test_sim_gpu_caches(sim_nodes, P, D):
+    """The KV caches in the agents' simulated GPU memory (ferry.vllm.client(socket).empty(...,
+    device="cuda:N")): lists over GPU buffers, pulls GPU -> GPU, every value checked."""
+    pair = Pair(sim_nodes, P, D, f"S{P}{D}", prefill_node="sim-prefill",
+                decode_node="sim-decode", device="sim", gpus=SIM_GPUS)
+    try:
+        pair.run("a", tokens(13, 27))
+        pair.run("b", tokens(13, 12) + tokens(14, 13))  # a partial prefix hit
+        p, d = pair.drain()
+        checked_clean(pair, p, d)
+        assert d["log"]["checked"] == 2 * D
+        assert sum(w["stats"]["pulls"] for w in d["workers"]) == 2 * max(P, D)
+        # Registered as what they are: each rank's layers on its simulated GPU.
+        for e, tp in ((p, P), (d, D)):
+            assert [w["devices"] for w in e["workers"]] == [
+                [f"cuda:{r % SIM_GPUS}"] * eng.LAYERS for r in range(tp)]
+    finally:
+        pair.close()
+    agents_empty(sim_nodes)
+
+
+@pytest.fixture(scope="module")
+def cuda_nodes():
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip(f"torch {torch.__version__} sees no CUDA GPU")
+    gpu = "gpu:\n  backend: cuda\n  pool_size: 64MiB\n"
+    with ferry.launch.agents(["cuda-prefill", "cuda-decode"], host_pool="64MiB",
+                             extra=gpu) as agents:
+        yield agents
+
+
+@pytest.mark.parametrize("P,D", [(1, 1), (1, 2)])
+def test_cuda_caches(cuda_nodes, P, D):
+    """The KV caches are CUDA torch tensors (vLLM's own memory), registered by CUDA IPC;
+    every pulled value checked on the GPU."""
+    import torch
+    pair = Pair(cuda_nodes, P, D, f"C{P}{D}", prefill_node="cuda-prefill",
+                decode_node="cuda-decode", device="cuda", gpus=torch.cuda.device_count())
+    try:
+        pair.run("a", tokens(15, 27))
+        pair.run("b", tokens(15, 12) + tokens(16, 13))
+        p, d = pair.drain()
+        checked_clean(pair, p, d)
+        assert d["log"]["checked"] == 2 * D
+    finally:
+        pair.close()
+    agents_empty(cuda_nodes)

@@ -36,7 +36,12 @@ vLLM's call order without vLLM.
 
 kv_connector_extra_config keys: ferry_socket (the node's agent; default $FERRY_SOCKET),
 lease_s (120), heartbeat_s (lease_s / 4), pull_timeout_s (30), max_tp_ratio (8: decode TP up
-to 8 x prefill TP), tp_rank (only without vLLM: this worker's TP rank)."""
+to 8 x prefill TP), tp_rank (only without vLLM: this worker's TP rank).
+
+KV caches may be CUDA tensors (registered by CUDA IPC), CPU tensors in shared memory, or
+tensors in the agent's own memory from client(socket).empty(..., device="cuda:N") (a
+simulated GPU's pool): ferry.vllm.client(socket) is the Client the workers of a process
+use."""
 
 import logging
 
@@ -46,10 +51,10 @@ from ._base import (HAVE_VLLM, KVConnectorBase_V1, KVConnectorHandshakeMetadata,
 from .compat import compat_hash, geometry  # noqa: F401
 from .metadata import FerryConnectorMetadata, FerryHandshake  # noqa: F401
 from .scheduler import SchedulerSide
-from .worker import WorkerSide
+from .worker import WorkerSide, client
 
 __all__ = ["FerryConnector", "FerryConnectorMetadata", "FerryHandshake", "KVConnectorRole",
-           "HAVE_VLLM"]
+           "HAVE_VLLM", "client"]
 
 log = logging.getLogger("ferry.vllm")
 

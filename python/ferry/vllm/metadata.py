@@ -3,6 +3,7 @@ scheduler, the kv_transfer_params prefill's finished request carries to decode (
 the proxy), the per-step metadata scheduler -> workers, and the notification names."""
 
 import dataclasses
+import json
 
 from ._base import KVConnectorHandshakeMetadata, KVConnectorMetadata
 
@@ -62,24 +63,52 @@ def notify_prefix(list_base_of_rank0, prefill_rank):
     return f"{NOTIFY_ROOT}/{engine}/p{prefill_rank}/"
 
 
-def done_name(prefix, request_id, decode_rank, expected):
-    return f"{prefix}{request_id}/d{decode_rank}of{expected}"
+# A notification says what it is in its payload (JSON), so that a request id needs no escaping
+# in a name and one heartbeat renews every request a decode rank still wants from a prefill
+# rank: name "<prefix>done", payload {"req": id, "rank": decode rank, "of": how many decode
+# ranks notify}; name "<prefix>hb", payload {"reqs": [id, ...]}.
+MAX_PAYLOAD = 4096  # what the agent carries with a notification (ferry.MAX_NOTIFY_PAYLOAD)
 
 
-def heartbeat_name(prefix, request_id):
-    return f"{prefix}{request_id}/hb"
+def done(prefix, request_id, decode_rank, expected):
+    """(name, payload) of decode rank `decode_rank`'s word that it is done with a request."""
+    body = {"req": request_id, "rank": decode_rank, "of": expected}
+    return f"{prefix}done", json.dumps(body, separators=(",", ":")).encode()
 
 
-def parse(prefix, name):
-    """(request id, decode rank or None for a heartbeat, expected count), or None when the
-    name is not one of ours."""
-    if not name.startswith(prefix) or "/" not in name[len(prefix):]:
+def heartbeats(prefix, request_ids):
+    """(name, payload) pairs renewing the leases of `request_ids`, as few as fit 4 KiB each."""
+    out, batch = [], []
+    for rid in request_ids:
+        if batch and len(_hb_payload(batch + [rid])) > MAX_PAYLOAD:
+            out.append((f"{prefix}hb", _hb_payload(batch)))
+            batch = []
+        batch.append(rid)
+    if batch:
+        out.append((f"{prefix}hb", _hb_payload(batch)))
+    return out
+
+
+def _hb_payload(request_ids):
+    return json.dumps({"reqs": list(request_ids)}, separators=(",", ":")).encode()
+
+
+def parse(prefix, name, payload):
+    """[(request id, decode rank or None for a heartbeat, expected count)] that a notification
+    says, or None when it is not one of ours (another name, or a payload that is not ours)."""
+    try:
+        body = json.loads(bytes(payload).decode()) if payload else None
+    except (UnicodeDecodeError, ValueError):
         return None
-    request_id, tag = name[len(prefix):].rsplit("/", 1)
-    if tag == "hb":
-        return request_id, None, 0
-    if tag.startswith("d") and "of" in tag:
-        rank, _, expected = tag[1:].partition("of")
-        if rank.isdigit() and expected.isdigit():
-            return request_id, int(rank), int(expected)
+    if not isinstance(body, dict):
+        return None
+    if name == f"{prefix}done":
+        rid, rank, expected = body.get("req"), body.get("rank"), body.get("of")
+        if (isinstance(rid, str) and isinstance(rank, int) and isinstance(expected, int)
+                and 0 <= rank and 0 < expected):
+            return [(rid, rank, expected)]
+    elif name == f"{prefix}hb":
+        rids = body.get("reqs")
+        if isinstance(rids, list) and all(isinstance(r, str) for r in rids):
+            return [(rid, None, 0) for rid in rids]
     return None

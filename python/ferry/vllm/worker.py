@@ -4,9 +4,17 @@ Every rank registers its layer tensors with its node's agent (one registration e
 exports one block list over them, "<base>.x1" (plane t = layer * planes + K/V, block b is
 index t * num_blocks + b), the same list cut in k for the decode ranks of a larger TP
 ("<base>.x<k>", ferry/vllm/tp_mapping.py) and a one-block "<base>.bell" that carries
-notifications on their own. Decode ranks pull (read_blocks, one call per prefill rank they
-read, with a notification); prefill ranks free a request's blocks once every decode rank
-that reads them said so, or when its lease (renewed by decode's heartbeats) runs out."""
+notifications on their own (the agent moves no notification without a block: a 64-byte
+read of the bell carries it). Decode ranks pull (read_blocks, one call per prefill rank they
+read, with a notification); prefill ranks take their notifications with one
+poll_notifications per step and free a request's blocks once every decode rank that reads
+them said so, or when its lease (renewed by decode's heartbeats) runs out.
+
+The ranks of a process share one ferry.Client per agent (client()): memory a caller
+allocated there (ferry.empty(..., device="cuda:N", client=client(socket)), a simulated
+GPU's KV cache) is that client's to register. When the agent restarts, the client raises
+ferry.AgentRestarted once and runs on a new session; the worker registers and exports
+everything again on it (the old run's registrations and lists are gone)."""
 
 import dataclasses
 import logging
@@ -21,6 +29,22 @@ from .compat import geometry
 log = logging.getLogger("ferry.vllm")
 
 BELL_BYTES = 64
+# How long a call waits for the node's agent to answer (also for a restarted one to be
+# back), and how long the worker leaves an agent that did not answer alone: a step of the
+# forward loop never waits on a dead agent for longer, and not on every step.
+AGENT_WAIT_S = 0.5
+AGENT_RETRY_S = 1.0
+
+_clients = {}
+
+
+def client(socket=None):
+    """This process's ferry.Client of the agent at `socket` (default: ferry.default_socket()),
+    the one FerryConnector's workers use: allocate KV caches in agent memory with it."""
+    socket = socket or ferry.default_socket()
+    if socket not in _clients:
+        _clients[socket] = ferry.Client(socket, timeout=AGENT_WAIT_S)
+    return _clients[socket]
 
 
 def _dense_flat(t):
@@ -67,7 +91,8 @@ class WorkerSide:
         self.base = f"vllm.{engine_id}.r{tp_rank}"
         self.prefix = f"{md.NOTIFY_ROOT}/{engine_id}/p{tp_rank}/"
         self.client = None
-        self._retry_at = 0.0
+        self._exported = False      # the layers and lists are there on the client's session
+        self._down_until = 0.0      # the agent did not answer: no call to it before then
         self._layers = []           # (layer name, flat uint8 view)
         self._regs = []
         self._lists = {}            # k -> BlockList cut in k (x1 and the exported cuts)
@@ -115,27 +140,45 @@ class WorkerSide:
                                  f"{g['block_size']} tokens x {g['head_size']}")
             self._splits = tp_mapping.remote_splits(heads, self.most)
         self._layers = [(n, f) for n, f, _, _ in layers]
+        self.client = client(self.socket)
         self._setup()
 
     def _setup(self):
-        """Registers the layers and exports the lists on a new client (also after the
-        agent restarted: it lost them)."""
+        """Registers the layers and exports the lists on the client's session (again after
+        the agent restarted: the new run has none of them)."""
         torch = ferry._torch()
-        now = time.monotonic()
-        if now < self._retry_at:  # the agent was not there a moment ago: do not wait again
-            raise ferry.Unavailable(f"{self.socket}: the agent did not answer; retry later")
-        self._retry_at = now + 1.0
-        self.client = ferry.Client(self.socket, timeout=1.0)
-        self._regs = [self.client.register(f, name=f"{self.base}.L{i}")
-                      for i, (_, f) in enumerate(self._layers)]
-        self._lists = {1: self.client.prepare_blocks(self._regs, self.plane_bytes,
-                                                     name=f"{self.base}.x1")}
-        for k in self._splits:
-            self._lists[k] = self.client.prepare_blocks(self._regs, self.plane_bytes // k,
-                                                        name=f"{self.base}.x{k}")
-        bell = torch.zeros(BELL_BYTES, dtype=torch.uint8).share_memory_()
-        self._bell = (bell, self.client.prepare_blocks([bell], BELL_BYTES,
-                                                       name=f"{self.base}.bell"))
+        self._exported = False
+        self._regs, self._lists, self._bell = [], {}, None
+        c = self.client
+        try:
+            for i, (_, f) in enumerate(self._layers):
+                self._regs.append(c.register(f, name=f"{self.base}.L{i}"))
+            self._lists[1] = c.prepare_blocks(self._regs, self.plane_bytes,
+                                              name=f"{self.base}.x1")
+            for k in self._splits:
+                self._lists[k] = c.prepare_blocks(self._regs, self.plane_bytes // k,
+                                                  name=f"{self.base}.x{k}")
+            bell = torch.zeros(BELL_BYTES, dtype=torch.uint8).share_memory_()
+            self._bell = (bell, c.prepare_blocks([bell], BELL_BYTES, name=f"{self.base}.bell"))
+        except ferry.Error:
+            self._release()  # a later try starts from nothing (the names are free again)
+            raise
+        self._exported = True
+
+    def _release(self):
+        """Ends the lists and registrations _setup made, as far as the agent still has them."""
+        for bl in list(self._lists.values()) + ([self._bell[1]] if self._bell else []):
+            try:
+                bl.release()
+            except ferry.Error:
+                pass  # gone with the agent's run
+        for r in self._regs:
+            try:
+                self.client.deregister(r)
+            except ferry.Error:
+                pass
+        self._regs, self._lists, self._bell = [], {}, None
+        self._exported = False
 
     def _local_list(self, k):
         """This rank's blocks cut in k (made once, not exported unless it already was)."""
@@ -148,85 +191,135 @@ class WorkerSide:
                                  tp_rank=self.tp_rank, tp_size=self.tp_size,
                                  num_blocks=self.num_blocks, splits=[1] + self._splits)
 
-    def _recover(self, error):
-        """The agent restarted (ferry.AgentRestarted) or its session is gone: everything it
-        held for us is lost. Pulls in flight fail (their blocks are reported), the rest is
-        registered and exported again; leases stay, the blocks they hold are exported anew."""
-        log.warning("ferry.vllm %s: agent lost our session (%s); registering again",
-                    self.base, error)
-        self.stats["restarts"] += 1
+    # --- the agent: restarts and absences -----------------------------------------------
+
+    def _drop_in_flight(self):
+        """The moves in flight are gone with the session that started them: their pulls
+        fail (their blocks are reported), their notifications are not sent."""
         for pull in self._pulls.values():
             pull.failed.update(pull.local_block_ids)
             pull.parts = []
         self._bells = []
+
+    def _recover(self, error):
+        """ferry.AgentRestarted: the client is on a new session and the old run's
+        registrations and lists are gone; registers and exports them again (leases stay:
+        vLLM still holds their blocks, exported anew under the same names)."""
+        log.warning("ferry.vllm %s: the agent restarted (%s); registering again", self.base,
+                    error)
+        self.stats["restarts"] += 1
+        self._drop_in_flight()
         self._setup()
 
-    @staticmethod
-    def _lost_session(e):
-        restarted = getattr(ferry, "AgentRestarted", None)
-        if restarted is not None and isinstance(e, restarted):
+    def _went_away(self, error):
+        log.warning("ferry.vllm %s: the agent does not answer (%s); leases still run out, "
+                    "pulls fail, next try in %g s", self.base, error, AGENT_RETRY_S)
+        self._drop_in_flight()
+        self._exported = False  # whatever comes back has to be told again
+        self._down_until = time.monotonic() + AGENT_RETRY_S
+
+    def _lost(self, error):
+        """The agent restarted (ferry.AgentRestarted: set up again) or went away."""
+        if isinstance(error, ferry.AgentRestarted):
+            try:
+                return self._recover(error)
+            except ferry.Error as again:
+                error = again
+        self._went_away(error)
+
+    def _reachable(self):
+        """Whether to call the agent now: not while it was away a moment ago; once it is
+        back, the layers and lists are there again (False if that failed)."""
+        if self.client is None or time.monotonic() < self._down_until:
+            return False
+        if self._exported:
             return True
-        text = str(e)
-        return isinstance(e, ferry.Error) and ("is not open" in text or "Broken pipe" in text
-                                               or e.code == 14)
+        try:
+            try:
+                self._setup()
+            except ferry.AgentRestarted as e:
+                self._recover(e)  # sets up on the client's new session
+            return True
+        except ferry.Error as e:
+            self._lost(e)
+            return self._exported
+
+    def _call(self, fn):
+        """fn() on the agent; when it raises ferry.AgentRestarted (once, from whichever call
+        comes first after the restart) the worker sets up again and fn runs once more."""
+        try:
+            return fn()
+        except ferry.AgentRestarted as e:
+            self._recover(e)
+            return fn()
 
     # --- decode: pulls ------------------------------------------------------------------
 
     def start_load_kv(self, meta):
         now = time.monotonic()
-        if self.client is None:
-            try:
-                self._setup()
-            except ferry.Error as e:  # pulls fail below, and are reported
-                log.warning("ferry.vllm %s: agent not back yet: %s", self.base, e)
         for rid, lease_s in meta.reqs_to_send.items():
             lease = self._leases.setdefault(rid, _Lease(now + lease_s))
             lease.known = True
             lease.deadline = max(lease.deadline, now + lease_s)
+        if not meta.reqs_to_recv and not meta.reqs_to_renew:
+            return
+        up = self._reachable()
         for rid, rr in meta.reqs_to_recv.items():
-            self._start_pull(rid, rr)
-        for rid, params in meta.reqs_to_renew.items():
-            self._notify(params, None, heartbeat=True)
+            self._start_pull(rid, rr, up)
+        if up and meta.reqs_to_renew:
+            self._heartbeats(meta.reqs_to_renew.values())
 
-    def _start_pull(self, rid, rr):
+    def _start_pull(self, rid, rr, up):
         p, local = rr.params, list(rr.local_block_ids)
         P, D = int(p["remote_tp_size"]), self.tp_size
         why = tp_mapping.check_sizes(P, D, self.geometry["kv_heads"], self.mla)
         remote = list(p["remote_block_ids"])
         if not why and len(local) > len(remote):
             why = f"{len(local)} local blocks but the prefill request has {len(remote)}"
+        if not why and not up:
+            why = f"the agent at {self.socket} does not answer"
         if not local:  # nothing to pull: prefill frees its blocks on our word
             self.stats["notify_only"] += 1
-            self._notify(p, None)
+            if up:
+                self._notify_done(p)
             return
         pull = _Pull(local)
-        self._pulls[rid] = pull
+        try:
+            self._start_reads(rid, p, pull, local, remote, why, up)
+        finally:
+            # Counted once its reads started: a restart noticed by one of them (the client
+            # raises AgentRestarted once, then the read is made again) fails only what
+            # the old session had started.
+            self._pulls[rid] = pull
+
+    def _start_reads(self, rid, p, pull, local, remote, why, up):
+        P, D = int(p["remote_tp_size"]), self.tp_size
         if why:
             log.error("ferry.vllm: request %s cannot be pulled: %s", rid, why)
             pull.failed.update(local)
-            self._notify(p, None)
+            if up:
+                self._notify_done(p)
             return
         remote = remote[len(remote) - len(local):]
         expected = tp_mapping.expected_notifications(D, P)
         read_ranks = set()
         for read in tp_mapping.reads(self.tp_rank, D, P, self.mla):
             node, rbase, rblocks, rsplits = p["remote_ranks"][read.prefill_rank]
-            name = md.done_name(md.notify_prefix(p["remote_ranks"][0][1], read.prefill_rank),
-                                p["remote_request_id"], self.tp_rank, expected)
+            name, payload = md.done(md.notify_prefix(p["remote_ranks"][0][1],
+                                                     read.prefill_rank),
+                                    p["remote_request_id"], self.tp_rank, expected)
             if read.remote_split not in rsplits:
                 log.error("ferry.vllm: %s exports no list cut in %d (it has %s)", rbase,
                           read.remote_split, rsplits)
                 pull.failed.update(local)
-                continue  # the rank hears from _notify below
+                continue  # the rank hears from _notify_done below
             lids, rids = tp_mapping.pair_ids(self.planes * len(self._layers), self.num_blocks,
-                                             rblocks, local,
-                                             remote, read)
+                                             rblocks, local, remote, read)
             try:
-                if self.client is None:
-                    raise ferry.Unavailable(f"no session with this node's agent ({self.socket})")
-                h = self.client.read_blocks(node, f"{rbase}.x{read.remote_split}", rids,
-                                            self._local_list(read.local_split), lids,
-                                            notify=name, timeout=self.pull_timeout)
+                h = self._call(lambda: self.client.read_blocks(
+                    node, f"{rbase}.x{read.remote_split}", rids,
+                    self._local_list(read.local_split), lids, notify=name,
+                    notify_payload=payload, timeout=self.pull_timeout))
             except ferry.Error as e:
                 log.error("ferry.vllm: pull of request %s from %s failed to start: %s", rid,
                           node, e)
@@ -236,32 +329,43 @@ class WorkerSide:
             self.stats["pulls"] += 1
             self.stats["pairs"] += len(lids)
             pull.parts.append((h, local))
-        self._notify(p, None, skip=read_ranks)
+        self._notify_done(p, skip=read_ranks)
 
-    def _notify(self, p, _unused, heartbeat=False, skip=()):
-        """Tells each prefill rank this rank answers for that it is done with the request
-        (or, with `heartbeat`, that it still wants the blocks), through the rank's bell."""
+    def _answered_ranks(self, p):
+        """(prefill rank, its node, its list base, its notification prefix) of each prefill
+        rank this rank answers for."""
         P = int(p["remote_tp_size"])
-        expected = tp_mapping.expected_notifications(self.tp_size, P)
         for r in tp_mapping.notified(self.tp_rank, self.tp_size, P):
-            if r in skip or r >= P:
-                continue
-            node, rbase = p["remote_ranks"][r][0], p["remote_ranks"][r][1]
-            prefix = md.notify_prefix(p["remote_ranks"][0][1], r)
-            rid = p["remote_request_id"]
-            name = (md.heartbeat_name(prefix, rid) if heartbeat
-                    else md.done_name(prefix, rid, self.tp_rank, expected))
-            if heartbeat:
-                self.stats["heartbeats"] += 1
-            self._bell_to(node, rbase, name)
+            if r < P:
+                node, rbase = p["remote_ranks"][r][0], p["remote_ranks"][r][1]
+                yield r, node, rbase, md.notify_prefix(p["remote_ranks"][0][1], r)
 
-    def _bell_to(self, node, rbase, name):
-        if self.client is None:
-            return
+    def _notify_done(self, p, skip=()):
+        """Tells each prefill rank this rank answers for (but those a pull's own
+        notification tells) that it is done with the request."""
+        expected = tp_mapping.expected_notifications(self.tp_size, int(p["remote_tp_size"]))
+        for r, node, rbase, prefix in self._answered_ranks(p):
+            if r not in skip:
+                self._bell_to(node, rbase,
+                              *md.done(prefix, p["remote_request_id"], self.tp_rank, expected))
+
+    def _heartbeats(self, params):
+        """One notification per prefill rank renews the leases of every request this rank
+        still wants from it (its payload names them)."""
+        wanted = {}
+        for p in params:
+            for _, node, rbase, prefix in self._answered_ranks(p):
+                wanted.setdefault((node, rbase, prefix), []).append(p["remote_request_id"])
+        for (node, rbase, prefix), rids in wanted.items():
+            for name, payload in md.heartbeats(prefix, rids):
+                self.stats["heartbeats"] += 1
+                self._bell_to(node, rbase, name, payload)
+
+    def _bell_to(self, node, rbase, name, payload):
         try:
-            self._bells.append(self.client.read_blocks(node, f"{rbase}.bell", [0],
-                                                       self._bell[1], [0], notify=name,
-                                                       timeout=self.pull_timeout))
+            self._bells.append(self._call(lambda: self.client.read_blocks(
+                node, f"{rbase}.bell", [0], self._bell[1], [0], notify=name,
+                notify_payload=payload, timeout=self.pull_timeout)))
         except ferry.Error as e:  # the lease on the other side frees the blocks
             log.warning("ferry.vllm: notification %s to %s not sent: %s", name, node, e)
 
@@ -273,11 +377,14 @@ class WorkerSide:
                     continue
                 for h, local in pull.parts:
                     if h.status() != "succeeded":
+                        r, failed = h.result(), h.failed()
+                        log.error("ferry.vllm: pull of request %s: %d of its blocks failed: "
+                                  "%s", rid, len(failed), r.get("message") or failed[:1])
                         n = len(local)
-                        pull.failed.update(local[i % n] for i, _, _ in h.failed())
+                        pull.failed.update(local[i % n] for i, _, _ in failed)
+            except (ferry.AgentRestarted, ferry.Unavailable):
+                raise  # the agent: get_finished
             except ferry.Error as e:
-                if self._lost_session(e):
-                    raise
                 log.error("ferry.vllm: pull of request %s: %s", rid, e)
                 pull.failed.update(pull.local_block_ids)
             self.stats["failed_blocks"] += len(pull.failed)
@@ -288,28 +395,22 @@ class WorkerSide:
 
     # --- prefill: notifications and leases ----------------------------------------------
 
-    def _poll(self):
-        c = self.client
-        if hasattr(c, "poll_notifications"):
-            return c.poll_notifications(self.prefix)
-        return list(c.notifications(self.prefix, timeout=0.001))  # before poll_notifications
-
     def _finished_sending(self):
         now = time.monotonic()
-        for n in self._poll():
-            parsed = md.parse(self.prefix, n.name)
-            if parsed is None:
+        for n in self.client.poll_notifications(self.prefix):
+            said = md.parse(self.prefix, n.name, n.payload)
+            if said is None:
                 self.stats["unknown"] += 1
                 continue
-            rid, rank, expected = parsed
-            lease = self._leases.setdefault(rid, _Lease(now + self.lease_s))
-            if rank is None:
-                lease.deadline = max(lease.deadline, now + self.lease_s)
-                continue
-            if rank in lease.got:
-                self.stats["duplicates"] += 1
-            lease.got.add(rank)
-            lease.expected = expected
+            for rid, rank, expected in said:
+                lease = self._leases.setdefault(rid, _Lease(now + self.lease_s))
+                if rank is None:
+                    lease.deadline = max(lease.deadline, now + self.lease_s)
+                    continue
+                if rank in lease.got:
+                    self.stats["duplicates"] += 1
+                lease.got.add(rank)
+                lease.expected = expected
         return self._expire_leases()
 
     def _expire_leases(self):
@@ -337,21 +438,20 @@ class WorkerSide:
 
     def get_finished(self, finished_req_ids):
         self._vllm_finished |= set(finished_req_ids)
-        try:
-            if self.client is None:  # the agent was gone at the last try
-                self._setup()
-            sending = self._finished_sending()
-            recving = self._finished_pulls()
-        except ferry.Error as e:
-            if not self._lost_session(e):
-                raise
+        sending = None
+        if self._reachable():
             try:
-                self._recover(e)
-            except ferry.Error as again:  # not back yet: leases still run out, pulls fail
-                log.warning("ferry.vllm %s: agent not back yet: %s", self.base, again)
-                self.client = None
-            sending, recving = self._expire_leases(), self._finished_pulls()
-        self._bells = [h for h in self._bells if not self._settled(h)]
+                sending = self._call(self._finished_sending)
+                self._bells = [h for h in self._bells if not self._settled(h)]
+            except ferry.Error as e:  # gone, or back but setting up again failed
+                self._lost(e)
+        if sending is None:  # leases still run out while the agent is away
+            sending = self._expire_leases()
+        try:
+            recving = self._finished_pulls()
+        except ferry.Unavailable as e:  # AgentRestarted too: a handle's check noticed
+            self._lost(e)
+            recving = self._finished_pulls()  # the pulls in flight failed: no call
         self._vllm_finished -= sending
         return sending or None, recving or None
 
@@ -378,15 +478,5 @@ class WorkerSide:
         self._pulls = {}
         if self.client is None:
             return
-        try:
-            for bl in self._lists.values():
-                bl.release()
-            if self._bell:
-                self._bell[1].release()
-            for r in self._regs:
-                self.client.deregister(r)
-        except ferry.Error as e:
-            log.warning("ferry.vllm %s: shutdown: %s", self.base, e)
-        self._lists, self._regs, self._bell = {}, [], None
-        self.client.close()
-        self.client = None
+        self._release()
+        self.client = None  # the process's client (client()) stays for its other users
