@@ -211,6 +211,33 @@ elif [ "$status_build" = ok ]; then
 fi
 echo "python: $status_python"
 
+# ferry.vllm.FerryConnector with CUDA torch KV caches (tests/vllm, test_cuda_caches: TP 1->1
+# and 1->2, the caches registered by CUDA IPC, every pulled value checked on the GPU); make
+# test runs the same harness on host memory and simulated GPUs, where this case skips.
+status_vllm=not-run
+if [ "${status_python%% *}" = ok ]; then
+  echo "== vllm connector: CUDA torch KV caches"
+  if "$py" -c "import pytest" 2> /dev/null; then
+    PYTHONPATH=$build/python:tests/vllm FERRYD=$build/server/ferryd timeout "$(left 120)" \
+      "$py" -m pytest -q -rs -p no:cacheprovider -k test_cuda_caches tests/vllm 2>&1 |
+      tee "$out/vllm-cuda.txt"
+    rc=${PIPESTATUS[0]}
+    if [ "$rc" -eq 0 ] && grep -q " passed" "$out/vllm-cuda.txt"; then
+      status_vllm="ok ($(grep -Eo "[0-9]+ passed[^=]*" "$out/vllm-cuda.txt" | tail -1))"
+    elif [ "$rc" -eq 0 ]; then
+      status_vllm="skipped ($(sed -n 's/^SKIPPED \[[0-9]*\] [^:]*:[0-9]*: //p' \
+        "$out/vllm-cuda.txt" | head -1))"
+    else
+      status_vllm="FAILED (rc $rc)"
+    fi
+  else
+    status_vllm="skipped ($py has no pytest: python3-pytest)"
+  fi
+else
+  status_vllm="skipped (the python CUDA check did not pass: ${status_python})"
+fi
+echo "vllm connector: $status_vllm"
+
 echo
 echo "== summary ($(($(date +%s) - start)) s; results in $out)"
 echo "build: $status_build ($mode)"
@@ -230,7 +257,8 @@ echo "same node: $status_same"
 [ -f "$out/same-node.txt" ] && grep -E "^same node" "$out/same-node.txt"
 echo "agent run: $status_agent"
 echo "python CUDA tensors: $status_python"
+echo "vllm connector, CUDA caches: $status_vllm"
 [ -f "$out/agent-run/agent-run.txt" ] && sed 's/^agent run: /  /' "$out/agent-run/agent-run.txt"
 [ "$status_build" = ok ] && [ "$status_tests" = passed ] && [ "$status_bench" = ok ] &&
   { [ "$status_agent" = ok ] || [ "$status_agent" = skipped ]; } &&
-  [ "${status_python%% *}" != FAILED ]
+  [ "${status_python%% *}" != FAILED ] && [ "${status_vllm%% *}" != FAILED ]

@@ -512,6 +512,13 @@ class Probe:
         mine.release()
         c.close()
 
+    def cuda(self):
+        """(GPU count, why none) as torch sees it, asked here: a process that forks CUDA
+        workers must not have initialised CUDA itself."""
+        if not torch.cuda.is_available():
+            return 0, f"torch {torch.__version__} sees no CUDA GPU"
+        return torch.cuda.device_count(), ""
+
     def answers(self, socket):
         import ferry
         try:

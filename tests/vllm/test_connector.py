@@ -330,28 +330,31 @@ def test_sim_gpu_caches(sim_nodes, P, D):
 
 @pytest.fixture(scope="module")
 def cuda_nodes():
-    torch = pytest.importorskip("torch")
-    if not torch.cuda.is_available():
-        pytest.skip(f"torch {torch.__version__} sees no CUDA GPU")
+    gpus, why = probe("cuda")
+    if not gpus:
+        pytest.skip(why)
     gpu = "gpu:\n  backend: cuda\n  pool_size: 64MiB\n"
     with ferry.launch.agents(["cuda-prefill", "cuda-decode"], host_pool="64MiB",
                              extra=gpu) as agents:
-        yield agents
+        yield agents, gpus
 
 
 @pytest.mark.parametrize("P,D", [(1, 1), (1, 2)])
 def test_cuda_caches(cuda_nodes, P, D):
-    """The KV caches are CUDA torch tensors (vLLM's own memory), registered by CUDA IPC;
-    every pulled value checked on the GPU."""
-    import torch
+    """The KV caches are CUDA torch tensors (vLLM's own memory) on cuda:<rank % GPUs>,
+    registered by CUDA IPC; every pulled value checked on the GPU (tests/gpu/run.sh)."""
+    cuda_nodes, gpus = cuda_nodes
     pair = Pair(cuda_nodes, P, D, f"C{P}{D}", prefill_node="cuda-prefill",
-                decode_node="cuda-decode", device="cuda", gpus=torch.cuda.device_count())
+                decode_node="cuda-decode", device="cuda", gpus=gpus)
     try:
         pair.run("a", tokens(15, 27))
         pair.run("b", tokens(15, 12) + tokens(16, 13))
         p, d = pair.drain()
         checked_clean(pair, p, d)
         assert d["log"]["checked"] == 2 * D
+        for e, tp in ((p, P), (d, D)):
+            assert [w["devices"] for w in e["workers"]] == [
+                [f"cuda:{r % gpus}"] * eng.LAYERS for r in range(tp)]
     finally:
         pair.close()
     agents_empty(cuda_nodes)
