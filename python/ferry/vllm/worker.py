@@ -34,6 +34,7 @@ BELL_BYTES = 64
 # forward loop never waits on a dead agent for longer, and not on every step.
 AGENT_WAIT_S = 0.5
 AGENT_RETRY_S = 1.0
+AGENT_CONNECT_S = 10.0
 
 _clients = {}
 
@@ -43,7 +44,17 @@ def client(socket=None):
     the one FerryConnector's workers use: allocate KV caches in agent memory with it."""
     socket = socket or ferry.default_socket()
     if socket not in _clients:
-        _clients[socket] = ferry.Client(socket, timeout=AGENT_WAIT_S)
+        # The client's timeout is also how long a call waits for a restarted agent: short.
+        # A busy agent at start-up gets a few tries (it is there; nothing runs yet).
+        end = time.monotonic() + AGENT_CONNECT_S
+        while True:
+            try:
+                _clients[socket] = ferry.Client(socket, timeout=AGENT_WAIT_S)
+                break
+            except ferry.Unavailable:
+                if time.monotonic() > end:
+                    raise
+                time.sleep(0.1)
     return _clients[socket]
 
 
