@@ -200,11 +200,14 @@ def test_leases_notifications_and_compat(nodes):
     try:
         # Lease expiry: decode never hears of the request; prefill frees after the lease.
         pair.prefill_request("lost", tokens(5, 9))
-        # Heartbeats: decode holds the request (a full engine) for longer than the lease;
-        # its heartbeats keep prefill's blocks, then it pulls and every value checks.
+        # Heartbeats: decode holds two requests (a full engine) for longer than the lease;
+        # its heartbeats (one per prefill rank, naming both) keep prefill's blocks, then it
+        # pulls and every value checks.
         params = pair.prefill_request("held", tokens(6, 11))
+        params2 = pair.prefill_request("held2", tokens(16, 13))
         pair.decode.call("set_hold", True)
         pair.decode.call("add_request", "d-held", tokens(6, 11), params, 1)
+        pair.decode.call("add_request", "d-held2", tokens(16, 13), params2, 1)
         end = time.monotonic() + LEASE * 1.6
         while time.monotonic() < end:
             pair.decode.call("step")
@@ -232,10 +235,11 @@ def test_leases_notifications_and_compat(nodes):
         checked_clean(pair, p, d)
         pw = [w["stats"] for w in p["workers"]]
         assert sum(s["freed_by_lease"] for s in pw) == 2            # "lost", both ranks
-        assert sum(s["freed_by_notify"] for s in pw) == 4           # "held" and "mismatch"
+        assert sum(s["freed_by_notify"] for s in pw) == 6  # "held", "held2", "mismatch"
         assert pw[0]["duplicates"] + pw[0]["unknown"] >= 2
-        assert sum(w["stats"]["heartbeats"] for w in d["workers"]) >= 2
-        assert d["log"]["checked"] == 4  # two requests, two ranks
+        for w in d["workers"]:  # a heartbeat renews both held requests at once
+            assert 2 <= w["stats"]["heartbeats"] < w["stats"]["renewed"], w["stats"]
+        assert d["log"]["checked"] == 6  # three requests, two ranks
     finally:
         pair.close()
     agents_empty(nodes)

@@ -115,9 +115,9 @@ class WorkerSide:
         self._load_errors = set()
         self._leases = {}           # prefill: request id -> _Lease
         self._vllm_finished = set()
-        self.stats = dict(pulls=0, pairs=0, notify_only=0, heartbeats=0, freed_by_notify=0,
-                          freed_by_lease=0, duplicates=0, unknown=0, restarts=0,
-                          failed_blocks=0)
+        self.stats = dict(pulls=0, pairs=0, notify_only=0, heartbeats=0, renewed=0,
+                          freed_by_notify=0, freed_by_lease=0, duplicates=0, unknown=0,
+                          restarts=0, failed_blocks=0)
 
     # --- registration -------------------------------------------------------------------
 
@@ -368,6 +368,7 @@ class WorkerSide:
             for _, node, rbase, prefix in self._answered_ranks(p):
                 wanted.setdefault((node, rbase, prefix), []).append(p["remote_request_id"])
         for (node, rbase, prefix), rids in wanted.items():
+            self.stats["renewed"] += len(rids)
             for name, payload in md.heartbeats(prefix, rids):
                 self.stats["heartbeats"] += 1
                 self._bell_to(node, rbase, name, payload)
