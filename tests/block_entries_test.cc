@@ -178,6 +178,24 @@ TEST_F(BlockEntriesTest, AMoveToAPeerThatDoesNotAnswerEndsWithinItsTimeoutNaming
   EXPECT_TRUE(MoveAndWait(ferry::v1::READ, list->list(), {1}, {1}).ok());
 }
 
+TEST_F(BlockEntriesTest, AMoveToAPeerWhoseAgentIsGoneSaysItCouldNotBeReached) {
+  ASSERT_TRUE(b_blocks_->Prepare({Extent(cache_->id(), 0, kBlock, kBlocks)}, "kv").ok());
+  auto list = a_blocks_->Prepare({Extent(dst_->id(), 0, kBlock, kBlocks)});
+  ASSERT_TRUE(list.ok()) << list.status();
+  b_blocks_.reset();
+  pair_.cb.reset();
+  pair_.b->Stop();  // node-b's agent is gone: nothing listens on its port
+  auto moved = a_blocks_->Move(ferry::v1::READ, list->list(), {0}, "node-b", "kv", {0}, "", 3000);
+  ASSERT_FALSE(moved.ok());
+  // Before: "remote_list: node-b answered: failed to connect to all addresses", as if node-b
+  // had said it.
+  EXPECT_EQ(moved.status().code(), absl::StatusCode::kUnavailable) << moved.status();
+  EXPECT_NE(moved.status().message().find("node-b could not be reached"), std::string::npos)
+      << moved.status();
+  EXPECT_EQ(moved.status().message().find("answered"), std::string::npos) << moved.status();
+  std::printf("a move to a peer whose agent is gone: %s\n", moved.status().ToString().c_str());
+}
+
 TEST_F(BlockEntriesTest, ASendAndAMoveOnAKeptAnswerToAPeerThatDoesNotAnswerNameIt) {
   ASSERT_TRUE(b_blocks_->Prepare({Extent(cache_->id(), 0, kBlock, kBlocks)}, "kv").ok());
   auto list = a_blocks_->Prepare({Extent(dst_->id(), 0, kBlock, kBlocks)});

@@ -47,13 +47,18 @@ inline std::string SecondsText(absl::Duration d) {
 // A failed call `call` to peer `node` for request field `field`, made with `budget` to answer
 // in. Ended at its deadline, the peer said nothing (gRPC's "Deadline Exceeded" is our own
 // clock): DEADLINE_EXCEEDED "<field>: <node> did not answer <call> within <budget>", so the
-// caller learns which node hangs. Else as PeerCallError: "<field>: <node> answered: ...".
+// caller learns which node hangs. UNAVAILABLE is gRPC's own too (no connection: the agent
+// is down or unreachable): "<field>: <node> could not be reached (<call>): ...". Else the
+// peer's own answer, as PeerCallError: "<field>: <node> answered: ...".
 inline absl::Status PeerCallError(const grpc::Status& s, const std::string& field,
                                   const std::string& node, const std::string& call,
                                   absl::Duration budget) {
   if (s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
     return absl::DeadlineExceededError(
         absl::StrCat(field, ": ", node, " did not answer ", call, " within ", SecondsText(budget)));
+  }
+  if (s.error_code() == grpc::StatusCode::UNAVAILABLE) {
+    return PeerCallError(s, absl::StrCat(field, ": ", node, " could not be reached (", call, ")"));
   }
   return PeerCallError(s, absl::StrCat(field, ": ", node, " answered"));
 }

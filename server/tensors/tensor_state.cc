@@ -206,7 +206,7 @@ absl::StatusOr<ferry::v1::SendResponse> TensorState::Send(const ferry::v1::SendR
       return why;
     }
     if (!s.ok()) {
-      absl::Status err = PeerCallError(s, absl::StrCat(what, ": ", req.peer(), " answered"));
+      absl::Status err = PeerCallError(s, what, req.peer(), "Match", answer_by - asked);
       if (s.error_code() == grpc::StatusCode::UNAVAILABLE ||
           s.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) {
         Withdraw(stub, send_id, std::string(err.message()));
