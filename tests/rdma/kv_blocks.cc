@@ -164,7 +164,8 @@ absl::Status Export(const Options& o) {
                    tensors.WaitNotification(absl::StrCat(o.list, "/written"), o.peer, wait));
   Say(absl::StrCat("written landed=", SumOf(*cache.first, o, p.remote_w),
                    " notified_blocks=", written.blocks(), " bytes=", written.bytes()));
-  ASSIGN_OR_RETURN(auto read, tensors.WaitNotification(absl::StrCat(o.list, "/read"), o.peer, wait));
+  ASSIGN_OR_RETURN(auto read,
+                   tensors.WaitNotification(absl::StrCat(o.list, "/read"), o.peer, wait));
   Say(absl::StrCat("read done notified_blocks=", read.blocks(), " bytes=", read.bytes()));
   return absl::OkStatus();
 }
@@ -176,10 +177,10 @@ absl::StatusOr<std::string> MoveAndDescribe(Client& client, BlockClient& blocks,
                                             const std::vector<uint64_t>& remote,
                                             const std::string& notification) {
   const absl::Time t0 = absl::Now();
-  ASSIGN_OR_RETURN(auto moved, blocks.Move(type, list, local, o.peer, o.list, remote,
-                                           notification,
-                                           static_cast<uint32_t>(absl::ToInt64Milliseconds(o.timeout)),
-                                           /*verify=*/true, /*wait=*/true));
+  ASSIGN_OR_RETURN(auto moved,
+                   blocks.Move(type, list, local, o.peer, o.list, remote, notification,
+                               static_cast<uint32_t>(absl::ToInt64Milliseconds(o.timeout)),
+                               /*verify=*/true, /*wait=*/true));
   const int64_t ms = absl::ToInt64Milliseconds(absl::Now() - t0);
   ASSIGN_OR_RETURN(auto result, client.Wait(moved.transfer_id(), o.timeout,
                                             /*include_ops=*/true));
