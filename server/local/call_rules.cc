@@ -37,6 +37,7 @@ constexpr CallRuleRow kRules[] = {
     {"Tensors.WriteBlocks", kOwner, "a buffer the caller owns"},
     {"Tensors.WaitNotification", kOwner, "notifications for the caller's buffers and lists"},
     {"Tensors.StreamNotifications", kOwner, "as WaitNotification"},
+    {"Tensors.PollNotifications", kOwner, "as WaitNotification"},
     {"Tensors.Cancel", kOwner, "the caller's own sends and receives"},
     {"Tensors.ListPending", kOwner, "the caller's own sends and receives"},
     {"Tensors.PrepareBlocks", kOwner, "buffers the caller owns, in its session"},
