@@ -14,10 +14,20 @@ The ranks of a process share one ferry.Client per agent (client()): memory a cal
 allocated there (ferry.empty(..., device="cuda:N", client=client(socket)), a simulated
 GPU's KV cache) is that client's to register. When the agent restarts, the client raises
 ferry.AgentRestarted once and runs on a new session; the worker registers and exports
-everything again on it (the old run's registrations and lists are gone)."""
+everything again on it (the old run's registrations and lists are gone).
+
+start_load_kv returns at once: a decode rank's reads, notifications and heartbeats start on
+its own thread ("ferry-vllm-start", one per WorkerSide, fed by a queue), since a read of 8192
+pairs takes the agent 12-44 ms to plan (bench/results/2026-12-07-vllm-connector.txt) and the
+pybind calls release the GIL. self._lock guards what both threads touch: the session's
+registrations and lists (_setup, _recover), the pulls, the notifications in flight, the
+load errors and the counters. The lock is never held across a read_blocks call, so
+get_finished never waits for a read to start."""
 
 import dataclasses
 import logging
+import queue
+import threading
 import time
 
 import ferry
@@ -79,6 +89,7 @@ class _Pull:
     local_block_ids: list
     parts: list = dataclasses.field(default_factory=list)   # (Handle, local block per pair)
     failed: set = dataclasses.field(default_factory=set)
+    started: bool = False   # the start thread tried every read: only then can it finish
 
 
 @dataclasses.dataclass
@@ -118,6 +129,14 @@ class WorkerSide:
         self.stats = dict(pulls=0, pairs=0, notify_only=0, heartbeats=0, renewed=0,
                           freed_by_notify=0, freed_by_lease=0, duplicates=0, unknown=0,
                           restarts=0, failed_blocks=0)
+        # The start thread (module docstring). _gen counts the times the moves in flight
+        # were dropped: a read that returns after a drop belongs to the session that went.
+        self._lock = threading.RLock()
+        self._tasks = queue.Queue()
+        self._thread = None
+        self._queued = 0            # tasks put and not done yet (idle() waits for them)
+        self._stopping = False
+        self._gen = 0
 
     # --- registration -------------------------------------------------------------------
 
@@ -158,8 +177,10 @@ class WorkerSide:
         """Registers the layers and exports the lists on the client's session (again after
         the agent restarted: the new run has none of them)."""
         torch = ferry._torch()
-        self._exported = False
-        self._regs, self._lists, self._bell = [], {}, None
+        # What a set-up before this one left (a call that raced a recovery on the other
+        # thread can report the agent gone after it was set up again): its names are taken.
+        # A restart this finds is the caller's to handle (_recover counts it).
+        self._release(restarts=True)
         c = self.client
         try:
             for i, (_, f) in enumerate(self._layers):
@@ -176,16 +197,24 @@ class WorkerSide:
             raise
         self._exported = True
 
-    def _release(self):
-        """Ends the lists and registrations _setup made, as far as the agent still has them."""
+    def _release(self, restarts=False):
+        """Ends the lists and registrations _setup made, as far as the agent still has them
+        (ferry.AgentRestarted, raised once by whichever call finds the restart, passes
+        through with `restarts`)."""
         for bl in list(self._lists.values()) + ([self._bell[1]] if self._bell else []):
             try:
                 bl.release()
+            except ferry.AgentRestarted:
+                if restarts:
+                    raise
             except ferry.Error:
                 pass  # gone with the agent's run
         for r in self._regs:
             try:
                 self.client.deregister(r)
+            except ferry.AgentRestarted:
+                if restarts:
+                    raise
             except ferry.Error:
                 pass
         self._regs, self._lists, self._bell = [], {}, None
@@ -206,10 +235,13 @@ class WorkerSide:
 
     def _drop_in_flight(self):
         """The moves in flight are gone with the session that started them: their pulls
-        fail (their blocks are reported), their notifications are not sent."""
+        fail (their blocks are reported), their notifications are not sent. A pull whose
+        reads the start thread has not begun stays: they start on the session to come."""
+        self._gen += 1
         for pull in self._pulls.values():
-            pull.failed.update(pull.local_block_ids)
-            pull.parts = []
+            if pull.started or pull.parts:
+                pull.failed.update(pull.local_block_ids)
+                pull.parts = []
         self._bells = []
 
     def _recover(self, error):
@@ -257,12 +289,61 @@ class WorkerSide:
 
     def _call(self, fn):
         """fn() on the agent; when it raises ferry.AgentRestarted (once, from whichever call
-        comes first after the restart) the worker sets up again and fn runs once more."""
+        comes first after the restart) the worker sets up again and fn runs once more.
+        Either thread may call it; the recovery runs under the lock."""
         try:
             return fn()
         except ferry.AgentRestarted as e:
-            self._recover(e)
+            with self._lock:
+                self._recover(e)
             return fn()
+
+    def _current(self, k=None):
+        """(generation, this rank's list cut in k, or the bell's list when k is None) as the
+        session has them now, for a read the start thread makes outside the lock."""
+        with self._lock:
+            if not self._exported:
+                raise ferry.Unavailable(f"ferry.vllm {self.base}: not set up on the agent at "
+                                        f"{self.socket} (it went away)")
+            return self._gen, self._bell[1] if k is None else self._local_list(k)
+
+    # --- the start thread ---------------------------------------------------------------
+
+    def _enqueue(self, task):
+        with self._lock:
+            if self._stopping:
+                return
+            self._queued += 1
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, daemon=True,
+                                                name=f"ferry-vllm-start {self.base}")
+                self._thread.start()
+        self._tasks.put(task)
+
+    def _run(self):
+        while True:
+            task = self._tasks.get()
+            if task is None or self._stopping:
+                return
+            try:
+                pulls, renew = task
+                with self._lock:
+                    up = self._reachable()
+                for rid, rr in pulls:
+                    self._start_pull(rid, rr, up)
+                if up and renew:
+                    self._heartbeats(renew)
+            except Exception:  # noqa: BLE001: the thread must outlive one bad task
+                log.exception("ferry.vllm %s: starting a step's moves failed", self.base)
+                with self._lock:
+                    for rid, _ in task[0]:
+                        pull = self._pulls.get(rid)
+                        if pull is not None and not pull.started:
+                            pull.failed.update(pull.local_block_ids)
+                            pull.started = True
+            finally:
+                with self._lock:
+                    self._queued -= 1
 
     # --- decode: pulls ------------------------------------------------------------------
 
@@ -274,11 +355,12 @@ class WorkerSide:
             lease.deadline = max(lease.deadline, now + lease_s)
         if not meta.reqs_to_recv and not meta.reqs_to_renew:
             return
-        up = self._reachable()
-        for rid, rr in meta.reqs_to_recv.items():
-            self._start_pull(rid, rr, up)
-        if up and meta.reqs_to_renew:
-            self._heartbeats(meta.reqs_to_renew.values())
+        pulls = list(meta.reqs_to_recv.items())
+        with self._lock:  # not finished before the start thread tried their reads
+            for rid, rr in pulls:
+                if rr.local_block_ids:
+                    self._pulls[rid] = _Pull(list(rr.local_block_ids))
+        self._enqueue((pulls, list(meta.reqs_to_renew.values())))
 
     def _start_pull(self, rid, rr, up):
         p, local = rr.params, list(rr.local_block_ids)
@@ -290,24 +372,34 @@ class WorkerSide:
         if not why and not up:
             why = f"the agent at {self.socket} does not answer"
         if not local:  # nothing to pull: prefill frees its blocks on our word
-            self.stats["notify_only"] += 1
+            with self._lock:
+                self.stats["notify_only"] += 1
             if up:
                 self._notify_done(p)
             return
-        pull = _Pull(local)
+        with self._lock:
+            pull = self._pulls.get(rid)
+        if pull is None:  # shut down meanwhile
+            return
         try:
             self._start_reads(rid, p, pull, local, remote, why, up)
+        except Exception:  # noqa: BLE001: a bug here fails the pull, never hangs it
+            log.exception("ferry.vllm: the pull of request %s failed to start", rid)
+            with self._lock:
+                pull.failed.update(local)
         finally:
-            # Counted once its reads started: a restart noticed by one of them (the client
+            # Finished once its reads started: a restart noticed by one of them (the client
             # raises AgentRestarted once, then the read is made again) fails only what
             # the old session had started.
-            self._pulls[rid] = pull
+            with self._lock:
+                pull.started = True
 
     def _start_reads(self, rid, p, pull, local, remote, why, up):
         P, D = int(p["remote_tp_size"]), self.tp_size
         if why:
             log.error("ferry.vllm: request %s cannot be pulled: %s", rid, why)
-            pull.failed.update(local)
+            with self._lock:
+                pull.failed.update(local)
             if up:
                 self._notify_done(p)
             return
@@ -322,24 +414,33 @@ class WorkerSide:
             if read.remote_split not in rsplits:
                 log.error("ferry.vllm: %s exports no list cut in %d (it has %s)", rbase,
                           read.remote_split, rsplits)
-                pull.failed.update(local)
+                with self._lock:
+                    pull.failed.update(local)
                 continue  # the rank hears from _notify_done below
             lids, rids = tp_mapping.pair_ids(self.planes * len(self._layers), self.num_blocks,
                                              rblocks, local, remote, read)
+            def start(read=read, lids=lids, rids=rids, node=node, rbase=rbase, name=name,
+                      payload=payload):
+                gen, bl = self._current(read.local_split)
+                return gen, self.client.read_blocks(
+                    node, f"{rbase}.x{read.remote_split}", rids, bl, lids, notify=name,
+                    notify_payload=payload, timeout=self.pull_timeout)
             try:
-                h = self._call(lambda: self.client.read_blocks(
-                    node, f"{rbase}.x{read.remote_split}", rids,
-                    self._local_list(read.local_split), lids, notify=name,
-                    notify_payload=payload, timeout=self.pull_timeout))
+                gen, h = self._call(start)
             except ferry.Error as e:
                 log.error("ferry.vllm: pull of request %s from %s failed to start: %s", rid,
                           node, e)
-                pull.failed.update(local)
+                with self._lock:
+                    pull.failed.update(local)
                 continue
             read_ranks.add(read.prefill_rank)
-            self.stats["pulls"] += 1
-            self.stats["pairs"] += len(lids)
-            pull.parts.append((h, local))
+            with self._lock:
+                self.stats["pulls"] += 1
+                self.stats["pairs"] += len(lids)
+                if gen == self._gen:
+                    pull.parts.append((h, local))
+                else:  # started on the session that went while it was being made
+                    pull.failed.update(local)
         self._notify_done(p, skip=read_ranks)
 
     def _answered_ranks(self, p):
@@ -368,22 +469,33 @@ class WorkerSide:
             for _, node, rbase, prefix in self._answered_ranks(p):
                 wanted.setdefault((node, rbase, prefix), []).append(p["remote_request_id"])
         for (node, rbase, prefix), rids in wanted.items():
-            self.stats["renewed"] += len(rids)
+            with self._lock:
+                self.stats["renewed"] += len(rids)
             for name, payload in md.heartbeats(prefix, rids):
-                self.stats["heartbeats"] += 1
+                with self._lock:
+                    self.stats["heartbeats"] += 1
                 self._bell_to(node, rbase, name, payload)
 
     def _bell_to(self, node, rbase, name, payload):
+        def ring():
+            gen, bl = self._current()
+            return gen, self.client.read_blocks(node, f"{rbase}.bell", [0], bl, [0],
+                                                notify=name, notify_payload=payload,
+                                                timeout=self.pull_timeout)
         try:
-            self._bells.append(self._call(lambda: self.client.read_blocks(
-                node, f"{rbase}.bell", [0], self._bell[1], [0], notify=name,
-                notify_payload=payload, timeout=self.pull_timeout)))
+            gen, h = self._call(ring)
         except ferry.Error as e:  # the lease on the other side frees the blocks
             log.warning("ferry.vllm: notification %s to %s not sent: %s", name, node, e)
+            return
+        with self._lock:
+            if gen == self._gen:
+                self._bells.append(h)
 
     def _finished_pulls(self):
         done = set()
         for rid, pull in list(self._pulls.items()):
+            if not pull.started:
+                continue
             try:
                 if not all(h.done() for h, _ in pull.parts):
                     continue
@@ -449,6 +561,10 @@ class WorkerSide:
     # --- every step ---------------------------------------------------------------------
 
     def get_finished(self, finished_req_ids):
+        with self._lock:  # the start thread holds it only between its agent calls
+            return self._get_finished(finished_req_ids)
+
+    def _get_finished(self, finished_req_ids):
         self._vllm_finished |= set(finished_req_ids)
         sending = None
         if self._reachable():
@@ -474,14 +590,33 @@ class WorkerSide:
             return True
 
     def get_block_ids_with_load_errors(self):
-        errors, self._load_errors = self._load_errors, set()
+        with self._lock:
+            errors, self._load_errors = self._load_errors, set()
         return errors
 
     def idle(self):
-        """True when nothing is in flight or leased (the harness checks it at the end)."""
-        return not self._pulls and not self._leases and not self._bells
+        """True when nothing is queued, in flight or leased (the harness checks it at the
+        end)."""
+        with self._lock:
+            return (not self._queued and not self._pulls and not self._leases
+                    and not self._bells)
 
     def shutdown(self):
+        """Stops the start thread (after the task it is on: a read returns once the agent
+        planned it, within pull_timeout) and ends what this rank holds on the agent."""
+        with self._lock:
+            self._stopping = True
+            thread = self._thread
+        if thread is not None:
+            self._tasks.put(None)
+            thread.join(self.pull_timeout + 5)
+            if thread.is_alive():
+                log.error("ferry.vllm %s: the start thread did not stop within %g s",
+                          self.base, self.pull_timeout + 5)
+        with self._lock:
+            self._shutdown()
+
+    def _shutdown(self):
         for h, _ in [part for pull in self._pulls.values() for part in pull.parts]:
             try:
                 h.cancel()
