@@ -32,6 +32,7 @@ and the dim, so any rank can check any block it holds."""
 import collections
 import multiprocessing
 import os
+import threading
 import time
 import traceback
 import types
@@ -159,7 +160,10 @@ class Worker:
         return dict(idle=w.idle(), stats=dict(w.stats), devices=[r.device for r in w._regs])
 
     def shutdown(self):
+        """Shuts the connector down; the names of its threads still alive after (none: the
+        start thread is joined, as every thread the connector started must be)."""
         self.connector.shutdown()
+        return [t.name for t in threading.enumerate() if t.name.startswith("ferry-vllm")]
 
 
 # --- the scheduler process -------------------------------------------------------------------
@@ -412,9 +416,10 @@ class Engine:
                     connector_s_max=max(self.connector_s, default=0))
 
     def shutdown(self):
-        gather(self.workers, "shutdown")
+        left = gather(self.workers, "shutdown")
         for w in self.workers:
             w.close()
+        return [name for names in left for name in names]
 
 
 # --- processes -------------------------------------------------------------------------------

@@ -85,11 +85,13 @@ class Pair:
             time.sleep(0.02)
 
     def close(self):
+        left = []
         for e in (self.prefill, self.decode):
             try:
-                e.call("shutdown")
+                left += e.call("shutdown")
             finally:
                 e.close()
+        assert not left, f"connector threads left running after shutdown: {left}"
 
 
 def tokens(seed, n):
