@@ -108,24 +108,10 @@ class _BlockCalls:
         i's memory; entries may differ in length (a move pairs blocks of equal lengths only).
         Tensors are registered here, once each however many entries name them ("<name>.<r>"
         for the r-th when the list is named). `name` exports the list. Returns a BlockList."""
-        entries = list(entries)
-        for i, e in enumerate(entries):
-            if not isinstance(e, (tuple, list)) or len(e) != 3:
-                raise InvalidArgument(f"entries[{i}]: must be (registration_or_tensor, offset, "
-                                      f"length)")
-
-        def extents(regs, which):
-            if not entries:
-                raise InvalidArgument("entries: no blocks")
-            rows = []
-            for i, (_, offset, length) in enumerate(entries):
-                g = regs[which[i]]
-                offset, length = int(offset), int(length)
-                _check_range(f"entries[{i}]", g, offset, length, 1, length)
-                rows.append((g.id, g.offset + offset, length, 1, 0))
-            return rows
-
-        return self._prepare([e[0] for e in entries], extents, name)
+        entries = _rows(entries, 3, "entries", "(registration_or_tensor, offset, length)")
+        # An entry is a run of one block.
+        return self._prepare_runs([(t, offset, length, 1, length)
+                                   for t, offset, length in entries], "entries", name)
 
     def prepare_strided(self, runs, name=None):
         """A block list of strided runs: `runs` is a sequence of (registration_or_tensor, base,
@@ -134,25 +120,26 @@ class _BlockCalls:
         E.g. the head slice [h0, h1) of every block of a (blocks, heads, tokens, dim) KV
         cache: base h0 * head_bytes, stride block_bytes, length (h1 - h0) * head_bytes.
         Tensors are registered here as by prepare_entries. Returns a BlockList."""
-        runs = list(runs)
-        for i, run in enumerate(runs):
-            if not isinstance(run, (tuple, list)) or len(run) != 5:
-                raise InvalidArgument(f"runs[{i}]: must be (registration_or_tensor, base, stride, "
-                                      f"count, length)")
+        runs = _rows(runs, 5, "runs", "(registration_or_tensor, base, stride, count, length)")
+        return self._prepare_runs(runs, "runs", name)
+
+    def _prepare_runs(self, runs, field, name):
+        """prepare_strided's list from (item, base, stride, count, length) rows; errors name
+        `field`[i] (the caller's argument)."""
 
         def extents(regs, which):
             if not runs:
-                raise InvalidArgument("runs: no blocks")
+                raise InvalidArgument(f"{field}: no blocks")
             rows = []
             for i, (_, base, stride, count, length) in enumerate(runs):
                 g = regs[which[i]]
                 base, stride, count, length = int(base), int(stride), int(count), int(length)
                 if count <= 0:
-                    raise InvalidArgument(f"runs[{i}].count: must be positive")
+                    raise InvalidArgument(f"{field}[{i}].count: must be positive")
                 if count > 1 and stride < length:
-                    raise InvalidArgument(f"runs[{i}].stride: {stride} is less than length "
+                    raise InvalidArgument(f"{field}[{i}].stride: {stride} is less than length "
                                           f"{length} (a run's blocks may not overlap)")
-                _check_range(f"runs[{i}]", g, base, length, count, stride)
+                _check_range(f"{field}[{i}]", g, base, length, count, stride)
                 rows.append((g.id, g.offset + base, length, count, stride if count > 1 else 0))
             return rows
 
@@ -275,3 +262,12 @@ def _check_range(field, reg, offset, length, count, stride):
     if end > reg.length:
         raise InvalidArgument(f"{field}: its blocks end at byte {end}, past the {reg.length} "
                               f"bytes of {reg!r}")
+
+
+def _rows(items, width, field, shape):
+    """`items` as a list, each a tuple or list of `width`; InvalidArgument naming field[i]."""
+    items = list(items)
+    for i, item in enumerate(items):
+        if not isinstance(item, (tuple, list)) or len(item) != width:
+            raise InvalidArgument(f"{field}[{i}]: must be {shape}")
+    return items
