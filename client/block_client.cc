@@ -1,5 +1,7 @@
 #include "client/block_client.h"
 
+#include <algorithm>
+
 #include "base/grpc_status.h"
 #include "client/ferry_client.h"
 
@@ -70,6 +72,23 @@ absl::StatusOr<ferry::v1::MoveBlocksResponse> BlockClient::Move(
   grpc::Status s = stub_->MoveBlocks(ctx.get(), req, &resp);
   if (!s.ok()) return FromGrpcStatus(s);
   return resp;
+}
+
+absl::Status BlockClient::Notify(const std::string& peer, const std::string& remote_list,
+                                 const std::string& name, const std::string& payload,
+                                 absl::Duration timeout) {
+  ferry::v1::NotifyRequest req;
+  req.set_peer(peer);
+  req.set_remote_list(remote_list);
+  req.set_name(name);
+  req.set_payload(payload);
+  req.set_timeout_ms(static_cast<uint32_t>(
+      std::clamp<int64_t>(absl::ToInt64Milliseconds(timeout), 1, UINT32_MAX)));
+  ferry::v1::NotifyResult resp;
+  // The agent ends the call within `timeout` and says why; the deadline guards against an
+  // agent that stopped answering.
+  auto ctx = Context(timeout + absl::Seconds(5));
+  return FromGrpcStatus(stub_->Notify(ctx.get(), req, &resp));
 }
 
 ferry::v1::BlockExtent Extent(uint64_t buffer, uint64_t offset, uint64_t block_bytes,

@@ -52,6 +52,12 @@ class BlockClient {
                                                      uint32_t timeout_ms = 0,
                                                      bool verify = false, bool wait = false,
                                                      const std::string& notification_payload = "");
+  // Delivers notification `name` (with `payload`, at most 4096 bytes) to the owner of
+  // `peer`'s exported list `remote_list`, no move with it; returns once the peer's agent has
+  // it, or within `timeout` with an error naming the peer (Tensors.Notify).
+  absl::Status Notify(const std::string& peer, const std::string& remote_list,
+                      const std::string& name, const std::string& payload = "",
+                      absl::Duration timeout = absl::Seconds(10));
 
  private:
   // A call's context, with this session; its deadline `timeout` from now.

@@ -226,6 +226,21 @@ void BindMemory(py::class_<Session, std::shared_ptr<Session>>& session) {
            py::arg("remote_list"), py::arg("remote_ids"), py::arg("notify") = "",
            py::arg("timeout_ms") = 0, py::arg("verify") = false, py::arg("wait") = false,
            py::arg("notify_payload") = py::bytes())
+      // A notification alone to the owner of `peer`'s list `remote_list`; returns once the
+      // peer's agent has it (Tensors.Notify).
+      .def("notify",
+           [](Session& s, const std::string& peer, const std::string& remote_list,
+              const std::string& name, const py::bytes& payload, double timeout_s) {
+             const std::string bytes = payload;
+             absl::Status st;
+             {
+               py::gil_scoped_release release;
+               st = s.blocks->Notify(peer, remote_list, name, bytes, absl::Seconds(timeout_s));
+             }
+             Check(st);
+           },
+           py::arg("peer"), py::arg("remote_list"), py::arg("name"),
+           py::arg("payload") = py::bytes(), py::arg("timeout_s") = 10.0)
       // wait_s None: as it stands now (poll); else waits up to that many seconds.
       .def("transfer_result",
            [](Session& s, uint64_t id, std::optional<double> wait_s, bool failed) {

@@ -4,7 +4,8 @@
 // b * block_bytes + h0 * head_bytes, a strided run), entries of different lengths pair up
 // one to one, pairs of unequal lengths are refused naming both sides, and a peer that does
 // not answer costs each call its own timeout and is named: ResolveBlocks (was 10 s), a
-// send's Match (was 7 s, and a bare "Deadline Exceeded"), a move on a kept answer.
+// send's Match (was 7 s, and a bare "Deadline Exceeded"), a move on a kept answer. And a
+// notification alone (Tensors.Notify) reaches the list owner's poll with its payload.
 
 #include <cstring>
 #include <string>
@@ -152,6 +153,54 @@ TEST_F(BlockEntriesTest, PrepareChecksStridesAndTheLastStridedBlock) {
                                   Extent(dst_->id(), 0, 4 * kBlock, 2, 4 * kBlock)});
   ASSERT_TRUE(fits.ok()) << fits.status();
   EXPECT_EQ(fits->blocks(), 1 + kBlocks + 2);
+}
+
+// Tensors.Notify: a notification alone (decode's "done" or heartbeat for blocks it pulled)
+// reaches the owner of the peer's list with its payload, as a move's would.
+TEST_F(BlockEntriesTest, ANotificationAloneArrivesAtTheListOwnersPollWithItsPayload) {
+  ASSERT_TRUE(b_blocks_->Prepare({Extent(cache_->id(), 0, kBlock, kBlocks)}, "kv").ok());
+  TensorClient b_tensors(pair_.cb->shared_session());
+  const std::string payload("req-17\0done", 11);
+  absl::Status sent = a_blocks_->Notify("node-b", "kv", "req-17/done", payload);
+  ASSERT_TRUE(sent.ok()) << sent;
+  auto polled = b_tensors.PollNotifications("req-17/");
+  ASSERT_TRUE(polled.ok()) << polled.status();
+  ASSERT_EQ(polled->notifications_size(), 1);
+  const ferry::v1::Notification& n = polled->notifications(0);
+  EXPECT_EQ(n.name(), "req-17/done");
+  EXPECT_EQ(n.from_node(), "node-a");
+  EXPECT_EQ(n.payload(), payload);
+  EXPECT_EQ(n.list(), "kv");
+  EXPECT_EQ(n.code(), 0);
+  EXPECT_EQ(n.blocks(), 0u);
+  EXPECT_EQ(n.bytes(), 0u);
+}
+
+TEST_F(BlockEntriesTest, ANotificationForAListThePeerDoesNotHaveIsNotFoundNamingIt) {
+  absl::Status sent = a_blocks_->Notify("node-b", "no-such-kv", "req-18/done", "x");
+  EXPECT_EQ(sent.code(), absl::StatusCode::kNotFound) << sent;
+  EXPECT_NE(sent.message().find("node-b"), std::string::npos) << sent;
+  EXPECT_NE(sent.message().find("no-such-kv"), std::string::npos) << sent;
+  TensorClient b_tensors(pair_.cb->shared_session());
+  auto polled = b_tensors.PollNotifications("req-18/");
+  ASSERT_TRUE(polled.ok()) << polled.status();
+  EXPECT_EQ(polled->notifications_size(), 0) << "delivered for a list node-b does not have";
+  // Too large a payload is refused here, naming the field.
+  sent = a_blocks_->Notify("node-b", "kv", "req-18/done", std::string(4097, 'p'));
+  EXPECT_EQ(sent.code(), absl::StatusCode::kInvalidArgument) << sent;
+  EXPECT_NE(sent.message().find("payload"), std::string::npos) << sent;
+}
+
+TEST_F(BlockEntriesTest, ANotificationToAPeerThatDoesNotAnswerEndsWithinItsTimeoutNamingIt) {
+  ASSERT_TRUE(b_blocks_->Prepare({Extent(cache_->id(), 0, kBlock, kBlocks)}, "kv").ok());
+  StopProcess(pair_.b->pid());
+  const absl::Time start = absl::Now();
+  absl::Status sent = a_blocks_->Notify("node-b", "kv", "hb", "", absl::Seconds(2));
+  const absl::Duration took = absl::Now() - start;
+  kill(pair_.b->pid(), SIGCONT);
+  EXPECT_EQ(sent.code(), absl::StatusCode::kDeadlineExceeded) << sent;
+  EXPECT_NE(sent.message().find("node-b did not answer"), std::string::npos) << sent;
+  EXPECT_LT(took, absl::Seconds(4)) << "the notify waited past its timeout";
 }
 
 TEST_F(BlockEntriesTest, AMoveToAPeerThatDoesNotAnswerEndsWithinItsTimeoutNamingThePeer) {

@@ -1,5 +1,5 @@
 """Notifications: what a batch delivers to the peer's agent once it landed, and the Client
-calls that take them (wait, poll, stream)."""
+calls that take them (wait, poll, stream) or send one alone (notify)."""
 
 import collections
 
@@ -70,6 +70,15 @@ class _NotificationCalls:
                 yield Notification(**n)
         finally:
             stream.cancel()
+
+    def notify(self, peer, remote_list_name, name, payload=b"", timeout=10.0):
+        """Delivers notification `name` with `payload` (bytes, at most 4096) to the owner of
+        `peer`'s exported list `remote_list_name`, with no move (NIXL's send_notif): it
+        arrives in their poll_notifications as a move's would (`list` set, no blocks, no
+        bytes). Returns once the peer's agent has it; NotFound for a list the peer does not
+        have (or does not let this node reach), DeadlineExceeded naming the peer when it did
+        not answer within `timeout` seconds, Unavailable when it could not be reached."""
+        self._s.notify(peer, remote_list_name, name, _payload(payload, name), float(timeout))
 
     def wait_notification_async(self, name, **kwargs):
         return self._async(self._start_wait_notification, name, **kwargs)

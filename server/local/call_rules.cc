@@ -43,6 +43,7 @@ constexpr CallRuleRow kRules[] = {
     {"Tensors.PrepareBlocks", kOwner, "buffers the caller owns, in its session"},
     {"Tensors.ReleaseBlocks", kOwner, "a list of the caller's session"},
     {"Tensors.MoveBlocks", kOwner, "a list of the caller's session; on this node, both"},
+    {"Tensors.Notify", kOwner, "in the caller's session; on this node, a list it may use"},
     {"TransferSocket.Transfer", kOwner, "as Agent.Submit"},
     {"TransferSocket.Move", kOwner, "as Tensors.MoveBlocks"},
     {"FdSocket.Pass", kAnyone,

@@ -1,6 +1,6 @@
 // The Tensors and TensorPeer calls over prepared block lists: PrepareBlocks, ReleaseBlocks,
 // MoveBlocks (server/tensors/block_mover.h; a callback call: with `wait` it answers once the
-// move ended, no thread waiting, as Agent.Transfer does) and
+// move ended, no thread waiting, as Agent.Transfer does), Notify (a notification alone) and
 // the peer's ResolveBlocks and ChecksumBlocks.
 
 #include "absl/strings/str_cat.h"
@@ -104,6 +104,20 @@ grpc::ServerUnaryReactor* TensorService::MoveBlocks(grpc::CallbackServerContext*
     };
   }
   return StartWaitingCall(ctx, &starters_, std::move(call));
+}
+
+grpc::Status TensorService::Notify(grpc::ServerContext* ctx, const ferry::v1::NotifyRequest* req,
+                                   ferry::v1::NotifyResult*) {
+  auto session = ListSession(*ctx, *core_);
+  if (!session.ok()) return ToGrpcStatus(session.status());
+  // A list of this node itself: only one the caller may use, as for a move to it.
+  ferry::v1::MoveBlocksRequest as_move;
+  as_move.set_peer(req->peer());
+  as_move.set_remote_list(req->remote_list());
+  absl::Status mine = MayReachOwnNodeList(core_->local_callers().Of(*ctx), as_move);
+  if (!mine.ok()) return ToGrpcStatus(mine);
+  return ToGrpcStatus(
+      core_->tensors().mover().Notify(*req, absl::FromChrono(ctx->deadline())));
 }
 
 absl::Status TensorService::MayReachOwnNodeList(const std::optional<LocalCaller>& caller,

@@ -187,6 +187,35 @@ absl::StatusOr<ferry::v1::MoveBlocksResponse> BlockMover::Move(
   return moved;
 }
 
+absl::Status BlockMover::Notify(const ferry::v1::NotifyRequest& req, absl::Time deadline) {
+  RETURN_IF_ERROR(CheckName(req.peer(), "peer"));
+  RETURN_IF_ERROR(CheckName(req.remote_list(), "remote_list"));
+  RETURN_IF_ERROR(CheckName(req.name(), "name"));
+  RETURN_IF_ERROR(CheckNotificationPayload(req.payload(), req.name(), "payload"));
+  // One budget for both calls, as Move's: a hung peer costs what the caller said it waits.
+  const absl::Time started = absl::Now();
+  absl::Time by = std::min(deadline, started + kResolveTimeout);
+  if (req.timeout_ms() != 0) by = std::min(by, started + absl::Milliseconds(req.timeout_ms()));
+  // The list resolved proves this node may reach it (the peer refuses a list not exported
+  // to it as one it does not have), and a kept answer asks the peer nothing.
+  RETURN_IF_ERROR(RemoteListOf(req.peer(), req.remote_list(), by).status());
+  auto channel = peers_->Channel(req.peer());
+  if (!channel.ok()) return channel.status();
+  ferry::v1::Notification note;
+  note.set_name(req.name());
+  note.set_from_node(peers_->self());
+  note.set_list(req.remote_list());  // its owner there is who the notification is for
+  note.set_payload(req.payload());
+  // Straight to the peer, not through the NotifySender's queue: the caller waits to learn
+  // that it was delivered (the queue's sends are fire and forget).
+  auto stub = ferry::v1::TensorPeer::NewStub(*std::move(channel));
+  ferry::v1::NotifyResponse resp;
+  auto ctx = PeerContext(by);
+  grpc::Status s = stub->Notify(ctx.get(), note, &resp);
+  if (!s.ok()) return PeerCallError(s, "peer", req.peer(), "Notify", by - started);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<ferry::v1::MoveBlocksResponse> BlockMover::MoveOn(
     const ferry::v1::MoveBlocksRequest& req, const BlockList& list,
     std::shared_ptr<const RemoteList> remote_list, int64_t owner_uid, uint32_t timeout_ms,

@@ -51,6 +51,12 @@ class BlockMover {
                                                      uint64_t session, int64_t owner_uid,
                                                      uint32_t timeout_ms, absl::Time deadline,
                                                      Finished then = {});
+  // Tensors.Notify: resolves `req.remote_list` at `req.peer` as Move does (by `deadline`
+  // and within timeout_ms, 10 s when 0), then delivers the notification to the peer's agent
+  // (Notification.list = remote_list, no blocks, code OK) and returns once it has it.
+  // Errors name the peer (PeerCallError); NOT_FOUND for a list it does not have. Blocks:
+  // the caller runs it on a thread that may wait.
+  absl::Status Notify(const ferry::v1::NotifyRequest& req, absl::Time deadline);
   // Whether Move(req) may block: it would ask the peer for its list or the buffers the list
   // names, or for its rails (PeerDirectory::Kept, RailsFresh). A hint, for callers that
   // must not block to choose where to move; an unknown peer is refused without a call.

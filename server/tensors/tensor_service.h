@@ -43,6 +43,10 @@ class TensorService final
   grpc::ServerUnaryReactor* MoveBlocks(grpc::CallbackServerContext*,
                                        const ferry::v1::MoveBlocksRequest*,
                                        ferry::v1::MoveBlocksResponse*) override;
+  // block_calls.cc: a notification alone to a peer's list owner (a sync call: it waits for
+  // the peer, within its timeout).
+  grpc::Status Notify(grpc::ServerContext*, const ferry::v1::NotifyRequest*,
+                      ferry::v1::NotifyResult*) override;
   grpc::Status ListPending(grpc::ServerContext*, const ferry::v1::ListPendingRequest*,
                            ferry::v1::ListPendingResponse*) override;
   // socket_moves.cc: what `caller`'s block moves on the transfer socket do (MoveBlocks with

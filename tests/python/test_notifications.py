@@ -1,8 +1,9 @@
 """Notifications as a connector drains them (issue 46): poll_notifications takes every pending
 one at once and never waits, each carries the payload its sender gave (notify_payload, at
 most 4096 bytes), wait_notification(timeout=0) and notifications(timeout=0) answer at once,
-and a caller never takes another uid's notifications. Before: no poll, no payload, and a
-timeout of 0 meant "wait the default 60 s"."""
+a caller never takes another uid's notifications, and notify sends one alone (no move). Before:
+no poll, no payload, no notification without a move, and a timeout of 0 meant "wait the
+default 60 s"."""
 import os
 import subprocess
 import sys
@@ -98,6 +99,19 @@ def test_write_blocks_carries_a_payload_too(a, b):
     (n,) = b.poll_notifications("wb/")
     assert n.payload == b"\x00pushed\xff" and n.buffer == "notes-landing"
     del landing
+
+
+def test_notify_alone_arrives_at_the_list_owners_poll_with_its_payload(a, b, kv):
+    a.notify("node-b", "notes-kv", "alone/req-3", b"heartbeat\x00lease=30")
+    got = b.poll_notifications("alone/")  # delivered when notify returned: no settling
+    assert [(n.name, n.payload, n.from_node, n.list, n.blocks, n.bytes, n.code)
+            for n in got] == [("alone/req-3", b"heartbeat\x00lease=30", "node-a", "notes-kv",
+                               0, 0, 0)]
+    with pytest.raises(ferry.NotFound, match="no-such-list"):
+        a.notify("node-b", "no-such-list", "alone/req-4")
+    with pytest.raises(ferry.InvalidArgument, match="payload"):
+        a.notify("node-b", "notes-kv", "alone/req-5", b"x" * 4097)
+    assert b.poll_notifications("alone/") == []
 
 
 def test_a_payload_over_4096_bytes_is_refused_naming_the_argument(a, b, kv):
