@@ -504,17 +504,13 @@ class Probe:
             c.close()
         return None
 
-    def ring(self, socket, peer, bell_list, notifications):
-        """Notifications (name, payload) at `peer`, each with a one-block read of its bell
-        list."""
+    def ring(self, socket, peer, remote_list, notifications):
+        """Notifications (name, payload) to the owner of `peer`'s list `remote_list`, each
+        sent alone (Client.notify)."""
         import ferry
         c = ferry.Client(socket)
-        bell = torch.zeros(64, dtype=torch.uint8).share_memory_()
-        mine = c.prepare_blocks([bell], 64)
         for name, payload in notifications:
-            c.read_blocks(peer, bell_list, [0], mine, [0], notify=name,
-                          notify_payload=payload).wait(5)
-        mine.release()
+            c.notify(peer, remote_list, name, payload, timeout=5)
         c.close()
 
     def cuda(self):

@@ -222,7 +222,7 @@ def test_leases_notifications_and_compat(nodes):
             pair.prefill.call("step")
         # Duplicate and unknown notifications, from a third client of decode's agent.
         prefix = metadata.notify_prefix("vllm.PL.r0", 0)
-        probe("ring", nodes["decode-node"].socket, "prefill-node", "vllm.PL.r0.bell",
+        probe("ring", nodes["decode-node"].socket, "prefill-node", "vllm.PL.r0.x1",
               [metadata.done(prefix, "held", 0, 1),            # a duplicate
                metadata.done(prefix, "nobody", 0, 1),          # an unknown request
                (prefix + "garbage", b""),                       # not ours

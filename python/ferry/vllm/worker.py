@@ -3,12 +3,13 @@
 Every rank registers its layer tensors with its node's agent (one registration each) and
 exports one block list over them, "<base>.x1" (plane t = layer * planes + K/V, block b is
 index t * num_blocks + b), the same list cut in k for the decode ranks of a larger TP
-("<base>.x<k>", ferry/vllm/tp_mapping.py) and a one-block "<base>.bell" that carries
-notifications on their own (the agent moves no notification without a block: a 64-byte
-read of the bell carries it). Decode ranks pull (read_blocks, one call per prefill rank they
-read, with a notification); prefill ranks take their notifications with one
-poll_notifications per step and free a request's blocks once every decode rank that reads
-them said so, or when its lease (renewed by decode's heartbeats) runs out.
+("<base>.x<k>", ferry/vllm/tp_mapping.py). Decode ranks pull (read_blocks, one call per
+prefill rank they read, with a notification) and send the notifications that go without a
+pull ("done" with nothing to read, heartbeats) alone with client.notify, addressed to the
+prefill rank's "<base>.x1" (whose owner takes them); prefill ranks take their
+notifications with one poll_notifications per step and free a request's blocks once every
+decode rank that reads them said so, or when its lease (renewed by decode's heartbeats)
+runs out.
 
 The ranks of a process share one ferry.Client per agent (client()): memory a caller
 allocated there (ferry.empty(..., device="cuda:N", client=client(socket)), a simulated
@@ -16,13 +17,13 @@ GPU's KV cache) is that client's to register. When the agent restarts, the clien
 ferry.AgentRestarted once and runs on a new session; the worker registers and exports
 everything again on it (the old run's registrations and lists are gone).
 
-start_load_kv returns at once: a decode rank's reads, notifications and heartbeats start on
+start_load_kv returns at once: a decode rank's reads, notifications and heartbeats go from
 its own thread ("ferry-vllm-start", one per WorkerSide, fed by a queue), since a read of 8192
 pairs takes the agent 12-44 ms to plan (bench/results/2026-12-07-vllm-connector.txt) and the
 pybind calls release the GIL. self._lock guards what both threads touch: the session's
 registrations and lists (_setup, _recover), the pulls, the notifications in flight, the
-load errors and the counters. The lock is never held across a read_blocks call, so
-get_finished never waits for a read to start."""
+load errors and the counters. The lock is never held across a read_blocks or notify call,
+so get_finished never waits for a read to start or a notification to be delivered."""
 
 import dataclasses
 import logging
@@ -38,7 +39,6 @@ from .compat import geometry
 
 log = logging.getLogger("ferry.vllm")
 
-BELL_BYTES = 64
 # How long a call waits for the node's agent to answer (also for a restarted one to be
 # back), and how long the worker leaves an agent that did not answer alone: a step of the
 # forward loop never waits on a dead agent for longer, and not on every step.
@@ -119,10 +119,8 @@ class WorkerSide:
         self._regs = []
         self._lists = {}            # k -> BlockList cut in k (x1 and the exported cuts)
         self._splits = []
-        self._bell = None           # (tensor, BlockList)
         self.planes = self.num_blocks = self.plane_bytes = 0
         self._pulls = {}            # request id -> _Pull
-        self._bells = []            # notification-only moves still running
         self._load_errors = set()
         self._leases = {}           # prefill: request id -> _Lease
         self._vllm_finished = set()
@@ -176,7 +174,6 @@ class WorkerSide:
     def _setup(self):
         """Registers the layers and exports the lists on the client's session (again after
         the agent restarted: the new run has none of them)."""
-        torch = ferry._torch()
         # What a set-up before this one left (a call that raced a recovery on the other
         # thread can report the agent gone after it was set up again): its names are taken.
         # A restart this finds is the caller's to handle (_recover counts it).
@@ -190,8 +187,6 @@ class WorkerSide:
             for k in self._splits:
                 self._lists[k] = c.prepare_blocks(self._regs, self.plane_bytes // k,
                                                   name=f"{self.base}.x{k}")
-            bell = torch.zeros(BELL_BYTES, dtype=torch.uint8).share_memory_()
-            self._bell = (bell, c.prepare_blocks([bell], BELL_BYTES, name=f"{self.base}.bell"))
         except ferry.Error:
             self._release()  # a later try starts from nothing (the names are free again)
             raise
@@ -201,7 +196,7 @@ class WorkerSide:
         """Ends the lists and registrations _setup made, as far as the agent still has them
         (ferry.AgentRestarted, raised once by whichever call finds the restart, passes
         through with `restarts`)."""
-        for bl in list(self._lists.values()) + ([self._bell[1]] if self._bell else []):
+        for bl in list(self._lists.values()):
             try:
                 bl.release()
             except ferry.AgentRestarted:
@@ -217,7 +212,7 @@ class WorkerSide:
                     raise
             except ferry.Error:
                 pass
-        self._regs, self._lists, self._bell = [], {}, None
+        self._regs, self._lists = [], {}
         self._exported = False
 
     def _local_list(self, k):
@@ -242,7 +237,6 @@ class WorkerSide:
             if pull.started or pull.parts:
                 pull.failed.update(pull.local_block_ids)
                 pull.parts = []
-        self._bells = []
 
     def _recover(self, error):
         """ferry.AgentRestarted: the client is on a new session and the old run's
@@ -298,14 +292,14 @@ class WorkerSide:
                 self._recover(e)
             return fn()
 
-    def _current(self, k=None):
-        """(generation, this rank's list cut in k, or the bell's list when k is None) as the
-        session has them now, for a read the start thread makes outside the lock."""
+    def _current(self, k):
+        """(generation, this rank's list cut in k) as the session has them now, for a read
+        the start thread makes outside the lock."""
         with self._lock:
             if not self._exported:
                 raise ferry.Unavailable(f"ferry.vllm {self.base}: not set up on the agent at "
                                         f"{self.socket} (it went away)")
-            return self._gen, self._bell[1] if k is None else self._local_list(k)
+            return self._gen, self._local_list(k)
 
     # --- the start thread ---------------------------------------------------------------
 
@@ -458,7 +452,7 @@ class WorkerSide:
         expected = tp_mapping.expected_notifications(self.tp_size, int(p["remote_tp_size"]))
         for r, node, rbase, prefix in self._answered_ranks(p):
             if r not in skip:
-                self._bell_to(node, rbase,
+                self._notify_to(node, rbase,
                               *md.done(prefix, p["remote_request_id"], self.tp_rank, expected))
 
     def _heartbeats(self, params):
@@ -474,22 +468,17 @@ class WorkerSide:
             for name, payload in md.heartbeats(prefix, rids):
                 with self._lock:
                     self.stats["heartbeats"] += 1
-                self._bell_to(node, rbase, name, payload)
+                self._notify_to(node, rbase, name, payload)
 
-    def _bell_to(self, node, rbase, name, payload):
-        def ring():
-            gen, bl = self._current()
-            return gen, self.client.read_blocks(node, f"{rbase}.bell", [0], bl, [0],
-                                                notify=name, notify_payload=payload,
-                                                timeout=self.pull_timeout)
+    def _notify_to(self, node, rbase, name, payload):
+        """A notification alone to the prefill rank that exported "<rbase>.x1" (its owner
+        takes it); returns once node's agent has it (on the start thread, outside the
+        lock)."""
         try:
-            gen, h = self._call(ring)
+            self._call(lambda: self.client.notify(node, f"{rbase}.x1", name, payload,
+                                                  timeout=self.pull_timeout))
         except ferry.Error as e:  # the lease on the other side frees the blocks
             log.warning("ferry.vllm: notification %s to %s not sent: %s", name, node, e)
-            return
-        with self._lock:
-            if gen == self._gen:
-                self._bells.append(h)
 
     def _finished_pulls(self):
         done = set()
@@ -570,7 +559,6 @@ class WorkerSide:
         if self._reachable():
             try:
                 sending = self._call(self._finished_sending)
-                self._bells = [h for h in self._bells if not self._settled(h)]
             except ferry.Error as e:  # gone, or back but setting up again failed
                 self._lost(e)
         if sending is None:  # leases still run out while the agent is away
@@ -583,12 +571,6 @@ class WorkerSide:
         self._vllm_finished -= sending
         return sending or None, recving or None
 
-    def _settled(self, h):
-        try:
-            return h.done()
-        except ferry.Error:
-            return True
-
     def get_block_ids_with_load_errors(self):
         with self._lock:
             errors, self._load_errors = self._load_errors, set()
@@ -598,8 +580,7 @@ class WorkerSide:
         """True when nothing is queued, in flight or leased (the harness checks it at the
         end)."""
         with self._lock:
-            return (not self._queued and not self._pulls and not self._leases
-                    and not self._bells)
+            return not self._queued and not self._pulls and not self._leases
 
     def shutdown(self):
         """Stops the start thread (after the task it is on: a read returns once the agent
