@@ -52,6 +52,9 @@ import ferry.launch
 import ferry.vllm
 from ferry.vllm import FerryConnector, KVConnectorRole
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "vllm"))
+from engine import vllm_config  # noqa: E402  (the harness's stand-in config)
+
 LAYERS, KV_HEADS, HEAD_SIZE, BLOCK_TOKENS = 32, 8, 128, 16
 DTYPE = torch.bfloat16
 NUM_BLOCKS, REQUEST_BLOCKS = 160, 128
@@ -62,18 +65,10 @@ IN_READ_BLOCKS = [0.0]  # seconds inside Client.read_blocks since a rank's step 
 
 
 def config(engine_id, tp, rank, socket):
-    """The parts of a VllmConfig the connector reads."""
-    model = types.SimpleNamespace(
-        model="bench/llama-3-8b-like", dtype="bfloat16", use_mla=False,
-        get_num_layers=lambda pc: LAYERS, get_total_num_kv_heads=lambda: KV_HEADS,
-        get_head_size=lambda: HEAD_SIZE)
-    return types.SimpleNamespace(
-        model_config=model,
-        cache_config=types.SimpleNamespace(block_size=BLOCK_TOKENS, cache_dtype="auto"),
-        parallel_config=types.SimpleNamespace(tensor_parallel_size=tp, rank=rank),
-        kv_transfer_config=types.SimpleNamespace(
-            engine_id=engine_id, kv_role="kv_both",
-            kv_connector_extra_config=dict(ferry_socket=socket, tp_rank=rank)))
+    """The harness's stand-in VllmConfig (tests/vllm/engine.py), at the bench's geometry."""
+    return vllm_config(engine_id, tp, rank, socket, layers=LAYERS, kv_heads=KV_HEADS,
+                       head_size=HEAD_SIZE, block_size=BLOCK_TOKENS, dtype="bfloat16",
+                       model="bench/llama-3-8b-like")
 
 
 class Engine:

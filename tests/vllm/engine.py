@@ -45,14 +45,18 @@ STATUS = types.SimpleNamespace(**{n: types.SimpleNamespace(name=n) for n in (
     "FINISHED_ABORTED")})
 
 
-def vllm_config(engine_id, tp, rank, socket, **extra):
+def vllm_config(engine_id, tp, rank, socket, *, layers=LAYERS, kv_heads=HEADS,
+                head_size=HEAD_SIZE, block_size=BLOCK_SIZE, dtype="float16",
+                model="ferry-test/tiny", **extra):
+    """The parts of a VllmConfig the connector reads: the harness's geometry unless given
+    (bench/vllm_connector_bench.py gives its own); `extra`: kv_connector_extra_config keys."""
     model = types.SimpleNamespace(
-        model=extra.pop("model", "ferry-test/tiny"), dtype="float16", use_mla=False,
-        get_num_layers=lambda pc: LAYERS, get_total_num_kv_heads=lambda: HEADS,
-        get_head_size=lambda: HEAD_SIZE)
+        model=model, dtype=dtype, use_mla=False,
+        get_num_layers=lambda pc: layers, get_total_num_kv_heads=lambda: kv_heads,
+        get_head_size=lambda: head_size)
     return types.SimpleNamespace(
         model_config=model,
-        cache_config=types.SimpleNamespace(block_size=BLOCK_SIZE, cache_dtype="auto"),
+        cache_config=types.SimpleNamespace(block_size=block_size, cache_dtype="auto"),
         parallel_config=types.SimpleNamespace(tensor_parallel_size=tp, rank=rank),
         kv_transfer_config=types.SimpleNamespace(
             engine_id=engine_id, kv_role="kv_both",
