@@ -50,11 +50,20 @@ struct Wrapped {
 };
 
 bool EvalHeld(void* arg) {
+  __tsan_acquire(arg);  // see Held
   auto* w = static_cast<Wrapped*>(arg);
   __tsan_acquire(w->mu);
   bool r = w->cond->Eval();
   __tsan_release(w->mu);
   return r;
+}
+
+// The waiter builds `w` on its own stack and the unlocking thread reads it inside the
+// library; what orders the two is absl's waiter queue, which TSan does not see (CI's TSan
+// stage once reported exactly that read as a race). Publish `w` before handing it over.
+absl::Condition Held(Wrapped* w) {
+  __tsan_release(w);
+  return absl::Condition(&EvalHeld, w);
 }
 
 }  // namespace
@@ -104,7 +113,7 @@ void Mutex::LockWhen(const Condition& cond) {
   FERRY_REAL(void (*)(Mutex*, const Condition&),
              "_ZN4absl7debian35Mutex8LockWhenERKNS0_9ConditionE");
   Wrapped w{&cond, this};
-  real(this, Condition(&EvalHeld, &w));
+  real(this, Held(&w));
   __tsan_acquire(this);
 }
 
@@ -112,7 +121,7 @@ void Mutex::ReaderLockWhen(const Condition& cond) {
   FERRY_REAL(void (*)(Mutex*, const Condition&),
              "_ZN4absl7debian35Mutex14ReaderLockWhenERKNS0_9ConditionE");
   Wrapped w{&cond, this};
-  real(this, Condition(&EvalHeld, &w));
+  real(this, Held(&w));
   __tsan_acquire(this);
 }
 
@@ -120,7 +129,7 @@ bool Mutex::LockWhenWithTimeout(const Condition& cond, Duration timeout) {
   FERRY_REAL(bool (*)(Mutex*, const Condition&, Duration),
              "_ZN4absl7debian35Mutex19LockWhenWithTimeoutERKNS0_9ConditionENS0_8DurationE");
   Wrapped w{&cond, this};
-  bool r = real(this, Condition(&EvalHeld, &w), timeout);
+  bool r = real(this, Held(&w), timeout);
   __tsan_acquire(this);  // held either way
   return r;
 }
@@ -129,7 +138,7 @@ bool Mutex::LockWhenWithDeadline(const Condition& cond, Time deadline) {
   FERRY_REAL(bool (*)(Mutex*, const Condition&, Time),
              "_ZN4absl7debian35Mutex20LockWhenWithDeadlineERKNS0_9ConditionENS0_4TimeE");
   Wrapped w{&cond, this};
-  bool r = real(this, Condition(&EvalHeld, &w), deadline);
+  bool r = real(this, Held(&w), deadline);
   __tsan_acquire(this);
   return r;
 }
@@ -138,7 +147,7 @@ void Mutex::Await(const Condition& cond) {
   FERRY_REAL(void (*)(Mutex*, const Condition&), "_ZN4absl7debian35Mutex5AwaitERKNS0_9ConditionE");
   Wrapped w{&cond, this};
   __tsan_release(this);  // others may take it while we wait
-  real(this, Condition(&EvalHeld, &w));
+  real(this, Held(&w));
   __tsan_acquire(this);
 }
 
@@ -147,7 +156,7 @@ bool Mutex::AwaitWithTimeout(const Condition& cond, Duration timeout) {
              "_ZN4absl7debian35Mutex16AwaitWithTimeoutERKNS0_9ConditionENS0_8DurationE");
   Wrapped w{&cond, this};
   __tsan_release(this);
-  bool r = real(this, Condition(&EvalHeld, &w), timeout);
+  bool r = real(this, Held(&w), timeout);
   __tsan_acquire(this);
   return r;
 }
@@ -157,7 +166,7 @@ bool Mutex::AwaitWithDeadline(const Condition& cond, Time deadline) {
              "_ZN4absl7debian35Mutex17AwaitWithDeadlineERKNS0_9ConditionENS0_4TimeE");
   Wrapped w{&cond, this};
   __tsan_release(this);
-  bool r = real(this, Condition(&EvalHeld, &w), deadline);
+  bool r = real(this, Held(&w), deadline);
   __tsan_acquire(this);
   return r;
 }
