@@ -1,5 +1,8 @@
 #pragma once
+// The project's version, as ferryd --version, GetInfo, /metrics and ferryctl report it.
+// Written in one place, CMakeLists.txt's project(), from which server/version.cc gets it
+// (as libferry's <ferry/version.h> and the Python package do), so that they cannot differ.
 
 namespace ferry {
-inline constexpr const char* kFerryVersion = "0.1.0";
+extern const char* const kFerryVersion;
 }  // namespace ferry
