@@ -137,14 +137,15 @@ absl::StatusOr<uint64_t> Client::WriteBlocks(uint64_t local_buffer, const std::s
                                              const std::string& remote_buffer,
                                              const std::vector<Block>& blocks,
                                              const std::string& notification,
-                                             absl::Duration timeout) {
+                                             absl::Duration timeout,
+                                             const std::string& notification_payload) {
   std::vector<agent_client::BlockSpec> specs;
   specs.reserve(blocks.size());
   for (const Block& b : blocks) specs.push_back({b.local_offset, b.remote_offset, b.length});
   agent_client::CallOptions options;
   options.timeout = timeout;
   auto written = session_->tensors->WriteBlocks(local_buffer, peer, remote_buffer, specs,
-                                                notification, options);
+                                                notification, options, notification_payload);
   if (!written.ok()) return written.status();
   return written->bytes();
 }
@@ -154,10 +155,7 @@ absl::StatusOr<Notification> Client::WaitNotification(const std::string& name,
                                                       absl::Duration timeout) {
   agent_client::CallOptions options;
   options.timeout = timeout;
-  auto note = session_->tensors->WaitNotification(name, from_node, options);
-  if (!note.ok()) return note.status();
-  return Notification{note->name(), note->from_node(), note->bytes(), note->blocks(),
-                      note->sequence()};
+  return Converted<Notification>(session_->tensors->WaitNotification(name, from_node, options));
 }
 
 absl::StatusOr<std::vector<Notification>> Client::PollNotifications(const std::string& prefix,
@@ -173,7 +171,7 @@ absl::StatusOr<std::vector<Notification>> Client::PollNotifications(const std::s
                                         : session_->tensors->PollNotifications(prefix, want);
     if (!polled.ok()) return polled.status();
     for (const ferry::v1::Notification& n : polled->notifications()) {
-      out.push_back(Notification{n.name(), n.from_node(), n.bytes(), n.blocks(), n.sequence()});
+      out.push_back(FromProto(n));
     }
     if (!polled->more() || (max_count != 0 && out.size() >= max_count)) return out;
   }

@@ -129,6 +129,17 @@ Registration FromProto(const v1::RegisterMemoryResponse& response) {
   return Registration{FromProto(response.buffer()), response.existing()};
 }
 
+Notification FromProto(const v1::Notification& notification) {
+  Notification out;
+  out.name = notification.name();
+  out.from_node = notification.from_node();
+  out.bytes = notification.bytes();
+  out.blocks = notification.blocks();
+  out.sequence = notification.sequence();
+  out.payload = notification.payload();
+  return out;
+}
+
 std::vector<agent_client::OpSpec> ToOpSpecs(const std::vector<Op>& ops) {
   std::vector<agent_client::OpSpec> specs;
   specs.reserve(ops.size());

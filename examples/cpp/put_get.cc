@@ -1,6 +1,6 @@
 // libferry's first steps: connect to this host's agent, put 4 MiB into a named buffer,
 // get it back with a batch, verify every byte, then write KV-cache blocks with a
-// notification and wait for it.
+// notification (and a payload) and wait for it.
 //
 //   put_get [SOCKET]     SOCKET: the agent's (default: $FERRY_SOCKET, else
 //                        /tmp/ferryd-<host name>.sock)
@@ -76,22 +76,29 @@ int main(int argc, char** argv) {
               result->ops.empty() ? "?" : result->ops[0].provider.c_str());
 
   // KV-cache style: blocks written into the named buffer, then a notification that the
-  // receiving side (here the same node) waits for; it comes once every block landed.
+  // receiving side (here the same node) waits for; it comes once every block landed, with
+  // what the sender attached (up to 4096 bytes: here, which request the blocks are for).
   const std::vector<ferry::Block> blocks = {{0, kSize - 4096, 4096}, {4096, 0, 4096}};
-  auto written =
-      (*client)->WriteBlocks((*back)->id(), node, "put-get-example", blocks, "put-get/done");
+  const std::string payload = "request 42, layer 0";
+  auto written = (*client)->WriteBlocks((*back)->id(), node, "put-get-example", blocks,
+                                        "put-get/done", absl::Seconds(10), payload);
   if (!written.ok()) return Fail("write blocks", written.status());
   auto note = (*client)->WaitNotification("put-get/done", node, absl::Seconds(10));
   if (!note.ok()) return Fail("notification", note.status());
+  if (note->payload != payload) {
+    std::fprintf(stderr, "put_get: the notification carried '%s', not '%s'\n",
+                 note->payload.c_str(), payload.c_str());
+    return 1;
+  }
   const char* landed = (*target)->data();
   if (std::memcmp(landed + kSize - 4096, out, 4096) != 0 ||
       std::memcmp(landed, out + 4096, 4096) != 0) {
     std::fprintf(stderr, "put_get: the blocks did not land where they were written\n");
     return 1;
   }
-  std::printf("wrote %llu bytes in %u blocks, notified '%s' from %s\n",
+  std::printf("wrote %llu bytes in %u blocks, notified '%s' from %s with '%s'\n",
               static_cast<unsigned long long>(*written), note->blocks, note->name.c_str(),
-              note->from_node.c_str());
+              note->from_node.c_str(), note->payload.c_str());
   // Or drained without waiting, as a serving engine does each step: every pending one at
   // once (WriteBlocks returns once its notification was delivered), then none.
   if (auto again = (*client)->WriteBlocks((*back)->id(), node, "put-get-example", blocks,

@@ -119,12 +119,16 @@ class Client {
   // KV-cache blocks: writes each block of local buffer `local_buffer` (an id: a Buffer's or a
   // registration's) into the peer's buffer `remote_buffer`, then, if `notification` is not
   // empty, delivers it to the peer's agent once every block landed; returns then, with the
-  // bytes written.
+  // bytes written. `notification_payload` travels with the notification (Notification::
+  // payload there): at most 4096 bytes, and only with a notification named, else
+  // INVALID_ARGUMENT naming notification_payload before anything moves. It comes last so
+  // that the calls written before it (libferry 0.1) still compile.
   absl::StatusOr<uint64_t> WriteBlocks(uint64_t local_buffer, const std::string& peer,
                                        const std::string& remote_buffer,
                                        const std::vector<Block>& blocks,
                                        const std::string& notification = "",
-                                       absl::Duration timeout = absl::Seconds(60));
+                                       absl::Duration timeout = absl::Seconds(60),
+                                       const std::string& notification_payload = "");
   // On the receiving node: takes notification `name` (from `from_node` if not empty),
   // waiting at most `timeout`. A notification of a batch that failed comes back as its
   // error.
@@ -134,8 +138,7 @@ class Client {
   // Takes every pending notification whose name starts with `prefix` (at most `max_count`;
   // 0: all), oldest first, without waiting: none when none is there. One round trip on the
   // agent's transfer socket where the client reaches it. A notification of a batch that
-  // failed is not told apart here: WaitNotification says so. (A notification's payload is
-  // not in Notification yet: adding it changes the struct's layout, for libferry 0.2.)
+  // failed is not told apart here: WaitNotification says so.
   absl::StatusOr<std::vector<Notification>> PollNotifications(const std::string& prefix = "",
                                                               uint32_t max_count = 0);
 

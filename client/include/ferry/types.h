@@ -93,13 +93,18 @@ struct Block {
   uint64_t length = 0;
 };
 
-// What a peer's WriteBlocks delivers once its last block landed (Client::WaitNotification).
+// What a peer's WriteBlocks delivers once its last block landed (Client::WaitNotification,
+// Client::PollNotifications).
 struct Notification {
   std::string name;
   std::string from_node;
   uint64_t bytes = 0;
   uint32_t blocks = 0;
   uint64_t sequence = 0;  // per receiving agent, increasing
+  // What the sender attached (WriteBlocks' notification_payload): up to 4096 bytes, any
+  // bytes (NULs included); empty when none. New in libferry 0.2: it changed the struct's
+  // layout, hence that version's new SONAME.
+  std::string payload;
 };
 
 enum class TransferState { kUnspecified = 0, kRunning = 1, kSucceeded = 2, kFailed = 3 };
