@@ -53,6 +53,10 @@ class AgentSession::Watch : public grpc::ClientReadReactor<ferry::v1::SessionEve
     absl::MutexLock lock(&mu_);
     return done_;
   }
+  bool AwaitDone(absl::Duration timeout) const {
+    absl::MutexLock lock(&mu_);
+    return mu_.AwaitWithTimeout(absl::Condition(&done_), timeout);
+  }
   absl::Status ended() const {
     absl::MutexLock lock(&mu_);
     return done_ ? ended_ : absl::OkStatus();
@@ -110,6 +114,10 @@ bool AgentSession::alive() const { return watch_ != nullptr && !watch_->done(); 
 
 absl::Status AgentSession::ended() const {
   return watch_ == nullptr ? absl::OkStatus() : watch_->ended();
+}
+
+bool AgentSession::AwaitEnd(absl::Duration timeout) const {
+  return watch_ == nullptr || watch_->AwaitDone(timeout);
 }
 
 void AgentSession::Attach(grpc::ClientContext* ctx) const {

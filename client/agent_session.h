@@ -44,6 +44,10 @@ class AgentSession {
   bool alive() const;
   // How the call ended (UNAVAILABLE when the agent went away); OK while it is alive.
   absl::Status ended() const;
+  // Waits up to `timeout` for the call to end; whether it did. For a caller that was told
+  // the session is not open (a new run of the agent answered) before gRPC told this object
+  // that the old run's connection closed.
+  bool AwaitEnd(absl::Duration timeout) const;
   // Names this session on a call (the "ferry-session" metadata).
   void Attach(grpc::ClientContext* ctx) const;
 

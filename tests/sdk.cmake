@@ -21,4 +21,13 @@ if(TARGET ferry_sdk)
            COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/sdk_with_agent.sh $<TARGET_FILE:ferryd>
                    $<TARGET_FILE:sdk_notifications_test>)
   set_tests_properties(sdk_notifications PROPERTIES LABELS integration TIMEOUT 120)
+
+  # An agent restart as a program sees it: the test starts, kills (SIGKILL) and restarts
+  # $FERRYD itself, by pid, on one socket.
+  add_executable(sdk_restart_test sdk_restart_test.cc)
+  target_link_libraries(sdk_restart_test PRIVATE ferry::client GTest::gtest GTest::gtest_main
+                                                 GTest::gmock)
+  add_test(NAME sdk_restart COMMAND sdk_restart_test)
+  set_tests_properties(sdk_restart PROPERTIES LABELS integration TIMEOUT 120
+                                              ENVIRONMENT "FERRYD=$<TARGET_FILE:ferryd>")
 endif()

@@ -11,7 +11,8 @@
 //
 // examples/cpp/ is a whole program. Every call returns absl::Status(Or); the codes are the
 // agent's gRPC codes and the messages name what was wrong (a batch's refusal names the op
-// and field). A Client may be used from several threads at once.
+// and field). A Client may be used from several threads at once. A Client lives within one
+// run of the agent: after a restart its calls answer UNAVAILABLE (Client::connected()).
 
 #include <cstdint>
 #include <memory>
@@ -70,6 +71,17 @@ class Client {
   Client(const Client&) = delete;
   Client& operator=(const Client&) = delete;
   ~Client();
+
+  // Whether this Client's session with its agent is open. It ends with the agent's run:
+  // once the agent was killed, crashed or restarted (a new run on the same socket knows
+  // nothing of it), this is false for good, and every call answers UNAVAILABLE at once,
+  // without asking any agent, naming the run that went away (incarnation, start time). The
+  // session's buffers, registrations and the notifications waiting for it went with that
+  // run; a Buffer still mapped stays valid memory here (writing or destroying it is safe),
+  // but no agent reads it any more. Connect again for a new Client and allocate and
+  // register again: this Client does not reconnect by itself. True is no promise about the
+  // next call (the agent may go meanwhile); that call then says so.
+  bool connected() const;
 
   absl::StatusOr<AgentInfo> GetInfo();
 
