@@ -5,6 +5,7 @@
 // (which run, when it started), that what the Client held is gone and to Connect again;
 // connected() is false; a Buffer still mapped can be touched and destroyed; and a new Client
 // works. The test starts and stops its agents itself, by pid: $FERRYD is the agent to run.
+#include <fcntl.h>
 #include <ferry/ferry_client.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -14,6 +15,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -67,14 +69,26 @@ class Agent {
   std::unique_ptr<ferry::Client> Start() {
     const std::string listen = "127.0.0.1:" + std::to_string(FreePort());
     const std::string log = dir_ + "/ferryd.log";
+    // Everything the child needs is made before fork: a multithreaded process (gRPC's
+    // threads are running by the restart) may call only async-signal-safe functions there.
+    const int log_fd = open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (log_fd < 0) {
+      ADD_FAILURE() << "open(" << log << "): " << std::strerror(errno);
+      return nullptr;
+    }
     pid_ = fork();
     if (pid_ == 0) {
       prctl(PR_SET_PDEATHSIG, SIGKILL);
-      FILE* out = freopen(log.c_str(), "a", stdout);
-      if (out != nullptr) dup2(fileno(stdout), STDERR_FILENO);
+      dup2(log_fd, STDOUT_FILENO);  // dup2 clears O_CLOEXEC on the copies
+      dup2(log_fd, STDERR_FILENO);
       execl(ferryd_.c_str(), ferryd_.c_str(), "--node", "sdk-restart", "--socket", socket_.c_str(),
             "--peer-listen", listen.c_str(), "--host-pool", "64MiB", static_cast<char*>(nullptr));
       _exit(127);
+    }
+    close(log_fd);
+    if (pid_ < 0) {
+      ADD_FAILURE() << "fork: " << std::strerror(errno);
+      return nullptr;
     }
     // The killed run's socket file may still be there: wait for an agent that answers.
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
