@@ -35,3 +35,8 @@ ferry_test(verbs_rails_test LABELS unit LIBS ferry_verbs_model ferry_server)
 add_executable(rdma_kv_blocks ${CMAKE_CURRENT_SOURCE_DIR}/rdma/kv_blocks.cc)
 target_link_libraries(rdma_kv_blocks PRIVATE ferry_tensor_client ferry_client absl::str_format
                       absl::strings absl::time)
+# And its small-WRITE latency beside ib_write_lat (tests/rdma/write_latency.cc): one client
+# kept connected, as perftest keeps its QP.
+add_executable(rdma_write_latency ${CMAKE_CURRENT_SOURCE_DIR}/rdma/write_latency.cc)
+target_link_libraries(rdma_write_latency PRIVATE ferry_client absl::str_format absl::strings
+                      absl::time)
