@@ -309,5 +309,43 @@ TEST_F(AgentKeptListsTest, AListAskedOfARestartedPeerIsNotFoundSayingItRestarted
   EXPECT_THAT(std::string(stray.status().message()), ::testing::HasSubstr("not open"));
 }
 
+TEST_F(AgentKeptListsTest, NoIdAnEarlierRunHandedOutNamesWhatTheNewRunsClientsMake) {
+  // node-b's first run hands out buffers (k, v) and a transfer (k's first bytes into v,
+  // node-b to itself).
+  const std::set<uint64_t> old_buffers = {k_->id(), v_->id()};
+  auto old_transfer =
+      pair_.cb->Submit({{ferry::v1::WRITE, k_->id(), 0, "node-b", "v", 0, 4096}});
+  ASSERT_TRUE(old_transfer.ok()) << old_transfer.status();
+  ASSERT_TRUE(pair_.cb->Wait(*old_transfer, absl::Seconds(20)).ok());
+  b_blocks_.reset();
+  k_.reset();
+  v_.reset();
+  pair_.b->Kill();
+  ASSERT_TRUE(pair_.StartB().ok());
+  // The new run's clients make buffers and a transfer. Before, ids counted from 1 in every
+  // run: these were k's and v's ids again and transfer 1 again, so a client of the old run
+  // still naming its ids wrote into, waited for or cancelled a new client's.
+  std::vector<std::unique_ptr<Buffer>> fresh;
+  for (int i = 0; i < 4; ++i) {
+    auto b = pair_.cb->Alloc(4096, i == 0 ? "landing" : "");
+    ASSERT_TRUE(b.ok()) << b.status();
+    EXPECT_FALSE(old_buffers.contains((*b)->id())) << "buffer " << (*b)->id();
+    fresh.push_back(std::move(*b));
+  }
+  auto transfer =
+      pair_.cb->Submit({{ferry::v1::WRITE, fresh[1]->id(), 0, "node-b", "landing", 0, 4096}});
+  ASSERT_TRUE(transfer.ok()) << transfer.status();
+  EXPECT_NE(*transfer, *old_transfer);
+  // An old id names nothing in the new run.
+  for (uint64_t id : old_buffers) {
+    absl::Status freed = pair_.cb->Free(id);
+    EXPECT_EQ(freed.code(), absl::StatusCode::kNotFound) << freed;
+    EXPECT_THAT(std::string(freed.message()), ::testing::HasSubstr("does not exist"));
+  }
+  auto waited = pair_.cb->Wait(*old_transfer, absl::Seconds(1));
+  EXPECT_EQ(waited.status().code(), absl::StatusCode::kNotFound) << waited.status();
+  for (const auto& b : fresh) EXPECT_TRUE(pair_.cb->Free(b->id()).ok());
+}
+
 }  // namespace
 }  // namespace ferry

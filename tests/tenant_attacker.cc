@@ -36,14 +36,18 @@ std::unique_ptr<grpc::ClientContext> Context() {
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 7) {
-    std::fprintf(stderr, "usage: %s UID SOCKET NODE VICTIM_NAME VICTIM_TRANSFER VICTIM_TAG\n",
+  if (argc != 8) {
+    std::fprintf(stderr,
+                 "usage: %s UID SOCKET NODE VICTIM_NAME VICTIM_TRANSFER VICTIM_TAG VICTIM_BUFFER\n",
                  argv[0]);
     return 2;
   }
   uint32_t uid = 0;
-  uint64_t victim_transfer = 0;
-  if (!absl::SimpleAtoi(argv[1], &uid) || !absl::SimpleAtoi(argv[5], &victim_transfer)) return 2;
+  uint64_t victim_transfer = 0, victim_buffer = 0;
+  if (!absl::SimpleAtoi(argv[1], &uid) || !absl::SimpleAtoi(argv[5], &victim_transfer) ||
+      !absl::SimpleAtoi(argv[7], &victim_buffer)) {
+    return 2;
+  }
   const std::string node = argv[3], victim_name = argv[4], victim_tag = argv[6];
   if (setgroups(0, nullptr) != 0 || setgid(uid) != 0 || setuid(uid) != 0) {
     std::perror("dropping to the other uid");
@@ -195,7 +199,7 @@ int main(int argc, char** argv) {
     ferry::v1::RecvRequest req;
     req.set_peer(node);
     req.set_tag("attacker-tag");
-    req.set_buffer(1);  // the victim's first buffer (the test allocates it first)
+    req.set_buffer(victim_buffer);  // its id, as a neighbour could guess it
     req.set_timeout_ms(500);
     ferry::v1::RecvResponse resp;
     Report("recv into victim", tensors->Recv(Context().get(), req, &resp));

@@ -64,10 +64,11 @@ class TenantIsolationTest : public ::testing::Test {
     if (!dir_.empty()) std::system(("rm -rf " + dir_).c_str());
   }
 
-  std::string Attack(uint64_t victim_transfer, const std::string& tag) {
+  std::string Attack(uint64_t victim_transfer, const std::string& tag, uint64_t victim_buffer) {
     const std::string out = absl::StrCat(dir_, "/attacker.txt");
     auto pid = SpawnChild({FERRY_TENANT_ATTACKER, absl::StrCat(kNobody), agent_->socket(),
-                           "node-t", "victim", absl::StrCat(victim_transfer), tag},
+                           "node-t", "victim", absl::StrCat(victim_transfer), tag,
+                           absl::StrCat(victim_buffer)},
                           out);
     EXPECT_TRUE(pid.ok()) << pid.status();
     int status = 0;
@@ -128,12 +129,11 @@ class TenantIsolationTest : public ::testing::Test {
 };
 
 TEST_F(TenantIsolationTest, AnotherUidReachesNoneOfTheVictimsDataHandlesOrTheNodesSettings) {
-  // The victim (root): a secret in "victim" (the attacker's Recv names its id, 1), a
-  // landing buffer, a finished transfer, a pending receive and an untaken notification.
+  // The victim (root): a secret in "victim" (the attacker's Recv names its id), a landing
+  // buffer, a finished transfer, a pending receive and an untaken notification.
   auto victim = client_->Alloc(1 << 20, "victim");
   auto landing = client_->Alloc(1 << 20, "landing");
   ASSERT_TRUE(victim.ok() && landing.ok());
-  ASSERT_EQ((*victim)->id(), 1u);
   std::memset((*victim)->data(), 'S', 1 << 20);
   auto transfer = client_->Submit({{ferry::v1::WRITE, (*victim)->id(), 0, "node-t", "landing", 0,
                                     4096}});
@@ -160,7 +160,7 @@ TEST_F(TenantIsolationTest, AnotherUidReachesNoneOfTheVictimsDataHandlesOrTheNod
     absl::SleepFor(absl::Milliseconds(20));
   }
 
-  const std::string report = Attack(*transfer, "victim-tag");
+  const std::string report = Attack(*transfer, "victim-tag", (*victim)->id());
   for (const char* what :
        {"self write", "self read", "self stat", "self blocks", "wait", "cancel", "watch",
         "set policy", "nic down", "add peer", "remove peer", "tensor cancel",

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/open_files.h"
+#include "base/run_ids.h"
 #include "base/status_macros.h"
 #include "server/agent/agent_options.h"
 #include "server/agent/memlock_check.h"
@@ -90,6 +91,7 @@ absl::StatusOr<std::unique_ptr<AgentCore>> AgentCore::Create(const config::Confi
   core->buffers_ = std::make_unique<BufferRegistry>(
       core->pool_.get(), core->gpus_.get(),
       [rails](const BufferMemory& memory) { return rails->For(memory); });
+  core->buffers_->StartIdsAt(FirstIdOfRun(core->incarnation_));
   core->client_memory_ = std::make_unique<ClientMemory>(core->buffers_.get(), core->gpus_.get());
   core->sessions_ = std::make_unique<SessionRegistry>(core->buffers_.get(), core->incarnation_,
                                                       core->started_);
@@ -120,6 +122,7 @@ absl::StatusOr<std::unique_ptr<AgentCore>> AgentCore::Create(const config::Confi
   };
   core->engine_ = std::make_unique<TransferEngine>(std::move(deps),
                                                    EngineLimitsFromConfig(config));
+  core->engine_->StartIdsAt(FirstIdOfRun(core->incarnation_));
   // The directory's self entry makes sending to oneself work like sending to any peer.
   core->tensors_ = std::make_unique<TensorState>(core->peers_.get(), core->buffers_.get(),
                                                  core->engine_.get(), config.max_op_bytes,

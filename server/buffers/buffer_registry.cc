@@ -180,7 +180,7 @@ size_t BufferRegistry::FreeOwnedBy(uint64_t session) {
 }
 
 absl::Status BufferRegistry::Unknown(const std::string& field, uint64_t id) const {
-  const bool handed_out = id > 0 && id < next_id_;
+  const bool handed_out = id >= first_id_ && id < next_id_;
   return absl::NotFoundError(
       absl::StrCat(field, ": buffer ", id, handed_out ? " was freed" : " does not exist"));
 }

@@ -122,6 +122,14 @@ class BufferRegistry {
     on_unexport_ = std::move(hook);
   }
 
+  // Ids count from `first` (base/run_ids.h: a run's own range, so that an id a client of
+  // an earlier run still names is not a new client's buffer); from 1 unless set. Set once,
+  // before the first buffer is made.
+  void StartIdsAt(uint64_t first) {
+    absl::MutexLock lock(&mu_);
+    first_id_ = next_id_ = first;
+  }
+
   // Buffers made from here on say that their files are lent by the fd socket `path`
   // (Buffer::fd_socket). Set once, when the fd socket starts.
   void LendFilesThrough(std::string path) {
@@ -196,6 +204,7 @@ class BufferRegistry {
   GpuPools* const gpus_;
   const FabricsFor fabrics_for_;
   mutable absl::Mutex mu_;
+  uint64_t first_id_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   absl::flat_hash_map<uint64_t, std::shared_ptr<Buffer>> by_id_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, uint64_t> by_name_ ABSL_GUARDED_BY(mu_);

@@ -440,9 +440,9 @@ absl::StatusOr<std::shared_ptr<Transfer>> TransferEngine::Find(uint64_t id) cons
   absl::MutexLock lock(&mu_);
   auto it = transfers_.find(id);
   if (it == transfers_.end()) {
+    const bool handed_out = id >= first_id_ && id < next_id_;
     return absl::NotFoundError(absl::StrCat("transfer_id: transfer ", id,
-                                            id > 0 && id < next_id_ ? " has been forgotten"
-                                                                    : " does not exist"));
+                                            handed_out ? " has been forgotten" : " does not exist"));
   }
   return it->second;
 }

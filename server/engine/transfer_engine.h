@@ -84,6 +84,14 @@ class TransferEngine {
   // Fails what is still running (UNAVAILABLE: agent stopping) and stops the reaper.
   ~TransferEngine();
 
+  // Transfer ids count from `first` (base/run_ids.h: this run's own range, so that an id a
+  // client of an earlier run still names, to wait for or cancel, is not a new client's
+  // transfer); from 1 unless set. Set once, before the first Submit.
+  void StartIdsAt(uint64_t first) {
+    absl::MutexLock lock(&mu_);
+    first_id_ = next_id_ = first;
+  }
+
   // Runs once when a transfer finished (every op settled, however: done, failed, cancelled,
   // timed out, or the agent stopping), on the thread that settled its last op: it must not
   // block (hand slow work, a peer call, to a thread of its own).
@@ -192,6 +200,7 @@ class TransferEngine {
 
   mutable absl::Mutex mu_;
   EngineLimits limits_ ABSL_GUARDED_BY(mu_);
+  uint64_t first_id_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   uint64_t finished_count_ ABSL_GUARDED_BY(mu_) = 0;
   absl::flat_hash_map<uint64_t, std::shared_ptr<Transfer>> transfers_ ABSL_GUARDED_BY(mu_);

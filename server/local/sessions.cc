@@ -2,6 +2,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "base/run_ids.h"
 #include "spdlog/spdlog.h"
 
 namespace ferry::server {
@@ -11,9 +12,7 @@ SessionRegistry::SessionRegistry(BufferRegistry* buffers, uint64_t incarnation,
     : buffers_(buffers),
       incarnation_(incarnation),
       started_(started),
-      // 2^20 ids apart from any other run's with probability 1 - 2^-24 (the incarnation is
-      // random), yet short enough to read in a log: at most 14 digits.
-      next_id_((((incarnation >> 40) & 0xffffff) << 20) + 1) {}
+      next_id_(FirstIdOfRun(incarnation)) {}
 
 uint64_t SessionRegistry::Open(const std::string& client, uint32_t pid, int64_t uid) {
   absl::MutexLock lock(&mu_);

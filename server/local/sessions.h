@@ -27,9 +27,8 @@ class SessionRegistry {
  public:
   // `incarnation`: the agent's (AgentCore::incarnation), `started`: when it started; both
   // go to clients with their session id. Session ids start at a point drawn from the
-  // incarnation, not at 1: a client of an earlier run of the agent that still names its old
-  // session (its objects outlived the restart) is refused as "not open", where ids counted
-  // from 1 again would let it act on the session a new client just opened.
+  // incarnation (base/run_ids.h), not at 1: a client of an earlier run of the agent that
+  // still names its old session is refused as "not open".
   explicit SessionRegistry(BufferRegistry* buffers, uint64_t incarnation = 0,
                            absl::Time started = absl::Now());
   // Runs the sweeps CloseSoon queued, then stops its thread.
