@@ -441,8 +441,8 @@ absl::StatusOr<std::shared_ptr<Transfer>> TransferEngine::Find(uint64_t id) cons
   auto it = transfers_.find(id);
   if (it == transfers_.end()) {
     const bool handed_out = id >= first_id_ && id < next_id_;
-    return absl::NotFoundError(absl::StrCat("transfer_id: transfer ", id,
-                                            handed_out ? " has been forgotten" : " does not exist"));
+    return absl::NotFoundError(absl::StrCat(
+        "transfer_id: transfer ", id, handed_out ? " has been forgotten" : " does not exist"));
   }
   return it->second;
 }
