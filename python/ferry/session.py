@@ -7,7 +7,8 @@ through a Session here, which notices that the agent went away (the session's ca
 call failed the way a vanished agent makes it fail), opens a new session (waiting up to the
 client's timeout for the agent to be back) and raises ferry.AgentRestarted once, saying what
 was lost. Objects of the old session (Registration, BlockList, Handle, Buffer) then refuse to
-be used, rather than act on the new run's ids by accident: ids start again at 1 there.
+be used at once, with a message that says why, rather than each call failing its own way
+(the new run counts its ids from its own start, so old ids name nothing there).
 """
 
 import threading
