@@ -75,6 +75,15 @@ void CompletionPoller::Remove(uint32_t qpn) {
   sinks_.erase(qpn);
 }
 
+std::vector<std::shared_ptr<CompletionSink>> CompletionPoller::TakeAll() {
+  std::vector<std::shared_ptr<CompletionSink>> taken;
+  absl::MutexLock lock(&mu_);
+  taken.reserve(sinks_.size());
+  for (auto& [qpn, route] : sinks_) taken.push_back(std::move(route.sink));
+  sinks_.clear();
+  return taken;
+}
+
 template <typename Pick>
 void CompletionPoller::Fail(Pick pick, const absl::Status& why, bool completions_lost) {
   std::vector<std::shared_ptr<CompletionSink>> hit;

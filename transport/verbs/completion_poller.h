@@ -50,6 +50,10 @@ class CompletionPoller {
   // Routes the completions and errors of QP `qpn`, whose CQ is `cq`, to `sink`.
   void Add(uint32_t qpn, ibv_cq* cq, std::shared_ptr<CompletionSink> sink);
   void Remove(uint32_t qpn);
+  // Removes every route and hands their sinks to the caller, to drop once it holds no lock
+  // a sink's destructor takes (its device's, when the device closes: a route holds its QP,
+  // the QP its device, the device this poller, a cycle until the routes go).
+  std::vector<std::shared_ptr<CompletionSink>> TakeAll();
   // Asynchronous errors: OnFatal on the sink of one QP, of every QP on `cq`, or of all.
   void FailQp(uint32_t qpn, const absl::Status& why);
   void FailCq(const ibv_cq* cq, const absl::Status& why);

@@ -366,7 +366,6 @@ void InitiatorQp::ReleaseFromDevice() {
     qp_.reset();
     cq_ = CqSlot();
     closed_ = true;
-    released_ = true;
   }
   // Not here: a completion may drop the last reference to a user, whose destructor takes the
   // device's user lock held around this call.
@@ -378,33 +377,20 @@ void InitiatorQp::ReleaseFromDevice() {
 void InitiatorQp::Close() {
   Finished finished;
   bool was_connected = false;
-  bool closed_before = false;
-  bool remove = false;
   {
     absl::MutexLock lock(&mu_);
     was_connected = connected_;
     if (closing_) {
       mu_.Await(absl::Condition(&closed_));
-      closed_before = true;
-      remove = released_;
-      released_ = false;  // removed once: the qpn may be a new QP's later
-    } else {
-      closing_ = true;
-      Break(absl::UnavailableError(absl::StrFormat("verbs: endpoint (QP 0x%x) was closed", qpn_)));
-      FailPending(finished);
-      if (connected_) {
-        absl::Status s = MoveToError(device_->api(), qp_.get());
-        if (!s.ok()) spdlog::warn("verbs: closing: {}", s.ToString());
-      }
+      return;
     }
-  }
-  if (closed_before) {
-    // Closed by its device's release (ReleaseFromDevice), which cannot take it off the
-    // poller there (that may drop the last reference under the device's user lock): its
-    // route holds a reference to it, and it one to the device owning the poller, a cycle
-    // until removed here (make test-asan's LeakSanitizer found it).
-    if (remove) device_->poller().Remove(qpn_);
-    return;
+    closing_ = true;
+    Break(absl::UnavailableError(absl::StrFormat("verbs: endpoint (QP 0x%x) was closed", qpn_)));
+    FailPending(finished);
+    if (connected_) {
+      absl::Status s = MoveToError(device_->api(), qp_.get());
+      if (!s.ok()) spdlog::warn("verbs: closing: {}", s.ToString());
+    }
   }
   Run(finished);
   // The poller delivers the flush; it cannot wait for itself (a completion callback that

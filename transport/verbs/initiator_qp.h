@@ -117,8 +117,6 @@ class InitiatorQp : public CompletionSink,
   bool connected_ ABSL_GUARDED_BY(mu_) = false;
   bool closing_ ABSL_GUARDED_BY(mu_) = false;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
-  // Closed by ReleaseFromDevice: still on its (stopped) poller until Close removes it.
-  bool released_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status broken_ ABSL_GUARDED_BY(mu_);  // non-OK once broken: why
   uint32_t remote_qpn_ ABSL_GUARDED_BY(mu_) = 0;
   bool peer_takes_immediates_ ABSL_GUARDED_BY(mu_) = false;

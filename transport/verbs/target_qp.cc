@@ -160,7 +160,6 @@ void TargetQp::OnFatal(const absl::Status& why, bool) {
 
 void TargetQp::ReleaseFromDevice() {
   absl::MutexLock lock(&mu_);
-  released_ = registered_ && qp_ != nullptr;
   dead_ = true;
   qp_.reset();
   cq_ = CqSlot();
@@ -168,28 +167,18 @@ void TargetQp::ReleaseFromDevice() {
 
 void TargetQp::Close() {
   bool registered;
-  bool released = false;
   {
     absl::MutexLock lock(&mu_);
+    if (!qp_) return;
     registered = registered_;
-    if (!qp_) {
-      released = true;
-      registered = released_;  // removed once: the qpn may be a new QP's later
-      released_ = false;
-    } else {
-      dead_ = true;
-      if (registered) {
-        absl::Status s = MoveToError(device_->api(), qp_.get());
-        if (!s.ok()) spdlog::warn("verbs: closing target: {}", s.ToString());
-      }
+    dead_ = true;
+    if (registered) {
+      absl::Status s = MoveToError(device_->api(), qp_.get());
+      if (!s.ok()) spdlog::warn("verbs: closing target: {}", s.ToString());
     }
   }
-  // Receives carry no caller's completion: nothing waits for their flush. Released by its
-  // device (ReleaseFromDevice), it still comes off the poller once: the route there holds a
-  // reference to it, and it one to the device owning the poller, a cycle until removed (as
-  // InitiatorQp::Close).
+  // Receives carry no caller's completion: nothing waits for their flush.
   if (registered) device_->poller().Remove(qpn_);
-  if (released) return;
   absl::MutexLock lock(&mu_);
   qp_.reset();
 }

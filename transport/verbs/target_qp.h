@@ -93,8 +93,6 @@ class TargetQp : public CompletionSink,
   const uint32_t qpn_;
   bool registered_ ABSL_GUARDED_BY(mu_) = false;
   bool dead_ ABSL_GUARDED_BY(mu_) = false;
-  // Closed by ReleaseFromDevice: still on its (stopped) poller until Close removes it.
-  bool released_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace ferry::verbs

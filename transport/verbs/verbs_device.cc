@@ -276,6 +276,11 @@ void VerbsDevice::Close(const absl::Status& why) {
   // No thread reads the CQs or the async fd from here on.
   res_->events.reset();
   res_->poller->Stop();
+  // The QPs' routes, dropped last (after `life` below is let go): a QP's destructor takes the
+  // device's locks. Released QPs return from Close without touching the poller, so their
+  // routes go here, or each would keep its QP, and through it this device, alive (make
+  // test-asan's LeakSanitizer found that cycle after a device removal).
+  std::vector<std::shared_ptr<CompletionSink>> routes;
   absl::MutexLock life(&res_->life);
   res_->closed = true;
   size_t released = 0;
@@ -285,6 +290,7 @@ void VerbsDevice::Close(const absl::Status& why) {
     released = res_->users.size();
     res_->users.clear();
   }
+  routes = res_->poller->TakeAll();
   // In the order the kernel needs them gone (a CQ after its QPs, the PD after its MRs and
   // QPs); closing the context releases the uverbs file the removal waits for.
   res_->cqs.reset();
